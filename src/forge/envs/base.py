@@ -1,0 +1,74 @@
+"""The environment port: text in, text out, a reward per step, a seed per episode.
+
+Adapters wrap real third-party environments (gymnasium toy-text, TextArena, CybORG) so the
+protocols never see their APIs. Actions are strings chosen from :meth:`Env.valid_actions`,
+which is what lets a small model be constrained to a legal move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from forge.errors import ValidationError
+
+__all__ = ["Env", "EnvSpec", "StepResult", "check_action"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    observation: str
+    reward: float
+    done: bool
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EnvSpec:
+    """What the protocols need to know about an environment before playing it.
+
+    ``tau`` is the abort threshold (an attempt stops the moment one step's reward is below
+    it); ``theta`` the graduation threshold on a checkpoint return; ``success_return`` the
+    return at or above which an episode counts as a success, ``major_failure_return`` the
+    return at or below which it counts as a major failure.
+    """
+
+    name: str
+    description: str
+    max_steps: int
+    tau: float
+    theta: float
+    success_return: float
+    major_failure_return: float
+
+
+@runtime_checkable
+class Env(Protocol):
+    spec: EnvSpec
+
+    def reset(self, *, seed: int) -> str:
+        """Start a fresh episode; returns the first observation as text."""
+        ...
+
+    def valid_actions(self) -> Sequence[str]: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+
+def check_action(action: str, *, valid: Sequence[str], env: str) -> str:
+    """Return the valid action ``action`` names, or raise a ValidationError listing them.
+
+    Case and surrounding whitespace are forgiven because models emit both; anything else is a
+    caller bug and is reported with the full list so the prompt or grammar can be fixed.
+    """
+    if isinstance(action, str):
+        wanted = action.strip().lower()
+        for candidate in valid:
+            if candidate.lower() == wanted:
+                return candidate
+    raise ValidationError(
+        f"{action!r} is not a valid action for {env}; choose one of: {', '.join(valid)}"
+    )

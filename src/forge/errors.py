@@ -1,0 +1,89 @@
+"""The one exception tree of FORGE.
+
+Every error FORGE raises on purpose derives from :class:`ForgeError`; third-party
+exceptions (sqlite3, httpx, redis, llama.cpp) are mapped to it at the boundary where
+they occur. Errors are split by blame:
+
+    ForgeError
+    ├── UserError               the caller can fix it: bad input, bad configuration
+    │   ├── ValidationError     a value breaks the data model (kind, content, score...)
+    │   ├── NotFoundError       a unit, episode, run or relation target does not exist
+    │   ├── ConfigError         an unknown backend, env, condition or option
+    │   └── DimensionError      a vector's size does not match the store's
+    └── BackendError            something outside the caller's control failed
+        ├── StoreError          the database is corrupt, foreign or unreachable
+        ├── EmbedError          the embedding backend failed
+        ├── LLMError            the language model failed or answered unusably
+        └── BusError            the broadcast transport failed
+
+Messages are one line and say what to do; the CLI prints them as ``error: ...`` and exits
+non-zero.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendError",
+    "BusError",
+    "ConfigError",
+    "DimensionError",
+    "EmbedError",
+    "ForgeError",
+    "LLMError",
+    "NotFoundError",
+    "StoreError",
+    "UserError",
+    "ValidationError",
+]
+
+
+class ForgeError(Exception):
+    """Root of every error FORGE raises on purpose."""
+
+
+class UserError(ForgeError):
+    """The caller can fix this: bad input or configuration."""
+
+
+class ValidationError(UserError):
+    """A value breaks the data model."""
+
+
+class NotFoundError(UserError):
+    """Something referred to by id does not exist (or is not visible to the caller)."""
+
+
+class ConfigError(UserError):
+    """An unknown backend, environment, condition or option."""
+
+
+class DimensionError(UserError):
+    """A vector's dimension does not match the store's embedding dimension."""
+
+    def __init__(self, expected: int, got: int) -> None:
+        super().__init__(
+            f"embedding dimension {got} does not match the store's dimension {expected}; "
+            "use the embedder the store was created with"
+        )
+        self.expected = expected
+        self.got = got
+
+
+class BackendError(ForgeError):
+    """Something outside the caller's control failed."""
+
+
+class StoreError(BackendError):
+    """The database is corrupt, foreign, locked or unreachable."""
+
+
+class EmbedError(BackendError):
+    """The embedding backend failed."""
+
+
+class LLMError(BackendError):
+    """The language model failed or answered with something unusable."""
+
+
+class BusError(BackendError):
+    """The broadcast transport failed."""

@@ -1,0 +1,259 @@
+"""Hybrid recall: vector + BM25 + graph expansion, fused, weighted, explained, packed.
+
+Each signal ranks candidates independently inside the store (so scope and filters are
+enforced there); reciprocal rank fusion combines the ranks without having to calibrate
+cosine against BM25; graph expansion pulls in units linked to the best seeds; optional
+boosts favour recent, validated and important units. Every result says which signals
+returned it and why, and :func:`pack` fits the best of them into a token budget.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from forge.errors import ValidationError
+from forge.model import Kind, RelationType, Unit, Viewer
+from forge.store.base import Filter, Store
+
+__all__ = [
+    "DEFAULT_SECTIONS",
+    "Packed",
+    "Recalled",
+    "Reranker",
+    "Weights",
+    "approx_tokens",
+    "pack",
+    "recall",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """How much each signal and boost counts. Zero switches a signal off.
+
+    ``rrf_k`` is the reciprocal-rank-fusion constant (60 in the original paper): larger
+    values flatten the difference between ranks.
+    """
+
+    vector: float = 1.0
+    keyword: float = 1.0
+    graph: float = 0.3
+    rrf_k: float = 60.0
+    recency: float = 0.0
+    validation: float = 0.0
+    importance: float = 0.0
+    half_life_s: float = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """A recalled unit with its fused score and the evidence for it."""
+
+    unit: Unit
+    score: float
+    why: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reasons(self) -> list[str]:
+        """Human-readable reasons, e.g. ``["vector #1 (cos 0.82)", "keyword #3 (bm25 4.1)"]``."""
+        out = []
+        if "vector" in self.why:
+            v = self.why["vector"]
+            out.append(f"vector #{v['rank']} (cos {v['similarity']:.2f})")
+        if "keyword" in self.why:
+            v = self.why["keyword"]
+            out.append(f"keyword #{v['rank']} (bm25 {v['bm25']:.2f})")
+        for g in self.why.get("graph", []):
+            out.append(f"graph: {g['relation']} of {g['from']} ({g['hops']} hop{'s' if g['hops'] > 1 else ''})")
+        if "boost" in self.why:
+            out.append("boost x{:.2f}".format(self.why["boost"]))
+        if "rerank" in self.why:
+            out.append(f"rerank {self.why['rerank']:.2f}")
+        return out
+
+
+class Reranker(Protocol):
+    """Reorders (and may rescore) the fused candidates, e.g. a cross-encoder or an LLM judge."""
+
+    def __call__(self, query: str, results: Sequence[Recalled]) -> list[Recalled]: ...
+
+
+_EXPAND_DEFAULT = tuple(t for t in RelationType if t is not RelationType.CONTRADICTS)
+
+
+def recall(
+    store: Store,
+    *,
+    query: str,
+    query_vector: np.ndarray | None,
+    viewer: Viewer,
+    k: int = 10,
+    filter: Filter = Filter(),
+    weights: Weights = Weights(),
+    hops: int = 1,
+    expand: Iterable[RelationType] = _EXPAND_DEFAULT,
+    rerank: Reranker | None = None,
+    touch: bool = True,
+    now: float | None = None,
+) -> list[Recalled]:
+    """The ``k`` best units for ``query`` that ``viewer`` may see, best first."""
+    if k <= 0:
+        raise ValidationError("k must be positive")
+    if hops < 0:
+        raise ValidationError("hops must be zero or more")
+    n = max(3 * k, 30)
+    scores: dict[str, float] = {}
+    why: dict[str, dict[str, Any]] = {}
+
+    def fuse(hits: list, signal: str, weight: float, raw_name: str) -> None:
+        for rank, hit in enumerate(hits, 1):
+            scores[hit.id] = scores.get(hit.id, 0.0) + weight / (weights.rrf_k + rank)
+            why.setdefault(hit.id, {})[signal] = {"rank": rank, raw_name: round(hit.score, 4)}
+
+    if weights.vector > 0 and query_vector is not None:
+        fuse(store.vector_search(query_vector, k=n, viewer=viewer, filter=filter), "vector", weights.vector, "similarity")
+    if weights.keyword > 0 and query.strip():
+        fuse(store.keyword_search(query, k=n, viewer=viewer, filter=filter), "keyword", weights.keyword, "bm25")
+
+    if weights.graph > 0 and hops > 0 and scores:
+        frontier = sorted(scores, key=scores.get, reverse=True)[:k]  # type: ignore[arg-type]
+        seen = set(scores)
+        expand = tuple(expand)
+        for hop in range(1, hops + 1):
+            nxt: list[str] = []
+            for neighbor, rel in store.neighbors(frontier, viewer=viewer, types=expand, filter=filter):
+                source = rel.src if rel.dst == neighbor else rel.dst
+                base = scores.get(source, 0.0)
+                gain = weights.graph * base * max(rel.weight, 0.0) * (0.5 ** (hop - 1))
+                scores[neighbor] = scores.get(neighbor, 0.0) + gain
+                why.setdefault(neighbor, {}).setdefault("graph", []).append(
+                    {"from": source, "relation": rel.type.value, "hops": hop}
+                )
+                if neighbor not in seen:
+                    seen.add(neighbor)
+                    nxt.append(neighbor)
+            frontier = nxt
+            if not frontier:
+                break
+
+    if not scores:
+        return []
+    ranked = sorted(scores, key=scores.get, reverse=True)[: max(n, k)]  # type: ignore[arg-type]
+    units = {u.id: u for u in store.get_many(ranked, viewer=viewer)}
+    now = time.time() if now is None else now
+    results = []
+    for uid in ranked:
+        unit = units.get(uid)
+        if unit is None:
+            continue
+        score = scores[uid]
+        boost = _boost(unit, weights, now)
+        entry = dict(why.get(uid, {}))
+        if boost != 1.0:
+            entry["boost"] = round(boost, 4)
+        results.append(Recalled(unit, score * boost, entry))
+    results.sort(key=lambda r: r.score, reverse=True)
+    if rerank is not None:
+        results = list(rerank(query, results))
+    results = results[:k]
+    if touch and results:
+        store.touch([r.unit.id for r in results], at=now)
+    return results
+
+
+def _boost(unit: Unit, w: Weights, now: float) -> float:
+    b = 1.0
+    if w.recency:
+        age = max(now - (unit.last_access or unit.updated_at or unit.created_at), 0.0)
+        b += w.recency * math.exp(-age * math.log(2) / w.half_life_s)
+    if w.validation:
+        b += w.validation * (unit.validation - 0.5)
+    if w.importance:
+        b += w.importance * (unit.importance - 0.5)
+    return max(b, 0.0)
+
+
+# -- prompt packing ---------------------------------------------------------------------
+
+#: Prompt sections in the order they are written, and the kinds each one holds.
+DEFAULT_SECTIONS: dict[str, frozenset[Kind]] = {
+    "rules": frozenset({Kind.RULE, Kind.LESSON, Kind.PREFERENCE}),
+    "examples": frozenset({Kind.EXAMPLE, Kind.PROCEDURE}),
+    "facts": frozenset({Kind.FACT, Kind.EPISODE, Kind.PROFILE}),
+}
+
+
+def approx_tokens(text: str) -> int:
+    """A tokenizer-free estimate: words and punctuation, scaled for sub-word splits."""
+    return max(1, math.ceil(len(re.findall(r"\w+|[^\w\s]", text)) * 1.3))
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """Recalled units fitted into a token budget, grouped in prompt sections."""
+
+    sections: dict[str, list[Recalled]]
+    tokens: int
+    budget: int
+    dropped: list[Recalled]
+
+    @property
+    def units(self) -> list[Unit]:
+        return [r.unit for rs in self.sections.values() for r in rs]
+
+    def render(self) -> str:
+        parts = []
+        for name, items in self.sections.items():
+            if items:
+                parts.append(f"## {name.capitalize()}\n" + "\n".join(_line(r.unit) for r in items))
+        return "\n\n".join(parts)
+
+
+def _line(unit: Unit) -> str:
+    title = unit.meta.get("name") if isinstance(unit.meta, dict) else None
+    body = unit.content.strip()
+    return f"- {title}: {body}" if title else f"- {body}"
+
+
+def pack(
+    results: Sequence[Recalled],
+    *,
+    budget: int,
+    count_tokens: Callable[[str], int] = approx_tokens,
+    sections: dict[str, frozenset[Kind]] = DEFAULT_SECTIONS,
+) -> Packed:
+    """Greedily keep the best-scoring units that fit in ``budget`` tokens, each unit once.
+
+    Section headers count against the budget. Units of kinds no section holds are dropped.
+    """
+    if budget <= 0:
+        raise ValidationError("budget must be positive")
+    out: dict[str, list[Recalled]] = {name: [] for name in sections}
+    used = 0
+    dropped: list[Recalled] = []
+    seen_ids: set[str] = set()
+    seen_text: set[str] = set()
+    for r in sorted(results, key=lambda r: r.score, reverse=True):
+        key = " ".join(r.unit.content.lower().split())
+        if r.unit.id in seen_ids or key in seen_text:
+            continue
+        section = next((name for name, kinds in sections.items() if r.unit.kind in kinds), None)
+        if section is None:
+            dropped.append(r)
+            continue
+        cost = count_tokens(_line(r.unit)) + (0 if out[section] else count_tokens(f"## {section}") + 1)
+        if used + cost > budget:
+            dropped.append(r)
+            continue
+        out[section].append(r)
+        used += cost
+        seen_ids.add(r.unit.id)
+        seen_text.add(key)
+    return Packed(sections=out, tokens=used, budget=budget, dropped=dropped)

@@ -1,0 +1,181 @@
+"""The Store port: durable units, relations, episodes and an append-only event log.
+
+Backends (SQLite by default, PostgreSQL + pgvector for scale) implement :class:`Store` and
+pass the same conformance suite (tests/test_store_conformance.py). Search methods take a
+:class:`~forge.model.Viewer` and a :class:`Filter`; both are applied *inside* the backend's
+query so an agent can never receive a unit it is not allowed to see, whatever it asks for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from forge.errors import ValidationError
+from forge.model import Episode, Kind, Relation, RelationType, Status, Unit, Viewer
+
+__all__ = ["Event", "Filter", "Hit", "Store"]
+
+
+@dataclass(frozen=True, slots=True)
+class Filter:
+    """Which units a search may return. Empty fields mean "any".
+
+    ``status`` defaults to active units only: quarantined, archived and superseded units are
+    kept for history but never recalled unless asked for.
+    """
+
+    kinds: frozenset[Kind] = frozenset()
+    status: frozenset[Status] = frozenset({Status.ACTIVE})
+    tags_all: frozenset[str] = frozenset()  # every one of these tags
+    tags_any: frozenset[str] = frozenset()  # at least one of these tags
+    domain: str | None = None
+    task: str | None = None
+    role: str | None = None
+    owner: str | None = None
+    scopes: frozenset[str] = frozenset()  # e.g. {"global", "group:red"}; narrows, never widens
+    since: float | None = None  # created_at >= since
+    until: float | None = None  # created_at < until
+
+    @classmethod
+    def make(
+        cls,
+        *,
+        kinds: Iterable[str | Kind] = (),
+        status: Iterable[str | Status] | None = None,
+        tags_all: Iterable[str] = (),
+        tags_any: Iterable[str] = (),
+        domain: str | None = None,
+        task: str | None = None,
+        role: str | None = None,
+        owner: str | None = None,
+        scopes: Iterable[str] = (),
+        since: float | None = None,
+        until: float | None = None,
+    ) -> Filter:
+        """Build a filter from loose values (strings from a CLI or JSON), validating them."""
+        if since is not None and until is not None and since >= until:
+            raise ValidationError("filter 'since' must be earlier than 'until'")
+        return cls(
+            kinds=frozenset(Kind.parse(k) for k in kinds),
+            status=frozenset(Status.parse(s) for s in status)
+            if status is not None
+            else frozenset({Status.ACTIVE}),
+            tags_all=frozenset(tags_all),
+            tags_any=frozenset(tags_any),
+            domain=domain,
+            task=task,
+            role=role,
+            owner=owner,
+            scopes=frozenset(scopes),
+            since=since,
+            until=until,
+        )
+
+
+ANY_STATUS = Filter(status=frozenset(Status))
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A search result from one signal: the unit id and that signal's raw score."""
+
+    id: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One entry of the append-only change log."""
+
+    seq: int
+    ts: float
+    op: str
+    unit_id: str | None
+    actor: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Durable memory. Every write is atomic: it happens whole or not at all."""
+
+    @property
+    def dim(self) -> int | None:
+        """Embedding dimension fixed at creation (None until the first vector)."""
+        ...
+
+    @property
+    def info(self) -> Mapping[str, Any]:
+        """Backend facts and capability flags (e.g. ``{"backend": "sqlite", "ann": "usearch"}``)."""
+        ...
+
+    # -- units ------------------------------------------------------------------------
+    def add(
+        self, units: Sequence[Unit], vectors: np.ndarray | None = None, *, actor: str = ""
+    ) -> list[str]: ...
+
+    def get(self, unit_id: str, *, viewer: Viewer) -> Unit: ...
+
+    def get_many(self, ids: Sequence[str], *, viewer: Viewer) -> list[Unit]: ...
+
+    def update(self, unit: Unit, vector: np.ndarray | None = None, *, actor: str = "") -> Unit: ...
+
+    def set_status(self, unit_id: str, status: Status, *, reason: str, actor: str = "") -> None: ...
+
+    def list(
+        self, *, viewer: Viewer, filter: Filter = Filter(), limit: int = 100, offset: int = 0
+    ) -> list[Unit]: ...
+
+    def count(self, *, viewer: Viewer, filter: Filter = Filter()) -> int: ...
+
+    def vector(self, unit_id: str) -> np.ndarray | None: ...
+
+    # -- search (scope + filter enforced inside) --------------------------------------
+    def vector_search(
+        self, query: np.ndarray, *, k: int, viewer: Viewer, filter: Filter = Filter()
+    ) -> list[Hit]: ...
+
+    def keyword_search(
+        self, query: str, *, k: int, viewer: Viewer, filter: Filter = Filter()
+    ) -> list[Hit]: ...
+
+    def neighbors(
+        self,
+        ids: Sequence[str],
+        *,
+        viewer: Viewer,
+        types: Iterable[RelationType] = (),
+        filter: Filter = Filter(),
+    ) -> list[tuple[str, Relation]]: ...
+
+    def touch(self, ids: Sequence[str], *, at: float | None = None) -> None:
+        """Record that units were recalled (access count, last access)."""
+        ...
+
+    # -- relations, episodes, events --------------------------------------------------
+    def relate(self, relation: Relation, *, actor: str = "") -> None: ...
+
+    def relations(self, unit_id: str) -> list[Relation]: ...
+
+    def add_episode(self, episode: Episode, *, actor: str = "") -> str: ...
+
+    def get_episode(self, episode_id: str) -> Episode: ...
+
+    def events(
+        self, *, since_seq: int = 0, unit_id: str | None = None, limit: int = 1000
+    ) -> list[Event]: ...
+
+    # -- bulk ---------------------------------------------------------------------------
+    def export_records(self) -> Iterator[dict[str, Any]]: ...
+
+    def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
+        """Import export records in ONE transaction: all land or none do."""
+        ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,853 @@
+"""The embedded store: one SQLite file (WAL) is the source of truth.
+
+Units, relations, episodes and an append-only event log live in one file; FTS5 gives
+keyword search with BM25; a usearch index next to the file (``<db>.usearch``) gives vector
+search and is rebuilt from the file when missing or behind (see :mod:`forge.store.vectors`).
+Every public write is one transaction, so bad input never leaves half-written state.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from forge.errors import (
+    DimensionError,
+    ForgeError,
+    NotFoundError,
+    StoreError,
+    ValidationError,
+)
+from forge.model import (
+    Context,
+    Episode,
+    Kind,
+    Provenance,
+    Relation,
+    RelationType,
+    Status,
+    Unit,
+    Viewer,
+)
+from forge.store.base import Event, Filter, Hit
+from forge.store.vectors import VectorIndex
+
+__all__ = ["SQLiteStore"]
+
+APPLICATION_ID = 0x464F5247  # "FORG": marks a file as ours, so a foreign database is refused
+SCHEMA_VERSION = 1
+EXACT_SEARCH_LIMIT = 20_000  # below this many filtered candidates, exact search is cheaper
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS units (
+    rowid INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    content TEXT NOT NULL,
+    search_text TEXT NOT NULL,
+    domain TEXT NOT NULL DEFAULT '',
+    task TEXT NOT NULL DEFAULT '',
+    role TEXT NOT NULL DEFAULT '',
+    tags TEXT NOT NULL DEFAULT '[]',
+    scope TEXT NOT NULL,
+    owner TEXT NOT NULL DEFAULT '',
+    confidence REAL NOT NULL,
+    validation REAL NOT NULL,
+    importance REAL NOT NULL,
+    access_count INTEGER NOT NULL DEFAULT 0,
+    last_access REAL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    provenance TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL,
+    meta TEXT NOT NULL DEFAULT '{}',
+    vector BLOB,
+    vseq INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS units_kind ON units(kind, status);
+CREATE INDEX IF NOT EXISTS units_scope ON units(scope, owner);
+CREATE INDEX IF NOT EXISTS units_created ON units(created_at);
+CREATE INDEX IF NOT EXISTS units_vseq ON units(vseq);
+CREATE TABLE IF NOT EXISTS unit_tags (unit_rowid INTEGER NOT NULL, tag TEXT NOT NULL,
+    PRIMARY KEY (tag, unit_rowid)) WITHOUT ROWID;
+CREATE VIRTUAL TABLE IF NOT EXISTS units_fts USING fts5(
+    search_text, content='units', content_rowid='rowid', tokenize='porter unicode61');
+CREATE TRIGGER IF NOT EXISTS units_ai AFTER INSERT ON units BEGIN
+    INSERT INTO units_fts(rowid, search_text) VALUES (new.rowid, new.search_text);
+END;
+CREATE TRIGGER IF NOT EXISTS units_ad AFTER DELETE ON units BEGIN
+    INSERT INTO units_fts(units_fts, rowid, search_text) VALUES ('delete', old.rowid, old.search_text);
+END;
+CREATE TRIGGER IF NOT EXISTS units_au AFTER UPDATE OF search_text ON units BEGIN
+    INSERT INTO units_fts(units_fts, rowid, search_text) VALUES ('delete', old.rowid, old.search_text);
+    INSERT INTO units_fts(rowid, search_text) VALUES (new.rowid, new.search_text);
+END;
+CREATE TABLE IF NOT EXISTS relations (
+    src TEXT NOT NULL REFERENCES units(id),
+    dst TEXT NOT NULL REFERENCES units(id),
+    type TEXT NOT NULL,
+    weight REAL NOT NULL DEFAULT 1.0,
+    created_at REAL NOT NULL,
+    note TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (src, dst, type)
+);
+CREATE INDEX IF NOT EXISTS relations_dst ON relations(dst);
+CREATE TABLE IF NOT EXISTS episodes (
+    id TEXT PRIMARY KEY,
+    agent TEXT NOT NULL DEFAULT '',
+    task TEXT NOT NULL DEFAULT '',
+    env TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    op TEXT NOT NULL,
+    unit_id TEXT,
+    actor TEXT NOT NULL DEFAULT '',
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
+"""
+
+_STOPWORDS = frozenset(
+    "a an and are as at be but by did do does for from had has have he her his how i if in into "
+    "is it its me my no not of on or our she so than that the their them then there these they "
+    "this to was we were what when where which who why will with you your".split()
+)
+
+_COLUMNS = (
+    "id, kind, content, domain, task, role, tags, scope, owner, confidence, validation, "
+    "importance, access_count, last_access, created_at, updated_at, provenance, status, meta"
+)
+
+
+class SQLiteStore:
+    """A :class:`~forge.store.base.Store` in one SQLite file (or ``:memory:``)."""
+
+    def __init__(self, path: str | Path = ":memory:", *, create: bool = True) -> None:
+        self.path = str(path)
+        self._file = None if self.path == ":memory:" else Path(self.path)
+        self._lock = threading.RLock()
+        self._index: VectorIndex | None = None
+        if self._file is not None:
+            _check_file(self._file, create=create)
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._init_schema()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: not a usable FORGE database ({exc})") from None
+        self._dim = int(self._setting("dim") or 0) or None
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _init_schema(self) -> None:
+        app_id = self._db.execute("PRAGMA application_id").fetchone()[0]
+        tables = self._db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+        if app_id == 0 and tables:
+            raise StoreError(f"{self.path}: this SQLite file belongs to another application; refusing to touch it")
+        if app_id not in (0, APPLICATION_ID):
+            raise StoreError(f"{self.path}: this SQLite file belongs to another application; refusing to touch it")
+        if self._file is not None:
+            self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")
+        if app_id == 0:
+            with self._tx() as db:
+                for stmt in _split_sql(_SCHEMA):
+                    db.execute(stmt)
+                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('vseq', '0')")
+        else:
+            version = int(self._setting("schema_version") or 0)
+            if version != SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path}: schema version {version} is not supported (this FORGE reads {SCHEMA_VERSION})"
+                )
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; rolled back whole on any error."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise StoreError(f"{self.path}: cannot start a write ({exc})") from None
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                try:
+                    self._db.execute("COMMIT")
+                except sqlite3.DatabaseError as exc:
+                    self._db.execute("ROLLBACK")
+                    raise StoreError(f"{self.path}: commit failed ({exc})") from None
+
+    def _q(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"{self.path}: query failed ({exc})") from None
+
+    def _setting(self, key: str) -> str | None:
+        row = self._q("SELECT value FROM meta WHERE key = ?", (key,))
+        return row[0][0] if row else None
+
+    # -- facts ----------------------------------------------------------------------------
+    @property
+    def dim(self) -> int | None:
+        return self._dim
+
+    @property
+    def info(self) -> Mapping[str, Any]:
+        return {"backend": "sqlite", "path": self.path, "ann": "usearch", "fts": "fts5", "dim": self._dim}
+
+    def settings(self) -> dict[str, str]:
+        return dict(self._q("SELECT key, value FROM meta"))
+
+    def set_setting(self, key: str, value: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
+
+    # -- writes ---------------------------------------------------------------------------
+    def _check_vectors(self, vectors: np.ndarray | None, n: int) -> np.ndarray | None:
+        if vectors is None:
+            return None
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim == 1:
+            vectors = vectors.reshape(1, -1)
+        if vectors.shape[0] != n:
+            raise ValidationError(f"got {vectors.shape[0]} vectors for {n} units")
+        if self._dim is not None and vectors.shape[1] != self._dim:
+            raise DimensionError(self._dim, vectors.shape[1])
+        if not np.isfinite(vectors).all():
+            raise ValidationError("vectors contain NaN or infinite values")
+        return vectors
+
+    def _fix_dim(self, db: sqlite3.Connection, vectors: np.ndarray | None) -> None:
+        if vectors is not None and self._dim is None:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('dim', ?)", (str(vectors.shape[1]),))
+
+    def _next_vseq(self, db: sqlite3.Connection) -> int:
+        seq = int(db.execute("SELECT value FROM meta WHERE key='vseq'").fetchone()[0]) + 1
+        db.execute("UPDATE meta SET value = ? WHERE key = 'vseq'", (str(seq),))
+        return seq
+
+    def add(self, units: Sequence[Unit], vectors: np.ndarray | None = None, *, actor: str = "") -> list[str]:
+        units = list(units)
+        if not units:
+            return []
+        vectors = self._check_vectors(vectors, len(units))
+        ids = [u.id for u in units]
+        if len(set(ids)) != len(ids):
+            raise ValidationError("duplicate unit ids in one batch")
+        now = time.time()
+        with self._tx() as db:
+            self._fix_dim(db, vectors)
+            self._insert_units(db, units, vectors, actor=actor, now=now)
+        if vectors is not None and self._dim is None:
+            self._dim = vectors.shape[1]
+        self._sync_index_after_write()
+        return ids
+
+    def _insert_units(
+        self,
+        db: sqlite3.Connection,
+        units: list[Unit],
+        vectors: np.ndarray | None,
+        *,
+        actor: str,
+        now: float,
+        log: bool = True,
+    ) -> None:
+        seq = self._next_vseq(db) if vectors is not None else 0
+        rows = []
+        for i, u in enumerate(units):
+            rows.append(_unit_row(u) + ((vectors[i].tobytes() if vectors is not None else None), seq))
+        try:
+            db.executemany(
+                f"INSERT INTO units ({_COLUMNS}, search_text, vector, vseq) "
+                f"VALUES ({','.join('?' * 22)})",
+                rows,
+            )
+        except sqlite3.IntegrityError:
+            existing = [
+                r[0]
+                for r in db.execute(
+                    f"SELECT id FROM units WHERE id IN ({','.join('?' * len(units))})", [u.id for u in units]
+                )
+            ]
+            raise ValidationError(f"unit id already exists: {existing[0] if existing else '?'}") from None
+        tag_rows = [(u.id, t) for u in units for t in u.context.tags]
+        if tag_rows:
+            db.executemany(
+                "INSERT OR IGNORE INTO unit_tags SELECT rowid, ? FROM units WHERE id = ?",
+                [(t, uid) for uid, t in tag_rows],
+            )
+        if log:
+            db.executemany(
+                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'add', ?, ?, ?)",
+                [(now, u.id, actor, json.dumps({"kind": u.kind.value, "scope": str(u.scope)})) for u in units],
+            )
+
+    def update(self, unit: Unit, vector: np.ndarray | None = None, *, actor: str = "") -> Unit:
+        vectors = self._check_vectors(vector, 1)
+        now = time.time()
+        with self._tx() as db:
+            old = db.execute(f"SELECT {_COLUMNS} FROM units WHERE id = ?", (unit.id,)).fetchone()
+            if old is None:
+                raise NotFoundError(f"no unit with id {unit.id}")
+            before = _row_unit(old)
+            unit = unit.replace(updated_at=now)
+            row = _unit_row(unit)
+            self._fix_dim(db, vectors)
+            sets = ", ".join(f"{c.strip()} = ?" for c in _COLUMNS.split(",")[1:]) + ", search_text = ?"
+            params = list(row[1:])
+            if vectors is not None:
+                sets += ", vector = ?, vseq = ?"
+                params += [vectors[0].tobytes(), self._next_vseq(db)]
+            db.execute(f"UPDATE units SET {sets} WHERE id = ?", (*params, unit.id))
+            db.execute("DELETE FROM unit_tags WHERE unit_rowid = (SELECT rowid FROM units WHERE id = ?)", (unit.id,))
+            db.executemany(
+                "INSERT OR IGNORE INTO unit_tags SELECT rowid, ? FROM units WHERE id = ?",
+                [(t, unit.id) for t in unit.context.tags],
+            )
+            changes = _diff(before.to_dict(), unit.to_dict())
+            db.execute(
+                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'update', ?, ?, ?)",
+                (now, unit.id, actor, json.dumps(changes)),
+            )
+        if vectors is not None and self._dim is None:
+            self._dim = vectors.shape[1]
+        self._sync_index_after_write()
+        return unit
+
+    def set_status(self, unit_id: str, status: Status, *, reason: str, actor: str = "") -> None:
+        status = Status.parse(status)
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT status FROM units WHERE id = ?", (unit_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no unit with id {unit_id}")
+            db.execute("UPDATE units SET status = ?, updated_at = ? WHERE id = ?", (status.value, now, unit_id))
+            db.execute(
+                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'status', ?, ?, ?)",
+                (now, unit_id, actor, json.dumps({"from": row[0], "to": status.value, "reason": reason})),
+            )
+
+    def touch(self, ids: Sequence[str], *, at: float | None = None) -> None:
+        if not ids:
+            return
+        at = time.time() if at is None else at
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE units SET access_count = access_count + 1, last_access = ? WHERE id = ?",
+                [(at, i) for i in ids],
+            )
+
+    def relate(self, relation: Relation, *, actor: str = "") -> None:
+        with self._tx() as db:
+            missing = [
+                i for i in (relation.src, relation.dst) if db.execute("SELECT 1 FROM units WHERE id = ?", (i,)).fetchone() is None
+            ]
+            if missing:
+                raise NotFoundError(f"cannot relate: no unit with id {missing[0]}")
+            db.execute(
+                "INSERT OR REPLACE INTO relations VALUES (?, ?, ?, ?, ?, ?)",
+                (relation.src, relation.dst, relation.type.value, relation.weight, relation.created_at, relation.note),
+            )
+            db.execute(
+                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'relate', ?, ?, ?)",
+                (time.time(), relation.src, actor, json.dumps(relation.to_dict())),
+            )
+
+    def add_episode(self, episode: Episode, *, actor: str = "") -> str:
+        with self._tx() as db:
+            try:
+                db.execute(
+                    "INSERT INTO episodes VALUES (?, ?, ?, ?, ?, ?)",
+                    (episode.id, episode.agent, episode.task, episode.env, episode.created_at, json.dumps(episode.to_dict())),
+                )
+            except sqlite3.IntegrityError:
+                raise ValidationError(f"episode id already exists: {episode.id}") from None
+            db.execute(
+                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'episode', NULL, ?, ?)",
+                (time.time(), actor, json.dumps({"episode": episode.id, "steps": len(episode.steps)})),
+            )
+        return episode.id
+
+    # -- reads ----------------------------------------------------------------------------
+    def get(self, unit_id: str, *, viewer: Viewer) -> Unit:
+        units = self.get_many([unit_id], viewer=viewer)
+        if not units:
+            raise NotFoundError(f"no unit with id {unit_id}")
+        return units[0]
+
+    def get_many(self, ids: Sequence[str], *, viewer: Viewer) -> list[Unit]:
+        if not ids:
+            return []
+        where, params = _where(viewer, Filter(status=frozenset(Status)))
+        out: dict[str, Unit] = {}
+        for chunk in _chunks(list(ids), 500):
+            rows = self._q(
+                f"SELECT {_COLUMNS} FROM units WHERE id IN ({','.join('?' * len(chunk))}) AND {where}",
+                (*chunk, *params),
+            )
+            for r in rows:
+                out[r[0]] = _row_unit(r)
+        return [out[i] for i in ids if i in out]
+
+    def list(self, *, viewer: Viewer, filter: Filter = Filter(), limit: int = 100, offset: int = 0) -> list[Unit]:
+        where, params = _where(viewer, filter)
+        rows = self._q(
+            f"SELECT {_COLUMNS} FROM units WHERE {where} ORDER BY created_at, rowid LIMIT ? OFFSET ?",
+            (*params, limit, offset),
+        )
+        return [_row_unit(r) for r in rows]
+
+    def count(self, *, viewer: Viewer, filter: Filter = Filter()) -> int:
+        where, params = _where(viewer, filter)
+        return self._q(f"SELECT count(*) FROM units WHERE {where}", params)[0][0]
+
+    def vector(self, unit_id: str) -> np.ndarray | None:
+        row = self._q("SELECT vector FROM units WHERE id = ?", (unit_id,))
+        if not row:
+            raise NotFoundError(f"no unit with id {unit_id}")
+        return None if row[0][0] is None else np.frombuffer(row[0][0], dtype=np.float32).copy()
+
+    def relations(self, unit_id: str) -> list[Relation]:
+        rows = self._q(
+            "SELECT src, dst, type, weight, created_at, note FROM relations WHERE src = ? OR dst = ? ORDER BY created_at",
+            (unit_id, unit_id),
+        )
+        return [Relation(*r) for r in rows]
+
+    def get_episode(self, episode_id: str) -> Episode:
+        row = self._q("SELECT body FROM episodes WHERE id = ?", (episode_id,))
+        if not row:
+            raise NotFoundError(f"no episode with id {episode_id}")
+        return Episode.from_dict(json.loads(row[0][0]))
+
+    def events(self, *, since_seq: int = 0, unit_id: str | None = None, limit: int = 1000) -> list[Event]:
+        sql = "SELECT seq, ts, op, unit_id, actor, data FROM events WHERE seq > ?"
+        params: list[Any] = [since_seq]
+        if unit_id is not None:
+            sql += " AND unit_id = ?"
+            params.append(unit_id)
+        rows = self._q(sql + " ORDER BY seq LIMIT ?", (*params, limit))
+        return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+
+    # -- search ---------------------------------------------------------------------------
+    def _sync_index_after_write(self) -> None:
+        if self._index is not None:
+            self._catch_up()
+
+    def _ensure_index(self) -> VectorIndex | None:
+        if self._dim is None:
+            return None
+        if self._index is None:
+            path = Path(self.path + ".usearch") if self._file is not None else None
+            index = VectorIndex(dim=self._dim, path=path)
+            index.load()
+            self._index = index
+        self._catch_up()
+        return self._index
+
+    def _catch_up(self) -> None:
+        index = self._index
+        target = int(self._setting("vseq") or 0)
+        if index is None or index.seq >= target:
+            return
+
+        def rows(after: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+            last_rowid = 0
+            while True:
+                batch = self._q(
+                    "SELECT rowid, vector, vseq FROM units WHERE vseq > ? AND vector IS NOT NULL AND rowid > ? "
+                    "ORDER BY rowid LIMIT 20000",
+                    (after, last_rowid),
+                )
+                if not batch:
+                    return
+                keys = np.array([b[0] for b in batch], dtype=np.uint64)
+                vecs = np.frombuffer(b"".join(b[1] for b in batch), dtype=np.float32).reshape(len(batch), -1)
+                last_rowid = batch[-1][0]
+                yield keys, vecs, max(b[2] for b in batch)
+
+        index.catch_up(rows, target=target)
+
+    def vector_search(self, query: np.ndarray, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
+        query = np.asarray(query, dtype=np.float32).reshape(-1)
+        if self._dim is not None and query.shape[0] != self._dim:
+            raise DimensionError(self._dim, query.shape[0])
+        index = self._ensure_index()
+        if index is None or k <= 0:
+            return []
+        where, params = _where(viewer, filter)
+        want = max(k * 4, 40)
+        total = len(index)
+        while True:
+            cands = index.search(query, want)
+            if not cands:
+                return []
+            allowed = self._allowed_rowids([c[0] for c in cands], where, params)
+            hits = [(r, s) for r, s in cands if r in allowed]
+            if len(hits) >= k or want >= total:
+                return self._hits(hits[:k])
+            if want >= 4 * max(k, 10) * 16:
+                break
+            want *= 4
+        # The filter is selective: search exactly among the units it admits.
+        matching = self._q(
+            f"SELECT rowid FROM units WHERE {where} AND vector IS NOT NULL LIMIT ?", (*params, EXACT_SEARCH_LIMIT * 50)
+        )
+        return self._hits(index.search_exact_among(query, [m[0] for m in matching], k))
+
+    def _allowed_rowids(self, rowids: list[int], where: str, params: Sequence[Any]) -> set[int]:
+        out: set[int] = set()
+        for chunk in _chunks(rowids, 900):
+            out.update(
+                r[0]
+                for r in self._q(
+                    f"SELECT rowid FROM units WHERE rowid IN ({','.join('?' * len(chunk))}) AND {where}",
+                    (*chunk, *params),
+                )
+            )
+        return out
+
+    def _hits(self, pairs: list[tuple[int, float]]) -> list[Hit]:
+        if not pairs:
+            return []
+        rowids = [p[0] for p in pairs]
+        ids = dict(self._q(f"SELECT rowid, id FROM units WHERE rowid IN ({','.join('?' * len(rowids))})", rowids))
+        return [Hit(ids[r], s) for r, s in pairs if r in ids]
+
+    def keyword_search(self, query: str, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
+        match = fts_query(query)
+        if match is None or k <= 0:
+            return []
+        where, params = _where(viewer, filter, alias="u")
+        want = max(k * 8, 64)
+        rows = self._q(
+            f"SELECT u.id, f.rank FROM (SELECT rowid, rank FROM units_fts WHERE units_fts MATCH ? ORDER BY rank LIMIT ?) f "
+            f"JOIN units u ON u.rowid = f.rowid WHERE {where} ORDER BY f.rank LIMIT ?",
+            (match, want, *params, k),
+        )
+        if len(rows) < k:  # the filter dropped too many of the top matches: rank all matches
+            rows = self._q(
+                f"SELECT u.id, f.rank FROM units_fts f JOIN units u ON u.rowid = f.rowid "
+                f"WHERE units_fts MATCH ? AND {where} ORDER BY f.rank LIMIT ?",
+                (match, *params, k),
+            )
+        # FTS5 rank is bm25 negated (lower is better); report it as a positive score.
+        return [Hit(r[0], -float(r[1])) for r in rows]
+
+    def neighbors(
+        self,
+        ids: Sequence[str],
+        *,
+        viewer: Viewer,
+        types: Iterable[RelationType] = (),
+        filter: Filter = Filter(),
+    ) -> list[tuple[str, Relation]]:
+        if not ids:
+            return []
+        types = [RelationType.parse(t).value for t in types]
+        where, params = _where(viewer, filter, alias="u")
+        type_sql = f" AND r.type IN ({','.join('?' * len(types))})" if types else ""
+        marks = ",".join("?" * len(ids))
+        rows = self._q(
+            f"SELECT u.id, r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r "
+            f"JOIN units u ON u.id = CASE WHEN r.src IN ({marks}) THEN r.dst ELSE r.src END "
+            f"WHERE (r.src IN ({marks}) OR r.dst IN ({marks})){type_sql} AND {where}",
+            (*ids, *ids, *ids, *types, *params),
+        )
+        return [(r[0], Relation(*r[1:])) for r in rows]
+
+    # -- bulk -----------------------------------------------------------------------------
+    def export_records(self) -> Iterator[dict[str, Any]]:
+        """Every unit (with its vector), relation and episode, as JSON-ready records."""
+        import base64
+
+        last = 0
+        while True:
+            rows = self._q(f"SELECT rowid, {_COLUMNS}, vector FROM units WHERE rowid > ? ORDER BY rowid LIMIT 1000", (last,))
+            if not rows:
+                break
+            for r in rows:
+                rec = {"type": "unit", **_row_unit(r[1:-1]).to_dict()}
+                if r[-1] is not None:
+                    rec["vector"] = base64.b64encode(r[-1]).decode()
+                yield rec
+            last = rows[-1][0]
+        for r in self._q("SELECT src, dst, type, weight, created_at, note FROM relations ORDER BY rowid"):
+            yield {"type": "relation", **Relation(*r).to_dict()}
+        for (body,) in self._q("SELECT body FROM episodes ORDER BY created_at, id"):
+            yield {"type": "episode", **json.loads(body)}
+
+    def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
+        import base64
+
+        now = time.time()
+        n = 0
+        units: list[Unit] = []
+        vecs: list[np.ndarray | None] = []
+        relations: list[Relation] = []
+        episodes: list[Episode] = []
+        for i, rec in enumerate(records, 1):
+            try:
+                if not isinstance(rec, Mapping):
+                    raise ValidationError("a record must be a JSON object")
+                rec = dict(rec)
+                kind = rec.pop("type", None)
+                if kind == "unit":
+                    vec = rec.pop("vector", None)
+                    units.append(Unit.from_dict(rec))
+                    if vec is not None:
+                        try:
+                            vecs.append(np.frombuffer(base64.b64decode(vec, validate=True), dtype=np.float32))
+                        except ValueError:
+                            raise ValidationError("vector is not base64 float32") from None
+                    else:
+                        vecs.append(None)
+                elif kind == "relation":
+                    relations.append(Relation.from_dict(rec))
+                elif kind == "episode":
+                    episodes.append(Episode.from_dict(rec))
+                else:
+                    raise ValidationError(f"unknown record type {kind!r}; expected unit, relation or episode")
+            except ForgeError as exc:
+                raise type(exc)(f"record {i}: {exc}") from None
+            n += 1
+        with_vec = [v for v in vecs if v is not None]
+        if with_vec and len(with_vec) != len(vecs):
+            raise ValidationError("either every imported unit carries a vector or none does")
+        dims = {v.shape[0] for v in with_vec}
+        if len(dims) > 1:
+            raise ValidationError(f"imported vectors have mixed dimensions: {sorted(dims)}")
+        matrix = np.stack(with_vec) if with_vec else None
+        matrix = self._check_vectors(matrix, len(units)) if matrix is not None else None
+        with self._tx() as db:
+            if units:
+                self._fix_dim(db, matrix)
+                self._insert_units(db, units, matrix, actor=actor, now=now, log=False)
+            known = {u.id for u in units}
+            for rel in relations:
+                for end in (rel.src, rel.dst):
+                    if end not in known and db.execute("SELECT 1 FROM units WHERE id = ?", (end,)).fetchone() is None:
+                        raise NotFoundError(f"relation {rel.src} -> {rel.dst}: no unit with id {end}")
+                db.execute(
+                    "INSERT OR REPLACE INTO relations VALUES (?, ?, ?, ?, ?, ?)",
+                    (rel.src, rel.dst, rel.type.value, rel.weight, rel.created_at, rel.note),
+                )
+            for ep in episodes:
+                try:
+                    db.execute(
+                        "INSERT INTO episodes VALUES (?, ?, ?, ?, ?, ?)",
+                        (ep.id, ep.agent, ep.task, ep.env, ep.created_at, json.dumps(ep.to_dict())),
+                    )
+                except sqlite3.IntegrityError:
+                    raise ValidationError(f"episode id already exists: {ep.id}") from None
+            db.execute(
+                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'import', NULL, ?, ?)",
+                (now, actor, json.dumps({"units": len(units), "relations": len(relations), "episodes": len(episodes)})),
+            )
+        if matrix is not None and self._dim is None:
+            self._dim = matrix.shape[1]
+        self._sync_index_after_write()
+        return n
+
+    def stats(self) -> dict[str, Any]:
+        by_kind = dict(self._q("SELECT kind, count(*) FROM units GROUP BY kind ORDER BY kind"))
+        by_status = dict(self._q("SELECT status, count(*) FROM units GROUP BY status ORDER BY status"))
+        by_scope = dict(self._q("SELECT scope, count(*) FROM units GROUP BY scope ORDER BY scope"))
+        return {
+            "units": sum(by_kind.values()),
+            "by_kind": by_kind,
+            "by_status": by_status,
+            "by_scope": by_scope,
+            "relations": self._q("SELECT count(*) FROM relations")[0][0],
+            "episodes": self._q("SELECT count(*) FROM episodes")[0][0],
+            "events": self._q("SELECT count(*) FROM events")[0][0],
+            "dim": self._dim,
+            "embedder": self._setting("embedder"),
+            "path": self.path,
+        }
+
+    def flush(self) -> None:
+        """Persist the vector index now (it is also saved on close)."""
+        if self._index is not None:
+            self._index.save()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is None:
+                return
+            try:
+                self.flush()
+            finally:
+                self._db.close()
+                self._db = None  # type: ignore[assignment]
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _check_file(path: Path, *, create: bool) -> None:
+    if path.is_dir():
+        raise StoreError(f"{path}: is a directory, not a database file")
+    if not path.exists():
+        if not create:
+            raise NotFoundError(f"{path}: no such database; create it with 'forge add' or 'forge import'")
+        if not path.parent.exists():
+            raise StoreError(f"{path.parent}: directory does not exist")
+        return
+    if path.stat().st_size == 0:
+        return
+    with path.open("rb") as fh:
+        head = fh.read(16)
+    if head != b"SQLite format 3\x00":
+        raise StoreError(f"{path}: not a FORGE database (not an SQLite file, or corrupt)")
+
+
+def _split_sql(script: str) -> list[str]:
+    """Split the schema into statements, keeping trigger bodies whole."""
+    out, buf, depth = [], [], 0
+    for line in script.strip().splitlines():
+        buf.append(line)
+        upper = line.strip().upper()
+        if upper.endswith("BEGIN"):
+            depth += 1
+        if upper == "END;":
+            depth -= 1
+        if depth == 0 and line.rstrip().endswith(";"):
+            out.append("\n".join(buf))
+            buf = []
+    return out
+
+
+def _unit_row(u: Unit) -> tuple:
+    return (
+        u.id,
+        u.kind.value,
+        u.content,
+        u.context.domain,
+        u.context.task,
+        u.context.role,
+        json.dumps(list(u.context.tags)),
+        str(u.scope),
+        u.owner,
+        u.confidence,
+        u.validation,
+        u.importance,
+        u.access_count,
+        u.last_access,
+        u.created_at,
+        u.updated_at,
+        json.dumps(u.provenance.to_dict()),
+        u.status.value,
+        json.dumps(dict(u.meta), sort_keys=True),
+        u.text,
+    )
+
+
+def _row_unit(r: Sequence[Any]) -> Unit:
+    return Unit(
+        id=r[0],
+        kind=Kind(r[1]),
+        content=r[2],
+        context=Context(domain=r[3], task=r[4], role=r[5], tags=tuple(json.loads(r[6]))),
+        scope=r[7],
+        owner=r[8],
+        confidence=r[9],
+        validation=r[10],
+        importance=r[11],
+        access_count=r[12],
+        last_access=r[13],
+        created_at=r[14],
+        updated_at=r[15],
+        provenance=Provenance.from_dict(json.loads(r[16])),
+        status=Status(r[17]),
+        meta=json.loads(r[18]),
+    )
+
+
+def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any]]:
+    """SQL for scope visibility plus the filter; the viewer clause is never optional."""
+    p = f"{alias}." if alias else ""
+    rowid = f"{alias}.rowid" if alias else "rowid"
+    clauses: list[str] = []
+    params: list[Any] = []
+    if not viewer.operator:
+        groups = sorted(f"group:{g}" for g in viewer.groups)
+        vis = f"({p}scope = 'global' OR ({p}scope = 'private' AND {p}owner = ?)"
+        params.append(viewer.agent or "\x00")
+        if groups:
+            vis += f" OR {p}scope IN ({','.join('?' * len(groups))})"
+            params.extend(groups)
+        clauses.append(vis + ")")
+    if f.status and len(f.status) < len(Status):
+        clauses.append(f"{p}status IN ({','.join('?' * len(f.status))})")
+        params.extend(sorted(s.value for s in f.status))
+    if f.kinds:
+        clauses.append(f"{p}kind IN ({','.join('?' * len(f.kinds))})")
+        params.extend(sorted(k.value for k in f.kinds))
+    for col in ("domain", "task", "role", "owner"):
+        value = getattr(f, col)
+        if value is not None:
+            clauses.append(f"{p}{col} = ?")
+            params.append(value)
+    if f.scopes:
+        clauses.append(f"{p}scope IN ({','.join('?' * len(f.scopes))})")
+        params.extend(sorted(f.scopes))
+    for tag in sorted(f.tags_all):
+        clauses.append(f"{rowid} IN (SELECT unit_rowid FROM unit_tags WHERE tag = ?)")
+        params.append(tag)
+    if f.tags_any:
+        clauses.append(f"{rowid} IN (SELECT unit_rowid FROM unit_tags WHERE tag IN ({','.join('?' * len(f.tags_any))}))")
+        params.extend(sorted(f.tags_any))
+    if f.since is not None:
+        clauses.append(f"{p}created_at >= ?")
+        params.append(f.since)
+    if f.until is not None:
+        clauses.append(f"{p}created_at < ?")
+        params.append(f.until)
+    return (" AND ".join(clauses) or "1"), params
+
+
+def fts_query(text: str) -> str | None:
+    """A safe FTS5 query from free text: its content words, OR-ed, each quoted."""
+    words = [w for w in re.findall(r"\w+", text.lower()) if w not in _STOPWORDS]
+    words = list(dict.fromkeys(words))[:32]
+    if not words:
+        return None
+    return " OR ".join(f'"{w}"' for w in words)
+
+
+def _chunks(items: list, n: int) -> Iterator[list]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+def _diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: {"from": before.get(k), "to": v} for k, v in after.items() if before.get(k) != v and k != "updated_at"}
