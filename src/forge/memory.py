@@ -129,11 +129,11 @@ class Memory:
     def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
         """Import JSONL records in one transaction; units without vectors are embedded."""
         records = list(records)
-        missing = [r for r in records if isinstance(r, dict) and r.get("type") == "unit" and "vector" not in r]
-        if missing and len(missing) == sum(1 for r in records if isinstance(r, dict) and r.get("type") == "unit"):
+        missing = [r for r in records if isinstance(r, dict) and r.get("record") == "unit" and "vector" not in r]
+        if missing and len(missing) == sum(1 for r in records if isinstance(r, dict) and r.get("record") == "unit"):
             import base64
 
-            texts = [Unit.from_dict({k: v for k, v in r.items() if k != "type"}).text for r in missing]
+            texts = [Unit.from_dict({k: v for k, v in r.items() if k != "record"}).text for r in missing]
             for r, v in zip(missing, self.embed(texts), strict=True):
                 r["vector"] = base64.b64encode(np.asarray(v, dtype=np.float32).tobytes()).decode()
         return self.store.import_records(records, actor=actor)

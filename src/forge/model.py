@@ -197,7 +197,7 @@ class Context:
             domain=_str(data.get("domain", ""), "context.domain"),
             task=_str(data.get("task", ""), "context.task"),
             role=_str(data.get("role", ""), "context.role"),
-            tags=tuple(data.get("tags") or ()),
+            tags=tuple(_strs(data.get("tags") or (), "context.tags")),
         )
 
 

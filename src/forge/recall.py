@@ -125,6 +125,7 @@ def recall(
     if weights.graph > 0 and hops > 0 and scores:
         frontier = sorted(scores, key=scores.get, reverse=True)[:k]  # type: ignore[arg-type]
         seen = set(scores)
+        graph_gain: dict[str, float] = {}
         expand = tuple(expand)
         for hop in range(1, hops + 1):
             nxt: list[str] = []
@@ -132,7 +133,11 @@ def recall(
                 source = rel.src if rel.dst == neighbor else rel.dst
                 base = scores.get(source, 0.0)
                 gain = weights.graph * base * max(rel.weight, 0.0) * (0.5 ** (hop - 1))
-                scores[neighbor] = scores.get(neighbor, 0.0) + gain
+                # The strongest link counts, not their sum: a hub linked to many seeds
+                # should not outrank the seeds themselves.
+                if gain > graph_gain.get(neighbor, 0.0):
+                    scores[neighbor] = scores.get(neighbor, 0.0) - graph_gain.get(neighbor, 0.0) + gain
+                    graph_gain[neighbor] = gain
                 why.setdefault(neighbor, {}).setdefault("graph", []).append(
                     {"from": source, "relation": rel.type.value, "hops": hop}
                 )

@@ -589,15 +589,15 @@ class SQLiteStore:
             if not rows:
                 break
             for r in rows:
-                rec = {"type": "unit", **_row_unit(r[1:-1]).to_dict()}
+                rec = {"record": "unit", **_row_unit(r[1:-1]).to_dict()}
                 if r[-1] is not None:
                     rec["vector"] = base64.b64encode(r[-1]).decode()
                 yield rec
             last = rows[-1][0]
         for r in self._q("SELECT src, dst, type, weight, created_at, note FROM relations ORDER BY rowid"):
-            yield {"type": "relation", **Relation(*r).to_dict()}
+            yield {"record": "relation", **Relation(*r).to_dict()}
         for (body,) in self._q("SELECT body FROM episodes ORDER BY created_at, id"):
-            yield {"type": "episode", **json.loads(body)}
+            yield {"record": "episode", **json.loads(body)}
 
     def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
         import base64
@@ -613,7 +613,7 @@ class SQLiteStore:
                 if not isinstance(rec, Mapping):
                     raise ValidationError("a record must be a JSON object")
                 rec = dict(rec)
-                kind = rec.pop("type", None)
+                kind = rec.pop("record", None)
                 if kind == "unit":
                     vec = rec.pop("vector", None)
                     units.append(Unit.from_dict(rec))
@@ -629,9 +629,9 @@ class SQLiteStore:
                 elif kind == "episode":
                     episodes.append(Episode.from_dict(rec))
                 else:
-                    raise ValidationError(f"unknown record type {kind!r}; expected unit, relation or episode")
-            except ForgeError as exc:
-                raise type(exc)(f"record {i}: {exc}") from None
+                    raise ValidationError(f"unknown record {kind!r}; expected 'record' to be unit, relation or episode")
+            except ValidationError as exc:
+                raise ValidationError(f"record {i}: {exc}") from None
             n += 1
         with_vec = [v for v in vecs if v is not None]
         if with_vec and len(with_vec) != len(vecs):

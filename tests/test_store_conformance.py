@@ -1,0 +1,187 @@
+"""One conformance suite for every Store backend (parametrised in conftest.BACKENDS)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from forge.errors import DimensionError, NotFoundError, ValidationError
+from forge.model import Context, Episode, Relation, Status, Step, Unit, Viewer
+from forge.store import Filter
+
+ADMIN = Viewer.admin()
+
+
+def vecs(n: int, dim: int = 8, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
+
+
+def test_add_get_list_count(store):
+    units = [Unit(f"fact number {i}", kind="fact") for i in range(5)]
+    ids = store.add(units, vecs(5))
+    assert ids == [u.id for u in units]
+    assert store.get(ids[2], viewer=ADMIN) == units[2]
+    assert [u.id for u in store.list(viewer=ADMIN)] == ids
+    assert store.count(viewer=ADMIN) == 5
+    assert store.dim == 8
+    with pytest.raises(NotFoundError):
+        store.get("nope", viewer=ADMIN)
+
+
+def test_duplicate_id_rejected_and_nothing_written(store):
+    u = Unit("one")
+    store.add([u], vecs(1))
+    with pytest.raises(ValidationError, match="already exists"):
+        store.add([Unit("two"), Unit("three", id=u.id)], vecs(2))
+    assert store.count(viewer=ADMIN) == 1
+
+
+def test_dimension_enforced(store):
+    store.add([Unit("a")], vecs(1, 8))
+    with pytest.raises(DimensionError):
+        store.add([Unit("b")], vecs(1, 9))
+    with pytest.raises(DimensionError):
+        store.vector_search(np.ones(9, dtype=np.float32), k=1, viewer=ADMIN)
+    with pytest.raises(ValidationError):
+        store.add([Unit("c")], np.full((1, 8), np.nan, dtype=np.float32))
+
+
+def test_scope_enforced_in_every_read(store):
+    secret = Unit("alpha secret launch codes", scope="private", owner="alice")
+    team = Unit("alpha team plan", scope="group:red")
+    public = Unit("alpha public note")
+    v = vecs(3)
+    store.add([secret, team, public], v)
+    store.relate(Relation(public.id, secret.id, "related_to"))
+    store.relate(Relation(public.id, team.id, "related_to"))
+    bob = Viewer.of("bob")
+    q = v[0]
+    for flt in (Filter(), Filter.make(owner="alice"), Filter.make(scopes=["private"])):
+        assert secret.id not in {h.id for h in store.vector_search(q, k=10, viewer=bob, filter=flt)}
+        assert secret.id not in {h.id for h in store.keyword_search("alpha secret", k=10, viewer=bob, filter=flt)}
+        assert secret.id not in {u.id for u in store.list(viewer=bob, filter=flt)}
+    assert {n for n, _ in store.neighbors([public.id], viewer=bob)} == set()
+    assert {n for n, _ in store.neighbors([public.id], viewer=Viewer.of("bob", ["red"]))} == {team.id}
+    assert store.count(viewer=bob) == 1
+    with pytest.raises(NotFoundError):
+        store.get(secret.id, viewer=bob)
+    alice = Viewer.of("alice")
+    assert secret.id in {h.id for h in store.vector_search(q, k=10, viewer=alice)}
+    assert store.get(secret.id, viewer=alice) == secret
+
+
+def test_filters_pushed_into_search(store):
+    units = [
+        Unit("rule about doors", kind="rule", context=Context(domain="house", tags=("door", "safety"))),
+        Unit("fact about doors", kind="fact", context=Context(domain="house", tags=("door",))),
+        Unit("rule about cars", kind="rule", context=Context(domain="road", tags=("safety",)), created_at=100.0),
+    ]
+    store.add(units, vecs(3))
+    q = vecs(1, seed=5)[0]
+
+    def ids(flt):
+        return {h.id for h in store.vector_search(q, k=10, viewer=ADMIN, filter=flt)}
+
+    assert ids(Filter.make(kinds=["rule"])) == {units[0].id, units[2].id}
+    assert ids(Filter.make(tags_all=["door", "safety"])) == {units[0].id}
+    assert ids(Filter.make(tags_any=["safety"])) == {units[0].id, units[2].id}
+    assert ids(Filter.make(domain="road")) == {units[2].id}
+    assert ids(Filter.make(until=1000.0)) == {units[2].id}
+    kw = {h.id for h in store.keyword_search("doors", k=10, viewer=ADMIN, filter=Filter.make(kinds=["fact"]))}
+    assert kw == {units[1].id}
+
+
+def test_status_hides_from_default_search_and_is_logged(store):
+    u = Unit("obsolete advice about ladders")
+    store.add([u], vecs(1))
+    store.set_status(u.id, Status.SUPERSEDED, reason="replaced by newer advice", actor="curator")
+    assert store.keyword_search("ladders", k=5, viewer=ADMIN) == []
+    assert [h.id for h in store.keyword_search("ladders", k=5, viewer=ADMIN,
+                                               filter=Filter.make(status=["superseded"]))] == [u.id]
+    ev = store.events(unit_id=u.id)
+    assert [e.op for e in ev] == ["add", "status"]
+    assert ev[1].data == {"from": "active", "to": "superseded", "reason": "replaced by newer advice"}
+    assert ev[1].actor == "curator"
+
+
+def test_update_records_diff_and_reindexes(store):
+    u = Unit("the red button opens the gate")
+    store.add([u], vecs(1))
+    new = store.update(u.replace(content="the blue button opens the gate", importance=0.9), vecs(1, seed=3)[0])
+    assert store.get(u.id, viewer=ADMIN).content == "the blue button opens the gate"
+    assert new.updated_at >= u.updated_at
+    assert store.keyword_search("red", k=5, viewer=ADMIN) == []
+    assert [h.id for h in store.keyword_search("blue", k=5, viewer=ADMIN)] == [u.id]
+    hit = store.vector_search(vecs(1, seed=3)[0], k=1, viewer=ADMIN)[0]
+    assert hit.id == u.id and hit.score == pytest.approx(1.0, abs=1e-4)
+    diff = store.events(unit_id=u.id)[-1].data
+    assert diff["content"]["to"] == "the blue button opens the gate" and "importance" in diff
+
+
+def test_relations_and_missing_targets(store):
+    a, b = Unit("a"), Unit("b")
+    store.add([a, b], vecs(2))
+    store.relate(Relation(a.id, b.id, "supports", weight=0.7))
+    assert store.relations(a.id)[0].weight == 0.7
+    with pytest.raises(NotFoundError, match="missing|no unit"):
+        store.relate(Relation(a.id, "missing", "supports"))
+    assert len(store.relations(a.id)) == 1
+
+
+def test_touch_updates_access_stats(store):
+    u = Unit("remember me")
+    store.add([u], vecs(1))
+    store.touch([u.id], at=123.0)
+    store.touch([u.id], at=456.0)
+    got = store.get(u.id, viewer=ADMIN)
+    assert got.access_count == 2 and got.last_access == 456.0
+
+
+def test_episodes(store):
+    ep = Episode(agent="a", env="taxi", steps=[Step("o", "t", "north", -1.0)], outcome={"success": False})
+    store.add_episode(ep)
+    assert store.get_episode(ep.id) == ep
+    with pytest.raises(ValidationError):
+        store.add_episode(ep)
+    with pytest.raises(NotFoundError):
+        store.get_episode("nope")
+
+
+def test_export_import_round_trip_is_lossless(store, tmp_path):
+    from forge.store import SQLiteStore
+
+    units = [Unit(f"unit {i}", kind="rule", context=Context(tags=(f"t{i}",)), meta={"n": i}) for i in range(4)]
+    store.add(units, vecs(4))
+    store.touch([units[0].id], at=5.0)
+    store.relate(Relation(units[0].id, units[1].id, "supersedes", note="newer"))
+    store.add_episode(Episode(agent="x", steps=[Step("o", "t", "a", 1.0)]))
+    first = [json.dumps(r, sort_keys=True) for r in store.export_records()]
+    other = SQLiteStore(tmp_path / "copy.db")
+    other.import_records(json.loads(line) for line in first)
+    second = [json.dumps(r, sort_keys=True) for r in other.export_records()]
+    assert first == second
+    other.close()
+
+
+def test_import_is_one_transaction(store):
+    good = Unit("fine").to_dict()
+    records = [{"record": "unit", **good}, {"record": "relation", "src": good["id"], "dst": "ghost", "type": "supports"}]
+    with pytest.raises(NotFoundError, match="ghost"):
+        store.import_records(records)
+    assert store.count(viewer=ADMIN) == 0
+    with pytest.raises(ValidationError, match="record 2"):
+        store.import_records([{"record": "unit", **good}, {"record": "unit", "content": ""}])
+    with pytest.raises(ValidationError, match="unknown record"):
+        store.import_records([{"record": "thing"}])
+    assert store.count(viewer=ADMIN) == 0
+
+
+def test_selective_filter_falls_back_to_exact_search(store):
+    many = [Unit(f"common {i}") for i in range(300)]
+    rare = Unit("rare", kind="lesson")
+    v = vecs(301, dim=16, seed=1)
+    store.add([*many, rare], v)
+    hits = store.vector_search(v[0], k=5, viewer=ADMIN, filter=Filter.make(kinds=["lesson"]))
+    assert [h.id for h in hits] == [rare.id]
