@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from forge.embed import Embedder, open_embedder
-from forge.errors import ConfigError, DimensionError
+from forge.errors import ConfigError, DimensionError, ValidationError
 from forge.model import Episode, Relation, Status, Unit, Viewer
 from forge.recall import Packed, Recalled, Reranker, Weights, approx_tokens, pack, recall
 from forge.store import Filter, Store, open_store
@@ -133,7 +133,13 @@ class Memory:
         if missing and len(missing) == sum(1 for r in records if isinstance(r, dict) and r.get("record") == "unit"):
             import base64
 
-            texts = [Unit.from_dict({k: v for k, v in r.items() if k != "record"}).text for r in missing]
+            texts = []
+            for i, r in enumerate(records, 1):
+                if isinstance(r, dict) and r.get("record") == "unit":
+                    try:
+                        texts.append(Unit.from_dict({k: v for k, v in r.items() if k != "record"}).text)
+                    except ValidationError as exc:
+                        raise ValidationError(f"record {i}: {exc}") from None
             for r, v in zip(missing, self.embed(texts), strict=True):
                 r["vector"] = base64.b64encode(np.asarray(v, dtype=np.float32).tobytes()).decode()
         return self.store.import_records(records, actor=actor)

@@ -44,7 +44,7 @@ def new_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(4).hex()}"
 
 
-class Kind(str, enum.Enum):
+class Kind(enum.StrEnum):
     """What a memory unit is; decides where recall packs it in a prompt."""
 
     EPISODE = "episode"  # what happened once
@@ -65,7 +65,7 @@ class Kind(str, enum.Enum):
             raise ValidationError(f"unknown kind {value!r}; expected one of: {known}") from None
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """Lifecycle state; only ACTIVE units are recalled by default."""
 
     ACTIVE = "active"
@@ -82,7 +82,7 @@ class Status(str, enum.Enum):
             raise ValidationError(f"unknown status {value!r}; expected one of: {known}") from None
 
 
-class RelationType(str, enum.Enum):
+class RelationType(enum.StrEnum):
     """Typed edges between units, used by graph expansion and reconciliation."""
 
     RELATED_TO = "related_to"

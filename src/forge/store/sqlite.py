@@ -22,7 +22,6 @@ import numpy as np
 
 from forge.errors import (
     DimensionError,
-    ForgeError,
     NotFoundError,
     StoreError,
     ValidationError,
@@ -122,9 +121,7 @@ CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
 """
 
 _STOPWORDS = frozenset(
-    "a an and are as at be but by did do does for from had has have he her his how i if in into "
-    "is it its me my no not of on or our she so than that the their them then there these they "
-    "this to was we were what when where which who why will with you your".split()
+    ["a", "an", "and", "are", "as", "at", "be", "but", "by", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "his", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "no", "not", "of", "on", "or", "our", "she", "so", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "to", "was", "we", "were", "what", "when", "where", "which", "who", "why", "will", "with", "you", "your"]
 )
 
 _COLUMNS = (

@@ -1,0 +1,322 @@
+"""The ``forge`` command line: thin commands over the library.
+
+Every command calls the same functions a Python user would; output is for humans by
+default and JSON with ``--json``. Errors print one line (``error: ...``) and exit non-zero:
+2 for something the user can fix, 1 for a backend failure.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from forge.errors import ForgeError, UserError, ValidationError
+from forge.model import (
+    Context,
+    Kind,
+    Provenance,
+    RelationType,
+    Scope,
+    Status,
+    Unit,
+    Viewer,
+)
+
+__all__ = ["cli", "main"]
+
+KINDS = [k.value for k in Kind]
+RELATIONS = [r.value for r in RelationType]
+STATUSES = [s.value for s in Status]
+
+
+class _Ctx:
+    def __init__(self, db: str, embedder: str | None, as_json: bool) -> None:
+        self.db = db
+        self.embedder = embedder
+        self.as_json = as_json
+
+    def memory(self, *, must_exist: bool = False):  # -> Memory (imported lazily: keeps --help fast)
+        from forge.memory import Memory
+
+        if must_exist and self.db != ":memory:" and not Path(self.db).exists():
+            raise UserError(f"{self.db}: no such database; create it with 'forge add' or 'forge import'")
+        return Memory.open(self.db, embedder=self.embedder)
+
+    def emit(self, data: Any, human: str) -> None:
+        click.echo(json.dumps(data, indent=2, default=str) if self.as_json else human)
+
+
+pass_ctx = click.make_pass_decorator(_Ctx)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--db", default="forge.db", show_default=True, envvar="FORGE_DB", help="Memory database file.")
+@click.option(
+    "--embedder",
+    default=None,
+    help="local | hash[:DIM] | openai:MODEL. Default: the one the database was built with, else local.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.version_option(package_name="forge-memory")
+@click.pass_context
+def cli(ctx: click.Context, db: str, embedder: str | None, as_json: bool) -> None:
+    """FORGE: self-improving, shareable memory for LLM agents."""
+    ctx.obj = _Ctx(db, embedder, as_json)
+
+
+def _viewer(agent: str | None, groups: tuple[str, ...]) -> Viewer:
+    return Viewer.of(agent, groups) if agent else Viewer.admin()
+
+
+@cli.command()
+@click.argument("content")
+@click.option("--kind", type=click.Choice(KINDS), default="fact", show_default=True)
+@click.option("--domain", default="")
+@click.option("--task", default="")
+@click.option("--role", default="")
+@click.option("--tag", "tags", multiple=True, help="Free tag (repeatable).")
+@click.option("--scope", default="global", show_default=True, help="private | group:NAME | global")
+@click.option("--owner", default="", help="Owner / source agent (required for private units).")
+@click.option("--confidence", type=float, default=0.5, show_default=True)
+@click.option("--importance", type=float, default=0.5, show_default=True)
+@click.option("--validation", type=float, default=0.5, show_default=True)
+@click.option("--source", default="user", show_default=True, help="Provenance source.")
+@click.option("--derived-from", "derived", multiple=True, help="Unit id this one derives from (repeatable).")
+@click.option("--meta", "meta_json", default="{}", help="Extra fields as a JSON object.")
+@pass_ctx
+def add(obj: _Ctx, content: str, kind: str, domain: str, task: str, role: str, tags: tuple[str, ...], scope: str,
+        owner: str, confidence: float, importance: float, validation: float, source: str,
+        derived: tuple[str, ...], meta_json: str) -> None:
+    """Add one memory unit."""
+    meta = _json_object(meta_json, "--meta")
+    unit = Unit(
+        content=content,
+        kind=kind,  # type: ignore[arg-type]
+        context=Context(domain=domain, task=task, role=role, tags=tags),
+        scope=Scope.parse(scope),
+        owner=owner,
+        confidence=confidence,
+        importance=importance,
+        validation=validation,
+        provenance=Provenance(source=source, derived_from=derived),
+        meta=meta,
+    )
+    with obj.memory() as mem:
+        for parent in derived:
+            mem.get(parent, viewer=Viewer.admin())
+        [uid] = mem.add(unit, actor="cli")
+        for parent in derived:
+            mem.relate(uid, parent, "derived_from", actor="cli")
+    obj.emit({"id": uid}, uid)
+
+
+@cli.command()
+@click.argument("query")
+@click.option("-k", "k", type=int, default=10, show_default=True, help="How many units.")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice(KINDS))
+@click.option("--tag", "tags", multiple=True, help="Require this tag (repeatable).")
+@click.option("--any-tag", "any_tags", multiple=True, help="Require at least one of these tags.")
+@click.option("--domain", default=None)
+@click.option("--task", default=None)
+@click.option("--role", default=None)
+@click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES), help="Default: active.")
+@click.option("--agent", default=None, help="Recall as this agent (scope enforced). Default: operator view.")
+@click.option("--group", "groups", multiple=True, help="Groups the agent belongs to.")
+@click.option("--hops", type=int, default=1, show_default=True, help="Graph expansion depth.")
+@click.option("--budget", type=int, default=None, help="Pack into this many tokens and print the prompt block.")
+@click.option("--no-touch", is_flag=True, help="Do not update access statistics.")
+@pass_ctx
+def recall(obj: _Ctx, query: str, k: int, kinds: tuple[str, ...], tags: tuple[str, ...], any_tags: tuple[str, ...],
+           domain: str | None, task: str | None, role: str | None, statuses: tuple[str, ...], agent: str | None,
+           groups: tuple[str, ...], hops: int, budget: int | None, no_touch: bool) -> None:
+    """Recall the units that best match QUERY, with why each was returned."""
+    from forge.recall import pack
+    from forge.store import Filter
+
+    flt = Filter.make(kinds=kinds, tags_all=tags, tags_any=any_tags, domain=domain, task=task, role=role,
+                      status=statuses or None)
+    with obj.memory(must_exist=True) as mem:
+        results = mem.recall(query, viewer=_viewer(agent, groups), k=k, filter=flt, hops=hops, touch=not no_touch)
+    if budget is not None:
+        packed = pack(results, budget=budget)
+        obj.emit(
+            {"tokens": packed.tokens, "budget": budget, "prompt": packed.render(),
+             "units": [u.id for u in packed.units]},
+            packed.render() + f"\n\n({packed.tokens}/{budget} tokens, {len(packed.units)} units)",
+        )
+        return
+    data = [{"id": r.unit.id, "score": round(r.score, 6), "kind": r.unit.kind.value, "content": r.unit.content,
+             "why": r.why, "reasons": r.reasons} for r in results]
+    lines = [f"{i:>2}. [{r.unit.kind.value}] {r.unit.content}\n    id={r.unit.id} score={r.score:.4f} "
+             f"why: {'; '.join(r.reasons)}" for i, r in enumerate(results, 1)]
+    obj.emit(data, "\n".join(lines) if lines else "(nothing recalled)")
+
+
+@cli.command()
+@click.argument("unit_id")
+@click.option("--agent", default=None, help="Show as this agent (scope enforced).")
+@click.option("--group", "groups", multiple=True)
+@pass_ctx
+def show(obj: _Ctx, unit_id: str, agent: str | None, groups: tuple[str, ...]) -> None:
+    """Show one unit with its relations and change history."""
+    with obj.memory(must_exist=True) as mem:
+        unit = mem.get(unit_id, viewer=_viewer(agent, groups))
+        rels = mem.store.relations(unit_id)
+        events = mem.store.events(unit_id=unit_id)
+    data = {**unit.to_dict(), "relations": [r.to_dict() for r in rels],
+            "events": [{"seq": e.seq, "ts": e.ts, "op": e.op, "actor": e.actor, "data": e.data} for e in events]}
+    lines = [f"{unit.id}  [{unit.kind.value}]  {unit.status.value}  scope={unit.scope}  owner={unit.owner or '-'}",
+             f"  {unit.content}",
+             f"  confidence={unit.confidence} validation={unit.validation} importance={unit.importance} "
+             f"accessed={unit.access_count}x",
+             f"  context: {json.dumps(unit.context.to_dict())}",
+             f"  provenance: {json.dumps(unit.provenance.to_dict())}"]
+    lines += [f"  {r.src} -[{r.type.value}]-> {r.dst}" for r in rels]
+    lines += [f"  event #{e.seq} {e.op} by {e.actor or '-'} {json.dumps(e.data)[:120]}" for e in events]
+    obj.emit(data, "\n".join(lines))
+
+
+@cli.command()
+@click.argument("src")
+@click.argument("relation", type=click.Choice(RELATIONS))
+@click.argument("dst")
+@click.option("--weight", type=float, default=1.0, show_default=True)
+@click.option("--note", default="")
+@pass_ctx
+def relate(obj: _Ctx, src: str, relation: str, dst: str, weight: float, note: str) -> None:
+    """Relate two units: SRC RELATION DST (e.g. abc supports def)."""
+    with obj.memory(must_exist=True) as mem:
+        rel = mem.relate(src, dst, relation, weight=weight, note=note, actor="cli")
+    obj.emit(rel.to_dict(), f"{src} -[{relation}]-> {dst}")
+
+
+@cli.command("export")
+@click.argument("path", default="-")
+@pass_ctx
+def export_cmd(obj: _Ctx, path: str) -> None:
+    """Write every unit, relation and episode as JSONL (lossless; '-' = stdout)."""
+    with obj.memory(must_exist=True) as mem:
+        records = mem.export()
+        if path == "-":
+            n = _write_jsonl(sys.stdout, records)
+        else:
+            tmp = Path(path + ".tmp")
+            with tmp.open("w") as fh:
+                n = _write_jsonl(fh, records)
+            tmp.replace(path)
+    if path != "-":
+        obj.emit({"records": n, "path": path}, f"exported {n} records to {path}")
+
+
+@cli.command("import")
+@click.argument("path")
+@pass_ctx
+def import_cmd(obj: _Ctx, path: str) -> None:
+    """Import JSONL records in one transaction: every line lands or none does."""
+    records = list(_read_jsonl(path))
+    with obj.memory() as mem:
+        n = mem.import_records(records, actor="cli-import")
+    obj.emit({"records": n}, f"imported {n} records")
+
+
+@cli.command()
+@pass_ctx
+def stats(obj: _Ctx) -> None:
+    """Counts by kind, status and scope."""
+    with obj.memory(must_exist=True) as mem:
+        s = mem.stats()
+    human = [f"{s['units']} units, {s['relations']} relations, {s['episodes']} episodes, {s['events']} events",
+             f"embedder: {s['embedder']} (dim {s['dim']})"]
+    for key in ("by_kind", "by_status", "by_scope"):
+        human.append(f"{key[3:]}: " + ", ".join(f"{k}={v}" for k, v in s[key].items()))
+    obj.emit(s, "\n".join(human))
+
+
+@cli.command()
+@click.option("--dir", "out_dir", default="forge-demo", show_default=True, help="Where the demo database goes.")
+@pass_ctx
+def demo(obj: _Ctx, out_dir: str) -> None:
+    """Load sample memories and recall them with explanations."""
+    from forge.demo import run_demo
+
+    report = run_demo(Path(out_dir), embedder=obj.embedder or "local")
+    obj.emit(report["data"], report["text"])
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _json_object(text: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValidationError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValidationError(f"{what} must be a JSON object")
+    return value
+
+
+def _read_jsonl(path: str) -> Iterator[dict[str, Any]]:
+    if path == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except FileNotFoundError:
+            raise UserError(f"{path}: no such file") from None
+        except UnicodeDecodeError:
+            raise ValidationError(f"{path}: not a UTF-8 text file") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except ValueError as exc:
+            raise ValidationError(f"{path}:{n}: malformed JSON ({exc})") from None
+
+
+def _write_jsonl(fh: Any, records: Any) -> int:
+    n = 0
+    for rec in records:
+        fh.write(json.dumps(rec, sort_keys=True) + "\n")
+        n += 1
+    return n
+
+
+def _attach_protocol_commands() -> None:
+    """Attach ``evolve`` / ``report`` when the protocols package is present."""
+    try:
+        from forge.protocols.cli import evolve_command, report_command
+    except ImportError:
+        return
+    cli.add_command(evolve_command, "evolve")
+    cli.add_command(report_command, "report")
+
+
+_attach_protocol_commands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except ForgeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2 if isinstance(exc, UserError) else 1)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from forge.embed import HashingEmbedder, OpenAIEmbedder, open_embedder
+from forge.errors import ConfigError, EmbedError
+
+
+def test_hashing_is_deterministic_normalised_and_similarity_aware():
+    e = HashingEmbedder(128)
+    a, b, c = e.embed(["the cat sat on the mat", "the cat sat on the mat", "quantum chromodynamics"])
+    assert np.allclose(a, b) and np.isclose(np.linalg.norm(a), 1.0)
+    d = e.embed(["a cat sat on a mat"])[0]
+    assert float(a @ d) > float(a @ c)
+
+
+def test_factory():
+    assert open_embedder("hash:32").dim == 32
+    with pytest.raises(ConfigError):
+        open_embedder("word2vec")
+    with pytest.raises(ConfigError):
+        open_embedder("hash:big")
+
+
+def _transport(responses):
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(json.loads(request.content))
+        status, body = responses.pop(0)
+        return httpx.Response(status, json=body)
+
+    return httpx.MockTransport(handler), calls
+
+
+def test_openai_embedder_batches_and_retries(monkeypatch):
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    ok = lambda n: (200, {"data": [{"index": i, "embedding": [1.0, float(i), 0.0]} for i in range(n)]})  # noqa: E731
+    transport, calls = _transport([(503, {}), ok(2), ok(1)])
+    e = OpenAIEmbedder(model="m", base_url="http://x/v1", batch_size=2, transport=transport)
+    out = e.embed(["a", "b", "c"])
+    assert out.shape == (3, 3) and np.allclose(np.linalg.norm(out, axis=1), 1.0)
+    assert [c["input"] for c in calls] == [["a", "b"], ["a", "b"], ["c"]]
+
+
+def test_openai_embedder_gives_up_with_one_line_error():
+    transport, _ = _transport([(401, {"error": "bad key"})])
+    e = OpenAIEmbedder(model="m", base_url="http://x/v1", transport=transport)
+    with pytest.raises(EmbedError, match="HTTP 401"):
+        e.embed(["a"])
+
+
+@pytest.mark.slow
+def test_local_embedder_is_offline_and_semantic():
+    pytest.importorskip("sentence_transformers")
+    e = open_embedder("local")
+    cat, kitten, car = e.embed(["a cat is sleeping", "a kitten naps", "the car needs new tyres"])
+    assert e.dim == 384 and cat.shape == (384,)
+    assert float(cat @ kitten) > float(cat @ car) + 0.2
+
+
+def test_demo_runs_on_hashing_embedder(tmp_path):
+    from forge.demo import run_demo
+
+    report = run_demo(tmp_path, embedder="hash")
+    assert "why:" in report["text"]
+    flag_query = report["data"]["queries"][-1]
+    # scout sees its own private note, never the medic's
+    assert "priv-scout" in {r["id"] for r in flag_query["results"]}
+    assert all(r["id"] != "priv-medic" for q in report["data"]["queries"] for r in q["results"])
