@@ -44,7 +44,7 @@ class Weights:
 
     vector: float = 1.0
     keyword: float = 1.0
-    graph: float = 0.3
+    graph: float = 0.5
     rrf_k: float = 60.0
     recency: float = 0.0
     validation: float = 0.0
@@ -123,21 +123,22 @@ def recall(
         fuse(store.keyword_search(query, k=n, viewer=viewer, filter=filter), "keyword", weights.keyword, "bm25")
 
     if weights.graph > 0 and hops > 0 and scores:
+        # Graph expansion is a third ranked list: units linked to the best seeds, ranked by
+        # seed strength x link weight (halved per hop). Units a direct signal already found
+        # keep their rank and only gain the explanation, so a well-linked hub cannot jump
+        # over the units that actually match the query.
+        direct = set(scores)
+        strength: dict[str, float] = {}
         frontier = sorted(scores, key=scores.get, reverse=True)[:k]  # type: ignore[arg-type]
         seen = set(scores)
-        graph_gain: dict[str, float] = {}
         expand = tuple(expand)
         for hop in range(1, hops + 1):
             nxt: list[str] = []
             for neighbor, rel in store.neighbors(frontier, viewer=viewer, types=expand, filter=filter):
                 source = rel.src if rel.dst == neighbor else rel.dst
-                base = scores.get(source, 0.0)
-                gain = weights.graph * base * max(rel.weight, 0.0) * (0.5 ** (hop - 1))
-                # The strongest link counts, not their sum: a hub linked to many seeds
-                # should not outrank the seeds themselves.
-                if gain > graph_gain.get(neighbor, 0.0):
-                    scores[neighbor] = scores.get(neighbor, 0.0) - graph_gain.get(neighbor, 0.0) + gain
-                    graph_gain[neighbor] = gain
+                base = scores.get(source, 0.0) or strength.get(source, 0.0)
+                s = base * max(rel.weight, 0.0) * (0.5 ** (hop - 1))
+                strength[neighbor] = max(strength.get(neighbor, 0.0), s)
                 why.setdefault(neighbor, {}).setdefault("graph", []).append(
                     {"from": source, "relation": rel.type.value, "hops": hop}
                 )
@@ -147,6 +148,9 @@ def recall(
             frontier = nxt
             if not frontier:
                 break
+        found = sorted((u for u in strength if u not in direct), key=strength.get, reverse=True)  # type: ignore[arg-type]
+        for rank, uid in enumerate(found, 1):
+            scores[uid] = weights.graph / (weights.rrf_k + rank)
 
     if not scores:
         return []
