@@ -14,6 +14,7 @@ they occur. Errors are split by blame:
         ├── StoreError          the database is corrupt, foreign or unreachable
         ├── EmbedError          the embedding backend failed
         ├── LLMError            the language model failed or answered unusably
+        │   └── StructuredOutputError   kept answering unparseable output; has ``raw``
         └── BusError            the broadcast transport failed
 
 Messages are one line and say what to do; the CLI prints them as ``error: ...`` and exits
@@ -32,6 +33,7 @@ __all__ = [
     "LLMError",
     "NotFoundError",
     "StoreError",
+    "StructuredOutputError",
     "UserError",
     "ValidationError",
 ]
@@ -83,6 +85,16 @@ class EmbedError(BackendError):
 
 class LLMError(BackendError):
     """The language model failed or answered with something unusable."""
+
+
+class StructuredOutputError(LLMError):
+    """The model kept answering with something unusable; ``raw`` holds its last reply."""
+
+    def __init__(self, message: str, *, raw: str, attempts: int, errors: list[str] | tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.raw = raw
+        self.attempts = attempts
+        self.errors = list(errors)
 
 
 class BusError(BackendError):
