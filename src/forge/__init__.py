@@ -2,7 +2,19 @@
 
 from forge.errors import ForgeError
 from forge.memory import Memory
-from forge.model import Context, Episode, Kind, Provenance, Relation, RelationType, Scope, Status, Step, Unit, Viewer
+from forge.model import (
+    Context,
+    Episode,
+    Kind,
+    Provenance,
+    Relation,
+    RelationType,
+    Scope,
+    Status,
+    Step,
+    Unit,
+    Viewer,
+)
 from forge.recall import Recalled, Weights, pack
 from forge.store import Filter, open_store
 

@@ -1,0 +1,167 @@
+"""Capsules over a bus along a topology: signed sends, verified inboxes, relaying.
+
+    net = Network(bus, Hierarchical.balanced(agents), keyring=keyring)
+    net.send(Capsule.of(unit, sender="a1"))          # signed by a1, to a1's next hops
+    inbox = net.inbox("a2")
+    net.pump("a2", inbox, handle=exchange.receive)   # verify, handle, relay, then ack
+
+Each agent has one inbox topic. A capsule is acked only after its handler returned, so a
+receiver that dies mid-batch gets the rest again when it comes back (at-least-once; the
+handler dedupes by capsule id). Capsules that fail verification are acked *and counted*
+with their reason in :attr:`CapsuleInbox.rejected`, so they are never redelivered forever
+and never dropped without a trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from forge.bus.base import Bus, Message, Subscription
+from forge.capsule import Capsule, Keyring
+from forge.errors import ValidationError
+from forge.topology import Topology
+
+__all__ = ["CapsuleInbox", "Delivery", "Network", "Rejection"]
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A verified capsule and the bus message id to ack once it is processed."""
+
+    id: str
+    capsule: Capsule
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    id: str
+    reason: str
+    sender: str = ""
+
+
+class CapsuleInbox:
+    """A subscription that decodes and verifies capsules at the boundary.
+
+    With a keyring, unsigned, tampered, unknown-sender and expired capsules are rejected;
+    without one, capsules are only decoded (for transports already trusted end to end).
+    """
+
+    def __init__(
+        self,
+        subscription: Subscription,
+        *,
+        keyring: Keyring | None,
+        clock: Callable[[], float] = time.time,
+        keep: int = 256,
+    ) -> None:
+        self.subscription = subscription
+        self.keyring = keyring
+        self.clock = clock
+        self.rejected: Counter[str] = Counter()
+        self.rejections: deque[Rejection] = deque(maxlen=keep)  # the most recent, for inspection
+
+    def _check(self, messages: list[Message]) -> list[Delivery]:
+        out, bad = [], []
+        for m in messages:
+            sender = ""
+            try:
+                capsule = Capsule.from_json(m.payload)
+                sender = capsule.sender
+                reason = self.keyring.verify(capsule) if self.keyring is not None else None
+                if reason is None and capsule.expired(self.clock()):
+                    reason = "expired"
+                detail = reason
+            except ValidationError as exc:
+                reason, detail = "malformed", f"malformed: {exc}"
+            if reason is None:
+                out.append(Delivery(m.id, capsule))
+            else:
+                self.rejected[reason] += 1
+                self.rejections.append(Rejection(m.id, detail, sender))
+                bad.append(m.id)
+        if bad:
+            self.subscription.ack(bad)
+        return out
+
+    def read(self, *, count: int = 64, block_ms: int = 0) -> list[Delivery]:
+        return self._check(self.subscription.read(count=count, block_ms=block_ms))
+
+    def claim(self, *, min_idle_ms: int, count: int = 100) -> list[Delivery]:
+        return self._check(self.subscription.claim(min_idle_ms=min_idle_ms, count=count))
+
+    def ack(self, ids: Iterable[str]) -> int:
+        return self.subscription.ack(ids)
+
+    def pending(self) -> int:
+        return self.subscription.pending()
+
+    def close(self) -> None:
+        self.subscription.close()
+
+
+class Network:
+    """Delivers capsules to the inboxes a topology names, signing every hop."""
+
+    def __init__(self, bus: Bus, topology: Topology, *, keyring: Keyring, topic_prefix: str = "inbox.") -> None:
+        self.bus = bus
+        self.topology = topology
+        self.keyring = keyring
+        self.topic_prefix = topic_prefix
+        self.sent: Counter[str] = Counter()  # bus messages published, by sending agent
+        self.received: Counter[str] = Counter()  # capsules handled, by receiving agent
+
+    def topic(self, agent: str) -> str:
+        return f"{self.topic_prefix}{agent}"
+
+    def send_to(self, capsule: Capsule, recipients: Iterable[str]) -> dict[str, str]:
+        """Sign (as ``capsule.sender``) and publish to each recipient's inbox; returns ids."""
+        signed = capsule if capsule.signature else self.keyring.sign(capsule)
+        agents = sorted(set(recipients) - {capsule.sender})
+        if not agents:
+            return {}
+        ids = self.bus.publish_to([self.topic(a) for a in agents], signed)
+        self.sent[capsule.sender] += len(agents)
+        return dict(zip(agents, ids, strict=True))
+
+    def send(self, capsule: Capsule) -> dict[str, str]:
+        """Send a capsule its sender holds to the sender's next hops in the topology."""
+        return self.send_to(capsule, self.topology.forward(capsule.sender, capsule))
+
+    def relay(self, agent: str, capsule: Capsule) -> dict[str, str]:
+        """Pass on a capsule ``agent`` received, if the topology makes it a relay for it."""
+        hops = self.topology.forward(agent, capsule)
+        if not hops:
+            return {}
+        return self.send_to(capsule.forwarded(by=agent), hops)
+
+    def inbox(self, agent: str, *, verify: bool = True, start: str = "earliest") -> CapsuleInbox:
+        sub = self.bus.subscribe(self.topic(agent), consumer=agent, start=start)
+        return CapsuleInbox(sub, keyring=self.keyring if verify else None)
+
+    def pump(
+        self,
+        agent: str,
+        inbox: CapsuleInbox,
+        *,
+        handle: Callable[[Capsule], object],
+        count: int = 64,
+        block_ms: int = 0,
+        relay: bool = True,
+    ) -> int:
+        """Read one batch: handle each capsule, relay it, then ack it. Returns how many."""
+        batch = inbox.read(count=count, block_ms=block_ms)
+        done: list[str] = []
+        try:
+            for d in batch:
+                handle(d.capsule)
+                if relay:
+                    self.relay(agent, d.capsule)
+                done.append(d.id)
+                self.received[agent] += 1
+        finally:  # what was handled is acked even if a later capsule's handler raised
+            if done:
+                inbox.ack(done)
+        return len(batch)
