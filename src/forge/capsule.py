@@ -63,7 +63,9 @@ class Capsule:
         return cls(
             unit=unit,
             sender=sender,
-            origin=unit.owner or sender,
+            # A received unit is owned by its receiver; its author is kept in meta["origin"],
+            # so re-broadcasting it does not make the forwarder a fresh, independent witness.
+            origin=str(unit.meta.get("origin") or unit.owner or sender),
             confidence=unit.confidence,
             context=unit.context.to_dict(),
             scope=str(unit.scope),
