@@ -147,6 +147,7 @@ def test_killed_subscriber_resumes_and_processes_each_capsule_exactly_once(rbus,
     # 1: dies by its own SIGKILL after processing 35 capsules, in the middle of a batch
     p = run(35)
     assert p.wait(timeout=30) == -signal.SIGKILL
+    p.stderr.close()
     assert len(lines(done)) == 35
     # 2: comes back while the producer is still sending; killed from outside part-way
     producer = threading.Thread(target=lambda: [rbus.publish("jobs", c) or time.sleep(0.002) for c in caps[100:]])
@@ -157,11 +158,14 @@ def test_killed_subscriber_resumes_and_processes_each_capsule_exactly_once(rbus,
         time.sleep(0.01)
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=10)
+    p.stderr.close()
     producer.join()
     # 3: comes back and finishes
     p = run(0)
     rc = p.wait(timeout=60)
-    assert rc == 0, p.stderr.read().decode()[-2000:]
+    err = p.stderr.read().decode()[-2000:]
+    p.stderr.close()
+    assert rc == 0, err
 
     processed = lines(done)
     assert len(processed) == len(set(processed)) == total  # exactly once
