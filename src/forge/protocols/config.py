@@ -1,0 +1,141 @@
+"""One experiment's settings, and the conditions that differ only by which mechanisms are on.
+
+Every condition runs the same code path (``forge.protocols.forge``); a condition is just a
+set of switches, so an ablation can never drift from the method it ablates:
+
+===================  ========  =========  ==========
+condition            learning  broadcast  graduation
+===================  ========  =========  ==========
+zero-shot            no        no         no
+reflexion            yes       no         no
+forge                yes       yes        yes
+forge-no-graduation  yes       yes        no
+===================  ========  =========  ==========
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from forge.errors import ConfigError
+
+__all__ = [
+    "CONDITIONS",
+    "POLICIES",
+    "REPRESENTATIONS",
+    "Condition",
+    "ForgeConfig",
+    "derive_seed",
+]
+
+REPRESENTATIONS = ("rules", "examples", "mixed")
+POLICIES = ("flat", "hierarchical")
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    learning: bool
+    broadcast: bool
+    graduation: bool
+
+
+CONDITIONS: dict[str, Condition] = {
+    "zero-shot": Condition(learning=False, broadcast=False, graduation=False),
+    "reflexion": Condition(learning=True, broadcast=False, graduation=False),
+    "forge": Condition(learning=True, broadcast=True, graduation=True),
+    "forge-no-graduation": Condition(learning=True, broadcast=True, graduation=False),
+}
+
+
+def derive_seed(*parts: Any) -> int:
+    """A stable 31-bit seed from ``parts`` (run seed, stage, instance...): same inputs, same seed
+    on every machine and Python version (unlike ``hash``)."""
+    text = ":".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") % (2**31 - 1) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class ForgeConfig:
+    """Settings of one evolution run. Defaults follow the paper where it says (N=10, S=6, k=3,
+    caps 100 rules / 50 examples); ``tau``/``theta`` default to the environment's spec.
+
+    Beyond the paper: ``reflect_on_stall`` also reflects on an attempt that never fell below
+    tau but ended unsuccessful (a small model looping against a wall learns nothing
+    otherwise; Reflexion reflects on every failed trial); ``probe_alternatives`` replays the
+    seeded episode to tell reflection which other actions were safe at the failing step;
+    ``rule_guard`` turns "when X, then do not A" rules into hard exclusions (off: the paper's
+    memory is prompt-only); ``show_map`` keeps drawn maps in prompts (off: small models).
+    """
+
+    condition: str = "forge"
+    env: str = "frozenlake-4x4"
+    llm: str = "local"
+    embedder: str = "hash"
+    instances: int = 10
+    stages: int = 6
+    attempts: int = 3
+    tau: float | None = None
+    theta: float | None = None
+    representation: str = "rules"
+    seed: int = 0
+    workers: int = 1
+    policy: str = "flat"
+    rule_cap: int = 100
+    example_cap: int = 50
+    eval_episodes: int = 3
+    memory_tokens: int = 600
+    max_steps: int | None = None
+    probe_alternatives: bool = True
+    rule_guard: bool = False
+    show_map: bool = False
+    reflect_on_stall: bool = True
+
+    def __post_init__(self) -> None:
+        if self.condition not in CONDITIONS:
+            raise ConfigError(f"unknown condition {self.condition!r}; expected one of: {', '.join(CONDITIONS)}")
+        if self.representation not in REPRESENTATIONS:
+            raise ConfigError(
+                f"unknown representation {self.representation!r}; expected one of: {', '.join(REPRESENTATIONS)}"
+            )
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown policy {self.policy!r}; expected one of: {', '.join(POLICIES)}")
+        from forge.envs import available_envs
+
+        if self.env not in available_envs():
+            raise ConfigError(f"unknown environment {self.env!r}; known: {', '.join(available_envs())}")
+        for name in ("instances", "stages", "workers", "eval_episodes", "memory_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("attempts", "rule_cap", "example_cap"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be zero or a positive integer, got {value!r}")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
+            raise ConfigError(f"max_steps must be a positive integer, got {self.max_steps!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+
+    @property
+    def flags(self) -> Condition:
+        return CONDITIONS[self.condition]
+
+    def replace(self, **changes: Any) -> ForgeConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ForgeConfig:
+        if not isinstance(data, Mapping):
+            raise ConfigError("a run config must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {', '.join(sorted(unknown))}")
+        return cls(**dict(data))

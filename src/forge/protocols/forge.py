@@ -1,0 +1,598 @@
+"""The FORGE evolution protocol (arXiv 2605.16233) and its baselines, from one code path.
+
+Outer loop, per stage: every active instance plays its stage (up to k attempts, each aborted
+at the first step reward below tau and reflected on; then one frozen checkpoint episode with
+return R_i) in a freshly seeded environment. Then, depending on the condition's switches:
+
+- graduation: R_i >= theta freezes the instance for good (no more attempts or changes).
+  The paper writes R_i > theta; the env specs here set theta to the return that counts as
+  solved (FrozenLake's theta is its maximum return, 1.0), so reaching it must suffice;
+- broadcast: the champion (highest R_i among the instances that played the stage, lowest
+  index on ties) has its whole memory copied over every other still-active instance; the
+  replaced units are kept as SUPERSEDED history, the copies point back to the champion's units.
+
+Finally every instance is evaluated frozen over ``eval_episodes`` seeds.
+
+Workers (processes) play instances; the parent process alone writes the run directory and
+the store, committing each finished instance before the next is awaited, so ``resume``
+continues from the last commit and reproduces an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from forge.errors import StoreError
+from forge.llm.accounting import TokenLedger
+from forge.llm.base import LLM
+from forge.model import new_id
+from forge.policy import MemoryItem, PromptMemory
+from forge.protocols.config import ForgeConfig, derive_seed
+from forge.protocols.episode import build_env, evaluate_instance, play_stage
+from forge.protocols.progress import ProgressSink, make_sink
+from forge.protocols.runs import RunDir, RunStore
+
+__all__ = ["Delivery", "DirectDelivery", "RunResult", "evolve", "resume"]
+
+Hook = Callable[[str, Mapping[str, Any]], None]
+LLMFactory = Callable[[], LLM]
+
+
+# -- broadcast seam ----------------------------------------------------------------------------
+
+
+class Delivery(Protocol):
+    """Delivers the champion's memory to one receiver; returns what the receiver now holds.
+
+    The in-process default copies directly; a bus-backed delivery (``forge.bus``) can publish
+    the champion's units and return what the receiver's exchange admitted, without the
+    protocol changing.
+    """
+
+    def deliver(self, *, champion: int, receiver: int, memory: PromptMemory, stage: int) -> PromptMemory: ...
+
+
+class DirectDelivery:
+    """Broadcast with replacement, in process: the receiver gets fresh copies of every item."""
+
+    def deliver(self, *, champion: int, receiver: int, memory: PromptMemory, stage: int) -> PromptMemory:
+        return PromptMemory(
+            tuple(
+                replace(item, id=new_id(), source=f"broadcast:inst-{champion}", derived_from=(item.id,), stage=stage)
+                for item in memory.items
+            )
+        )
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What a finished run produced; ``final`` is the content of final.json."""
+
+    run_dir: Path
+    config: ForgeConfig
+    final: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean_return(self) -> float:
+        return float(self.final["evaluation"]["mean_return"])
+
+    @property
+    def success_rate(self) -> float:
+        return float(self.final["evaluation"]["success_rate"])
+
+    @property
+    def major_failure_rate(self) -> float:
+        return float(self.final["evaluation"]["major_failure_rate"])
+
+    @property
+    def tokens(self) -> Mapping[str, Any]:
+        return self.final["tokens"]
+
+
+@dataclass(slots=True)
+class _Instance:
+    index: int
+    memory: PromptMemory = PromptMemory()
+    graduated_stage: int | None = None
+    returns: list[float | None] = field(default_factory=list)
+    attempts: int = 0
+    aborted: int = 0
+    reflections: int = 0
+    fallbacks: int = 0
+
+    @property
+    def graduated(self) -> bool:
+        return self.graduated_stage is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance": self.index,
+            "graduated": self.graduated,
+            "graduated_stage": self.graduated_stage,
+            "returns": list(self.returns),
+            "attempts": self.attempts,
+            "aborted": self.aborted,
+            "reflections": self.reflections,
+            "fallbacks": self.fallbacks,
+            "memory": self.memory.to_list(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> _Instance:
+        return cls(
+            index=int(data["instance"]),
+            memory=PromptMemory.from_list(data["memory"]),
+            graduated_stage=data.get("graduated_stage"),
+            returns=list(data.get("returns", [])),
+            attempts=int(data.get("attempts", 0)),
+            aborted=int(data.get("aborted", 0)),
+            reflections=int(data.get("reflections", 0)),
+            fallbacks=int(data.get("fallbacks", 0)),
+        )
+
+
+# -- workers -----------------------------------------------------------------------------------
+
+_WORKER_LLM: LLM | None = None
+_WORKER_FACTORY: LLMFactory | None = None
+
+
+def _init_worker(factory: LLMFactory) -> None:
+    global _WORKER_FACTORY
+    _WORKER_FACTORY = factory
+
+
+def _in_worker(kind: str, task: Mapping[str, Any]) -> dict[str, Any]:
+    global _WORKER_LLM
+    if _WORKER_LLM is None:
+        assert _WORKER_FACTORY is not None  # set by the pool initializer
+        _WORKER_LLM = _WORKER_FACTORY()
+    fn = play_stage if kind == "stage" else evaluate_instance
+    return fn(task, _WORKER_LLM)
+
+
+def _open_llm(spec: str, threads: int | None) -> LLM:
+    from forge.llm import open_llm
+
+    kwargs: dict[str, Any] = {}
+    if spec.startswith("local") and threads:
+        kwargs["n_threads"] = threads
+    return open_llm(spec, **kwargs)
+
+
+def default_llm_factory(config: ForgeConfig) -> LLMFactory:
+    """A picklable factory that builds ``config.llm`` (sharing the CPUs among workers)."""
+    import os
+
+    threads = max(1, (os.cpu_count() or 1) // config.workers) if config.workers > 1 else None
+    return functools.partial(_open_llm, config.llm, threads)
+
+
+class _Runner:
+    """Runs tasks in process (workers=1) or in a process pool; results come back as they finish."""
+
+    def __init__(self, config: ForgeConfig, factory: LLMFactory, hook: Hook | None) -> None:
+        self.config = config
+        self.factory = factory
+        self.hook = hook
+        self._llm: LLM | None = None
+        self._pool: ProcessPoolExecutor | None = None
+
+    def run(self, kind: str, tasks: Sequence[Mapping[str, Any]], on_result: Callable[[dict[str, Any]], None]) -> None:
+        if not tasks:
+            return
+        if self.config.workers == 1:
+            if self._llm is None:
+                self._llm = self.factory()
+            fn = play_stage if kind == "stage" else evaluate_instance
+            for task in tasks:
+                on_result(fn(task, self._llm, self.hook))
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.config.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(self.factory,),
+            )
+        pending: set[Future[dict[str, Any]]] = {self._pool.submit(_in_worker, kind, t) for t in tasks}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in sorted(done, key=lambda f: f.result()["instance"]):
+                    on_result(fut.result())
+        except BaseException:
+            for fut in pending:
+                fut.cancel()
+            raise
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        if self._llm is not None:
+            self._llm.close()
+            self._llm = None
+
+
+# -- the protocol ------------------------------------------------------------------------------
+
+
+def evolve(
+    config: ForgeConfig,
+    run_dir: str | Path,
+    *,
+    llm_factory: LLMFactory | None = None,
+    progress: ProgressSink | bool | None = None,
+    hook: Hook | None = None,
+    delivery: Delivery | None = None,
+) -> RunResult:
+    """Run ``config`` from scratch into ``run_dir`` (which must not hold a run yet).
+
+    ``llm_factory`` builds the LLM (once per worker process; it must be picklable when
+    ``workers > 1``); by default ``open_llm(config.llm)``. ``progress`` is True for a rich
+    display (only on a terminal), a callable receiving ``(event, data)``, or None. ``hook``
+    is called at stage, instance and attempt boundaries (tests interrupt runs from it).
+    """
+    env = build_env(config)  # fail on a missing optional backend before creating anything
+    env.close()
+    run = RunDir(run_dir)
+    run.create(config)
+    run.event("run_started", config=config.to_dict())
+    return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery)
+
+
+def resume(
+    run_dir: str | Path,
+    *,
+    llm_factory: LLMFactory | None = None,
+    progress: ProgressSink | bool | None = None,
+    hook: Hook | None = None,
+    delivery: Delivery | None = None,
+) -> RunResult:
+    """Continue an interrupted run where it stopped (a finished run returns its result).
+
+    Completed stages and instances are not replayed; graduated instances stay graduated.
+    A missing or corrupt run directory raises a one-line error and changes nothing.
+    """
+    run = RunDir(run_dir)
+    config = run.load_config()
+    # Validate every checkpoint before writing anything.
+    for s in run.completed_stages(config.stages):
+        run.read_json(run.stage_path(s))
+    if run.final_path.exists():
+        final = run.read_json(run.final_path)
+        return RunResult(run.path, config, final)
+    run.event("resumed")
+    return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery)
+
+
+def _drive(
+    run: RunDir,
+    config: ForgeConfig,
+    *,
+    llm_factory: LLMFactory | None,
+    progress: ProgressSink | bool | None,
+    hook: Hook | None,
+    delivery: Delivery | None,
+) -> RunResult:
+    started = time.perf_counter()
+    sink = make_sink(progress, config)
+    store = RunStore(run, config)
+    runner = _Runner(config, llm_factory or default_llm_factory(config), _chain(hook, sink))
+    try:
+        with sink:
+            final = _Protocol(run, config, store, runner, sink, hook, delivery or DirectDelivery()).execute()
+        final["wall_seconds"] = round(final.get("wall_seconds", 0.0) + time.perf_counter() - started, 3)
+        run.write_json(run.final_path, final)
+        run.event("run_done", mean_return=final["evaluation"]["mean_return"])
+        return RunResult(run.path, config, final)
+    finally:
+        runner.close()
+        store.close()
+
+
+def _chain(hook: Hook | None, sink: ProgressSink) -> Hook:
+    def both(event: str, data: Mapping[str, Any]) -> None:
+        sink(event, data)
+        if hook is not None:
+            hook(event, data)
+
+    return both
+
+
+class _Protocol:
+    def __init__(self, run: RunDir, config: ForgeConfig, store: RunStore, runner: _Runner, sink: ProgressSink, hook: Hook | None, delivery: Delivery) -> None:
+        self.run = run
+        self.config = config
+        self.store = store
+        self.runner = runner
+        self.sink = sink
+        self.hook = hook
+        self.delivery = delivery
+        self.ledger = TokenLedger()
+        self.instances = [_Instance(i) for i in range(config.instances)]
+        env = build_env(config)
+        self.theta = env.spec.theta if config.theta is None else config.theta
+        self.spec = env.spec
+        env.close()
+        self.stage_summaries: list[dict[str, Any]] = []
+
+    def _emit(self, event: str, **data: Any) -> None:
+        self.sink(event, data)
+        if self.hook is not None:
+            self.hook(event, data)
+
+    # -- state ------------------------------------------------------------------------------
+    def _restore(self) -> int:
+        """Load the last completed stage; returns the first stage still to play."""
+        done = self.run.completed_stages(self.config.stages)
+        for s in done:
+            data = self.run.read_json(self.run.stage_path(s))
+            try:
+                self.stage_summaries.append(data["summary"])
+            except (KeyError, TypeError):
+                raise StoreError(f"{self.run.stage_path(s)}: not a stage checkpoint; nothing was changed") from None
+        if not done:
+            return 0
+        last = self.run.read_json(self.run.stage_path(done[-1]))
+        try:
+            self.instances = [_Instance.from_dict(d) for d in last["instances"]]
+            self.ledger = TokenLedger.from_dict(last["tokens"])
+            # the last stage's broadcast may have been cut off before reaching the store
+            for receiver, ops in last.get("broadcast_ops", {}).items():
+                self.store.apply(ops, owner=f"inst-{int(receiver)}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreError(f"{self.run.stage_path(done[-1])}: corrupt checkpoint ({exc!r}); nothing was changed") from None
+        return done[-1] + 1
+
+    # -- main loop --------------------------------------------------------------------------
+    def execute(self) -> dict[str, Any]:
+        first = self._restore()
+        for stage in range(first, self.config.stages):
+            self._stage(stage)
+        return self._evaluate()
+
+    def _stage(self, stage: int) -> None:
+        cfg = self.config
+        active = [i for i in self.instances if not i.graduated]
+        self.run.event("stage_started", stage=stage, active=[i.index for i in active])
+        self._emit("stage_started", stage=stage, stages=cfg.stages, active=len(active))
+        results: dict[int, dict[str, Any]] = {}
+        for inst in active:  # finished before an interruption: committed, not replayed
+            path = self.run.result_path(stage, inst.index)
+            if path.is_file():
+                results[inst.index] = self.run.read_json(path)
+                self._apply_result(results[inst.index])
+        tasks = [
+            {
+                "config": cfg.to_dict(),
+                "instance": inst.index,
+                "stage": stage,
+                "seed": derive_seed(cfg.seed, "stage", stage, "instance", inst.index),
+                "memory": inst.memory.to_list(),
+            }
+            for inst in active
+            if inst.index not in results
+        ]
+
+        def commit(result: dict[str, Any]) -> None:
+            self.run.write_json(self.run.result_path(stage, result["instance"]), result)
+            self._apply_result(result)
+            results[result["instance"]] = result
+            ck = result["checkpoint"]
+            self.run.event(
+                "instance_done",
+                stage=stage,
+                instance=result["instance"],
+                checkpoint_return=ck["return"],
+                attempts=[{k: a[k] for k in ("attempt", "return", "aborted", "failing_step")} for a in result["attempts"]],
+                fallbacks=sum(1 for a in result["attempts"] if a.get("reflection", {}).get("fallback")),
+                tokens=TokenLedger.from_dict(result["tokens"]).total().total_tokens,
+            )
+            self._emit("instance_done", stage=stage, instance=result["instance"], checkpoint_return=ck["return"], attempts=len(result["attempts"]), tokens=self._tokens_so_far(results))
+
+        self.runner.run("stage", tasks, commit)
+        self._finish_stage(stage, active, results)
+
+    def _tokens_so_far(self, results: Mapping[int, Mapping[str, Any]]) -> int:
+        total = self.ledger.total().total_tokens
+        return total + sum(TokenLedger.from_dict(r["tokens"]).total().total_tokens for r in results.values())
+
+    def _apply_result(self, result: Mapping[str, Any]) -> None:
+        owner = f"inst-{result['instance']}"
+        self.store.add_episodes(result["episodes"])
+        self.store.apply(result["ops"], owner=owner)
+
+    def _finish_stage(self, stage: int, active: list[_Instance], results: Mapping[int, Mapping[str, Any]]) -> None:
+        flags = self.config.flags
+        scores: dict[int, float] = {}
+        for inst in self.instances:
+            res = results.get(inst.index)
+            if res is None:  # graduated earlier: frozen, carries its last return
+                inst.returns.append(inst.returns[-1] if inst.returns else None)
+                continue
+            inst.memory = PromptMemory.from_list(res["memory"])
+            score = float(res["checkpoint"]["return"])
+            scores[inst.index] = score
+            inst.returns.append(score)
+            inst.attempts += len(res["attempts"])
+            inst.aborted += sum(1 for a in res["attempts"] if a["aborted"])
+            refl = [a["reflection"] for a in res["attempts"] if "reflection" in a]
+            inst.reflections += len(refl)
+            inst.fallbacks += sum(1 for r in refl if r["fallback"])
+            self.ledger.merge(res["tokens"])
+        graduated_now = []
+        if flags.graduation:
+            for idx, score in sorted(scores.items()):
+                if score >= self.theta:
+                    self.instances[idx].graduated_stage = stage
+                    graduated_now.append(idx)
+        champion = None
+        broadcast_ops: dict[int, list[dict[str, Any]]] = {}
+        if flags.broadcast and scores:
+            champion = max(sorted(scores), key=lambda i: scores[i])  # first max: lowest index
+            source = self.instances[champion].memory
+            for inst in self.instances:
+                if inst.index == champion or inst.graduated or inst.index not in scores:
+                    continue
+                new = self.delivery.deliver(champion=champion, receiver=inst.index, memory=source, stage=stage)
+                broadcast_ops[inst.index] = _replacement_ops(inst.memory, new, champion=champion, stage=stage)
+                inst.memory = new
+        summary = {
+            "stage": stage,
+            "returns": [inst.returns[-1] for inst in self.instances],
+            "played": sorted(scores),
+            "mean_checkpoint_return": statistics.fmean(v for v in (i.returns[-1] for i in self.instances) if v is not None)
+            if any(i.returns[-1] is not None for i in self.instances)
+            else None,
+            "graduated_now": graduated_now,
+            "graduated_total": sum(1 for i in self.instances if i.graduated),
+            "champion": champion,
+            "receivers": sorted(broadcast_ops),
+            "successes": sum(1 for i in scores.values() if i >= self.spec.success_return),
+            "major_failures": sum(1 for i in scores.values() if i <= self.spec.major_failure_return),
+            "tokens": self.ledger.total().total_tokens,
+        }
+        checkpoint = {
+            "stage": stage,
+            "summary": summary,
+            "instances": [i.to_dict() for i in self.instances],
+            "broadcast_ops": {str(k): v for k, v in broadcast_ops.items()},
+            "tokens": self.ledger.to_dict(),
+        }
+        self.run.write_json(self.run.stage_path(stage), checkpoint)  # the commit point
+        for receiver, ops in broadcast_ops.items():
+            self.store.apply(ops, owner=f"inst-{receiver}")
+        for inst in self.instances:
+            self.run.write_jsonl(self.run.export_path(stage, inst.index), self.store.export(f"inst-{inst.index}"))
+        self.stage_summaries.append(summary)
+        self.run.event("stage_done", **summary)
+        if champion is not None:
+            self.run.event("broadcast", stage=stage, champion=champion, receivers=sorted(broadcast_ops))
+        for idx in graduated_now:
+            self.run.event("graduated", stage=stage, instance=idx, checkpoint_return=scores[idx])
+        self._emit("stage_done", **summary)
+
+    # -- final evaluation -------------------------------------------------------------------
+    def _evaluate(self) -> dict[str, Any]:
+        cfg = self.config
+        seeds = [derive_seed(cfg.seed, "eval", n) for n in range(cfg.eval_episodes)]
+        results: dict[int, dict[str, Any]] = {}
+        for inst in self.instances:
+            path = self.run.eval_path(inst.index)
+            if path.is_file():
+                results[inst.index] = self.run.read_json(path)
+                self.store.add_episodes(results[inst.index]["episodes"])
+        tasks = [{"config": cfg.to_dict(), "instance": i.index, "seeds": seeds, "memory": i.memory.to_list()} for i in self.instances if i.index not in results]
+        self.run.event("eval_started", pending=[t["instance"] for t in tasks])
+        self._emit("eval_started", pending=len(tasks))
+
+        def commit(result: dict[str, Any]) -> None:
+            self.run.write_json(self.run.eval_path(result["instance"]), result)
+            self.store.add_episodes(result["episodes"])
+            results[result["instance"]] = result
+            self.run.event("eval_done", instance=result["instance"], returns=[r["return"] for r in result["results"]])
+            self._emit("eval_done", instance=result["instance"], returns=[r["return"] for r in result["results"]])
+
+        self.runner.run("eval", tasks, commit)
+        return self._final(results, seeds)
+
+    def _final(self, results: Mapping[int, Mapping[str, Any]], seeds: list[int]) -> dict[str, Any]:
+        eval_ledger = TokenLedger()
+        for r in results.values():
+            eval_ledger.merge(r["tokens"])
+        all_tokens = TokenLedger().merge(self.ledger).merge(eval_ledger)
+        rows = []
+        flat: list[Mapping[str, Any]] = []
+        for inst in self.instances:
+            res = results[inst.index]["results"]
+            flat += res
+            rets = [r["return"] for r in res]
+            rows.append(
+                {
+                    "instance": inst.index,
+                    "graduated_stage": inst.graduated_stage,
+                    "checkpoint_returns": inst.returns,
+                    "final_returns": rets,
+                    "mean_return": statistics.fmean(rets),
+                    "attempts": inst.attempts,
+                    "aborted": inst.aborted,
+                    "reflections": inst.reflections,
+                    "fallbacks": inst.fallbacks,
+                    "memory_size": {k: sum(1 for it in inst.memory.items if it.kind == k) for k in ("rule", "example")},
+                }
+            )
+        best = max(rows, key=lambda r: (r["mean_return"], -r["instance"]))["instance"]
+        reflections = sum(i.reflections for i in self.instances)
+
+        def usage(ledger: TokenLedger, tag: str) -> dict[str, Any]:
+            return {str(k): v.to_dict() for k, v in sorted(ledger.by(tag).items(), key=lambda kv: str(kv[0]))}
+
+        train = self.ledger
+        return {
+            "config": self.config.to_dict(),
+            "condition": self.config.condition,
+            "env": self.config.env,
+            "thresholds": {"tau": self.config.tau if self.config.tau is not None else self.spec.tau, "theta": self.theta, "success_return": self.spec.success_return, "major_failure_return": self.spec.major_failure_return},
+            "stages": self.stage_summaries,
+            "instances": rows,
+            "evaluation": {
+                "seeds": seeds,
+                "episodes": len(flat),
+                "mean_return": statistics.fmean(r["return"] for r in flat),
+                "success_rate": sum(1 for r in flat if r["success"]) / len(flat),
+                "major_failure_rate": sum(1 for r in flat if r["major_failure"]) / len(flat),
+                "returns": [r["return"] for r in flat],
+            },
+            "graduated": sum(1 for i in self.instances if i.graduated),
+            "reflections": reflections,
+            "fallback_rate": (sum(i.fallbacks for i in self.instances) / reflections) if reflections else 0.0,
+            "champion": {"instance": best, "memory": self.instances[best].memory.to_list()},
+            "tokens": {
+                "training": train.total().to_dict(),
+                "evaluation": eval_ledger.total().to_dict(),
+                "total": all_tokens.total().to_dict(),
+                "by_role": usage(all_tokens, "role"),
+                "by_phase": usage(all_tokens, "phase"),
+                "by_stage": usage(all_tokens, "stage"),
+                "by_instance": usage(all_tokens, "instance"),
+                "ledger": all_tokens.to_dict(),
+            },
+        }
+
+
+def _replacement_ops(old: PromptMemory, new: PromptMemory, *, champion: int, stage: int) -> list[dict[str, Any]]:
+    """Store ops for "receiver's memory replaced by the champion's": add copies, relate each
+    copy to its origin (derived_from) and to the old unit it stands in for (supersedes), mark
+    every old unit SUPERSEDED with the reason."""
+    ops: list[dict[str, Any]] = [{"op": "add", "item": it.to_dict()} for it in new.items]
+    for it in new.items:
+        for origin in it.derived_from:
+            ops.append({"op": "relate", "src": it.id, "dst": origin, "type": "derived_from", "note": f"broadcast from inst-{champion}"})
+    by_slot: dict[tuple[str, str], list[MemoryItem]] = {}
+    for it in new.items:
+        by_slot.setdefault((it.role, it.kind), []).append(it)
+    slots_old: dict[tuple[str, str], int] = {}
+    reason = f"replaced by champion inst-{champion}'s memory at stage {stage}"
+    for it in old.items:
+        key = (it.role, it.kind)
+        n = slots_old.get(key, 0)
+        slots_old[key] = n + 1
+        ops.append({"op": "supersede", "id": it.id, "reason": reason})
+        candidates = by_slot.get(key) or list(new.items)
+        if candidates:
+            successor = candidates[min(n, len(candidates) - 1)]
+            ops.append({"op": "relate", "src": successor.id, "dst": it.id, "type": "supersedes", "note": reason})
+    return ops

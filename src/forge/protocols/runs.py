@@ -1,0 +1,228 @@
+"""Run directories: the files an evolution run leaves, written so a kill at any moment loses
+at most the work in flight.
+
+    RUN/
+      config.json                      the settings (written once, never rewritten)
+      events.jsonl                     append-only log, one JSON object per line, flushed
+      memory.db                        every unit, relation and episode (SQLite)
+      checkpoints/stage-XX.json        every instance's state after stage XX (authoritative)
+      checkpoints/stage-XX/inst-YY.result.json   one instance's finished stage (before the
+                                       stage completes; what resume picks up)
+      checkpoints/stage-XX/inst-YY.jsonl         that instance's memory export after the stage
+      checkpoints/eval/inst-YY.json    one instance's final evaluation
+      final.json                       the summary
+
+JSON files are written to a temporary name and renamed, so a file either exists whole or not
+at all. The store is a mirror of the checkpoint files: every write to it is idempotent (unit
+and episode ids come from the files), so replaying a file after a crash is harmless.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
+from forge.memory import Memory
+from forge.model import Context, Episode, Provenance, Status, Unit, Viewer
+from forge.policy import MemoryItem
+from forge.protocols.config import ForgeConfig
+from forge.store import Filter
+
+__all__ = ["RunDir", "RunStore"]
+
+_ADMIN = Viewer.admin()
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """Paths and file I/O of one run directory; the only code that writes its JSON files."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / "events.jsonl"
+
+    @property
+    def db_path(self) -> Path:
+        return self.path / "memory.db"
+
+    @property
+    def final_path(self) -> Path:
+        return self.path / "final.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def stage_path(self, stage: int) -> Path:
+        return self.checkpoints / f"stage-{stage:02d}.json"
+
+    def stage_dir(self, stage: int) -> Path:
+        return self.checkpoints / f"stage-{stage:02d}"
+
+    def result_path(self, stage: int, instance: int) -> Path:
+        return self.stage_dir(stage) / f"inst-{instance:02d}.result.json"
+
+    def export_path(self, stage: int, instance: int) -> Path:
+        return self.stage_dir(stage) / f"inst-{instance:02d}.jsonl"
+
+    def eval_path(self, instance: int) -> Path:
+        return self.checkpoints / "eval" / f"inst-{instance:02d}.json"
+
+    # -- creation and loading ---------------------------------------------------------------
+    def create(self, config: ForgeConfig) -> None:
+        """Start a new run here; refuses a directory that already holds anything."""
+        if self.config_path.exists():
+            raise ConfigError(f"{self.path} already holds a run; resume it with --resume {self.path} or pick another --run-dir")
+        if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+            raise ConfigError(f"{self.path} exists and is not an empty directory; pick another --run-dir")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.checkpoints.mkdir(exist_ok=True)
+        _write_json(self.config_path, config.to_dict())
+
+    def load_config(self) -> ForgeConfig:
+        if not self.path.is_dir():
+            raise NotFoundError(f"no run directory at {self.path}")
+        if not self.config_path.is_file():
+            raise NotFoundError(f"{self.path} is not a FORGE run: config.json is missing")
+        data = self.read_json(self.config_path)
+        try:
+            return ForgeConfig.from_dict(data)
+        except (ConfigError, TypeError) as exc:
+            raise StoreError(f"{self.config_path}: not a valid run config ({exc}); nothing was changed") from None
+
+    def read_json(self, path: Path) -> Any:
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise StoreError(f"{path}: corrupt or unreadable ({exc.__class__.__name__}: {exc}); nothing was changed") from None
+
+    def write_json(self, path: Path, data: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_json(path, data)
+
+    def write_jsonl(self, path: Path, records: Iterable[Mapping[str, Any]]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("w", encoding="utf-8") as fh:
+            for r in records:
+                fh.write(json.dumps(r, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+    # -- events -----------------------------------------------------------------------------
+    def event(self, name: str, **data: Any) -> None:
+        """Append one event line and flush it (a kill loses no logged event)."""
+        line = json.dumps({"ts": round(time.time(), 3), "event": name, **data}, default=str)
+        with self.events_path.open("a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every complete event line; a torn last line (killed mid-write) is skipped."""
+        out = []
+        if not self.events_path.exists():
+            return out
+        for line in self.events_path.read_text(encoding="utf-8").splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return out
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def completed_stages(self, stages: int) -> list[int]:
+        return [s for s in range(stages) if self.stage_path(s).is_file()]
+
+
+class RunStore:
+    """The run's memory store, written only by the parent process, idempotently."""
+
+    def __init__(self, run: RunDir, config: ForgeConfig) -> None:
+        self.config = config
+        try:
+            self.memory = Memory.open(run.db_path, embedder=config.embedder)
+        except ForgeError as exc:
+            raise StoreError(f"{run.db_path}: cannot open the run's memory store ({exc}); nothing was changed") from None
+
+    def close(self) -> None:
+        self.memory.close()
+
+    def _unit(self, item: MemoryItem, owner: str) -> Unit:
+        meta = dict(item.meta)
+        meta["stage"] = item.stage
+        meta.setdefault("fallback", False)
+        return Unit(
+            id=item.id,
+            kind=item.kind,  # type: ignore[arg-type]
+            content=item.content,
+            context=Context(domain=self.config.env, task=self.config.env, role=item.role, tags=(self.config.condition, self.config.representation)),
+            scope="private",  # type: ignore[arg-type]
+            owner=owner,
+            provenance=Provenance(source=item.source, episodes=item.episodes, derived_from=item.derived_from),
+            meta=meta,
+        )
+
+    def add_episodes(self, episodes: Iterable[Mapping[str, Any]]) -> None:
+        store = self.memory.store
+        for data in episodes:
+            try:
+                store.get_episode(data["id"])
+                continue
+            except NotFoundError:
+                pass
+            store.add_episode(Episode.from_dict(data), actor="forge")
+
+    def apply(self, ops: Iterable[Mapping[str, Any]], *, owner: str) -> None:
+        """Apply memory ops (add / archive / supersede / relate); safe to apply twice."""
+        ops = list(ops)
+        adds = [MemoryItem.from_dict(op["item"]) for op in ops if op["op"] == "add"]
+        if adds:
+            present = {u.id for u in self.memory.store.get_many([i.id for i in adds], viewer=_ADMIN)}
+            new = [self._unit(i, owner) for i in adds if i.id not in present]
+            if new:
+                self.memory.add(new, actor="forge")
+        for op in ops:
+            if op["op"] == "archive":
+                self._status(op["id"], Status.ARCHIVED, op.get("reason", ""))
+            elif op["op"] == "supersede":
+                self._status(op["id"], Status.SUPERSEDED, op.get("reason", ""))
+            elif op["op"] == "relate":
+                self.memory.relate(op["src"], op["dst"], op["type"], note=op.get("note", ""), actor="forge")
+
+    def _status(self, unit_id: str, status: Status, reason: str) -> None:
+        try:
+            unit = self.memory.store.get(unit_id, viewer=_ADMIN)
+        except NotFoundError:
+            return
+        if unit.status != status:
+            self.memory.set_status(unit_id, status, reason=reason, actor="forge")
+
+    def export(self, owner: str) -> list[dict[str, Any]]:
+        """The owner's active units, oldest first, as unit records."""
+        out: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            page = self.memory.store.list(viewer=_ADMIN, filter=Filter.make(owner=owner), limit=500, offset=offset)
+            out += [u.to_dict() for u in page]
+            if len(page) < 500:
+                return out
+            offset += 500

@@ -1,0 +1,515 @@
+"""Reflection: a failed attempt becomes memory artifacts (rule edit ops, corrected examples).
+
+The reflection agent is the acting agents' own LLM (no stronger teacher): it reads a
+:class:`Snapshot` (every role's trajectory, the current memory, the failing step) and answers
+with JSON. Small models answer badly, so everything it says is parsed tolerantly, retried a
+bounded number of times (:func:`forge.llm.structured.complete_json`) and validated: rules that
+mention no valid action or invent names are dropped, example steps must answer with valid
+actions. When nothing usable is left, a fallback artifact is derived from the trajectory
+itself ("when <situation>, then do not <failing action>"), marked ``fallback=True`` so runs
+can report how much of their memory the model really wrote.
+
+:func:`apply_reflection` turns artifacts into a new :class:`~forge.policy.PromptMemory`:
+rule deletions (by shown index) first, then additions, then per-role caps that keep the newest
+items; every removed item is reported so the caller can archive it, never delete it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge.errors import LLMError, ValidationError
+from forge.llm.base import LLM, Message
+from forge.llm.structured import complete_json
+from forge.model import Step
+from forge.policy import MemoryItem, PromptMemory, summarize_observation
+
+__all__ = [
+    "REPRESENTATIONS",
+    "Example",
+    "Reflection",
+    "RuleEdit",
+    "Snapshot",
+    "apply_reflection",
+    "fallback_reflection",
+    "reflect",
+    "validate_rule",
+]
+
+REPRESENTATIONS = ("rules", "examples", "mixed")
+_MAX_RULE_CHARS = 300
+_MAX_ADDS = 3  # rules one reflection may add per role; more is a model rambling
+
+
+@dataclass(frozen=True, slots=True)
+class RuleEdit:
+    """Edit ops on one role's rule list: delete by shown index, then append."""
+
+    role: str
+    delete: tuple[int, ...] = ()
+    add: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "delete": list(self.delete), "add": list(self.add)}
+
+
+@dataclass(frozen=True, slots=True)
+class Example:
+    """A corrected demonstration: steps of thought / tool / observation / answer."""
+
+    role: str
+    name: str
+    description: str
+    steps: tuple[Mapping[str, str], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "name": self.name,
+            "description": self.description,
+            "steps": [dict(s) for s in self.steps],
+        }
+
+    def content(self) -> str:
+        """The text stored and embedded for this example."""
+        lines = [f"{self.name}: {self.description}"]
+        lines += [f"{s.get('observation', '')} -> {s.get('answer', '')}" for s in self.steps]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the reflection agent sees about one failed attempt.
+
+    ``steps`` holds every role's steps in order (``Step.role`` names the role; the acting
+    role's steps carry the env reward); ``failing`` is the env step index (0-based) whose
+    reward fell below ``tau``. ``safe_actions`` are actions checked by replaying the episode
+    not to fail at that point (empty when unknown).
+    """
+
+    env: str
+    description: str
+    valid_actions: tuple[str, ...]
+    roles: tuple[str, ...]
+    acting_roles: tuple[str, ...]
+    steps: tuple[Step, ...]
+    failing: int
+    failing_action: str
+    failing_reward: float
+    failing_observation: str
+    tau: float
+    memory: PromptMemory = PromptMemory()
+    safe_actions: tuple[str, ...] = ()
+    known_names: tuple[str, ...] = ()
+    reason: str = "abort"  # "abort": a reward fell below tau; "stall": ended unsuccessful
+    episode_return: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reflection:
+    """Artifacts from one reflection, and how they were obtained."""
+
+    edits: tuple[RuleEdit, ...] = ()
+    examples: tuple[Example, ...] = ()
+    fallback: bool = False
+    dropped: tuple[str, ...] = ()  # why model output was rejected, one line each
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "edits": [e.to_dict() for e in self.edits],
+            "examples": [e.to_dict() for e in self.examples],
+            "fallback": self.fallback,
+            "dropped": list(self.dropped),
+            "error": self.error,
+        }
+
+
+# -- validation --------------------------------------------------------------------------------
+
+_CODEY = re.compile(r"`([^`]+)`|\b([a-z]+_[a-z0-9_]+|[a-z]+[A-Z]\w*)\b|\b(\w+)\(")
+
+
+def _mentions(text: str, word: str) -> bool:
+    return re.search(r"(?<!\w)" + re.escape(word.lower()) + r"(?!\w)", text.lower()) is not None
+
+
+def validate_rule(text: str, *, valid_actions: Sequence[str], known_names: Iterable[str] = ()) -> str | None:
+    """Why ``text`` is not an acceptable rule, or None when it is.
+
+    A rule must say what to do (name at least one valid action) and may not invent tools or
+    names: identifiers written like code (backticks, snake_case, camelCase, ``call(``) must be
+    valid actions or known names.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return "empty rule"
+    if len(text) > _MAX_RULE_CHARS:
+        return f"rule longer than {_MAX_RULE_CHARS} characters"
+    if not any(_mentions(text, a) for a in valid_actions):
+        return f"rule names no valid action ({', '.join(valid_actions)}): {text[:80]!r}"
+    known = {n.lower() for n in (*valid_actions, *known_names)}
+    for m in _CODEY.finditer(text):
+        name = next(g for g in m.groups() if g)
+        if name.lower() not in known:
+            return f"rule invents the name {name!r}: {text[:80]!r}"
+    return None
+
+
+def _clean_rule(text: str) -> str:
+    text = " ".join(str(text).split()).strip(" -*\"'")
+    return text[:1].lower() + text[1:] if text[:5].lower() == "when " else text
+
+
+# -- prompts -----------------------------------------------------------------------------------
+
+
+def _trajectory(snapshot: Snapshot, limit: int = 8) -> str:
+    acting = [s for s in snapshot.steps if s.role in snapshot.acting_roles[:1] or (not s.role)]
+    lines = []
+    start = max(0, snapshot.failing - limit + 1)
+    for t, s in enumerate(acting[start : snapshot.failing + 1], start):
+        lines.append(f"step {t}: {summarize_observation(s.observation)} -> {s.action} (reward {s.reward:g})")
+    others = [s for s in snapshot.steps if s.role and s.role not in snapshot.acting_roles[:1]]
+    for s in others[-3:]:
+        lines.append(f"{s.role}: {s.action} {s.thought}".strip())
+    return "\n".join(lines)
+
+
+def _head(snapshot: Snapshot) -> str:
+    safe = f"\nActions that were safe there: {', '.join(snapshot.safe_actions)}." if snapshot.safe_actions else ""
+    if snapshot.reason == "stall":
+        what = f"got nowhere (the attempt ended unsuccessful with return {snapshot.episode_return:g}, going in circles from here)"
+    else:
+        what = f"got reward {snapshot.failing_reward:g} (below {snapshot.tau:g})"
+    return (
+        f"Task ({snapshot.env}): {snapshot.description}\n"
+        f"Valid actions: {', '.join(snapshot.valid_actions)}.\n"
+        f"The attempt failed at step {snapshot.failing}: in the situation "
+        f"'{summarize_observation(snapshot.failing_observation)}' the action "
+        f"'{snapshot.failing_action}' {what}.{safe}\n"
+        f"Trajectory:\n{_trajectory(snapshot)}"
+    )
+
+
+def _rules_listing(snapshot: Snapshot) -> str:
+    parts = []
+    for role in snapshot.roles:
+        rules = snapshot.memory.rules(role)
+        shown = "\n".join(f"  [{i}] {r}" for i, r in enumerate(rules)) or "  (none)"
+        parts.append(f"Rules of {role}:\n{shown}")
+    return "\n".join(parts)
+
+
+def _rules_schema(roles: Sequence[str]) -> dict[str, Any]:
+    # Length and count bounds double as the grammar's bounds on local models, which otherwise
+    # ramble inside a string until max_tokens cuts the JSON off.
+    return {
+        "type": "object",
+        "properties": {
+            "edits": {
+                "type": "array",
+                "maxItems": max(3, len(roles)),
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "role": {"type": "string", "enum": list(roles)},
+                        "delete": {"type": "array", "items": {"type": "integer"}, "maxItems": 5},
+                        "add": {"type": "array", "items": {"type": "string", "maxLength": 160}, "maxItems": _MAX_ADDS},
+                    },
+                    "required": ["role", "add"],
+                },
+            }
+        },
+        "required": ["edits"],
+    }
+
+
+def _example_schema(actions: Sequence[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "description": {"type": "string", "maxLength": 120},
+            "steps": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 4,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "thought": {"type": "string", "maxLength": 60},
+                        "tool": {"type": "string", "maxLength": 20},
+                        "observation": {"type": "string", "maxLength": 80},
+                        "answer": {"type": "string", "enum": list(actions)},
+                    },
+                    "required": ["observation", "answer"],
+                },
+            },
+        },
+        "required": ["name", "description", "steps"],
+    }
+
+
+_SYSTEM = "You are the reflection agent. You study a failed attempt and write memory that prevents the failure next time. Never invent actions, tools or names."
+
+
+# -- reflection --------------------------------------------------------------------------------
+
+
+def reflect(
+    llm: LLM,
+    snapshot: Snapshot,
+    *,
+    representation: str = "rules",
+    retries: int = 1,
+    max_tokens: int = 200,
+) -> Reflection:
+    """Ask ``llm`` for artifacts of ``representation``; fall back to derived ones if unusable."""
+    if representation not in REPRESENTATIONS:
+        raise ValidationError(f"unknown representation {representation!r}; expected one of: {', '.join(REPRESENTATIONS)}")
+    edits: list[RuleEdit] = []
+    examples: list[Example] = []
+    dropped: list[str] = []
+    errors: list[str] = []
+    fallback = False
+    if representation in ("rules", "mixed"):
+        got, why, err = _ask_rules(llm, snapshot, retries=retries, max_tokens=max_tokens)
+        dropped += why
+        if err:
+            errors.append(err)
+        if got:
+            edits += got
+        else:
+            edits += _fallback_rules(snapshot)
+            fallback = True
+    if representation in ("examples", "mixed"):
+        got_ex, why, err = _ask_example(llm, snapshot, retries=retries, max_tokens=max_tokens)
+        dropped += why
+        if err:
+            errors.append(err)
+        if got_ex is not None:
+            examples.append(got_ex)
+        else:
+            examples += _fallback_examples(snapshot)
+            fallback = True
+    return Reflection(tuple(edits), tuple(examples), fallback, tuple(dropped), "; ".join(errors))
+
+
+def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -> tuple[list[RuleEdit], list[str], str]:
+    prompt = (
+        f"{_head(snapshot)}\n\n{_rules_listing(snapshot)}\n\n"
+        "Write rule edits. Each added rule reads 'when <situation>, then <what to do>' and names a valid action. "
+        "Delete (by index) rules that caused the failure."
+    )
+    try:
+        data = complete_json(
+            llm,
+            [Message("system", _SYSTEM), Message("user", prompt)],
+            schema=_rules_schema(snapshot.roles),
+            retries=retries,
+            max_tokens=max_tokens,
+        )
+    except LLMError as exc:
+        return [], [], str(exc)
+    dropped: list[str] = []
+    merged: dict[str, tuple[set[int], list[str]]] = {}
+    known = (*snapshot.known_names, *snapshot.roles)
+    for edit in data.get("edits") or []:
+        if not isinstance(edit, Mapping):
+            dropped.append("edit is not an object")
+            continue
+        role = edit.get("role")
+        if role not in snapshot.roles:
+            dropped.append(f"unknown role {role!r}")
+            continue
+        n = len(snapshot.memory.rules(role))
+        deletes, adds = merged.setdefault(role, (set(), []))
+        for idx in edit.get("delete") or []:
+            if isinstance(idx, int) and not isinstance(idx, bool) and 0 <= idx < n:
+                deletes.add(idx)
+            else:
+                dropped.append(f"{role}: no rule at index {idx!r}")
+        existing = {r.lower() for r in snapshot.memory.rules(role)}
+        for text in (edit.get("add") or [])[:_MAX_ADDS]:
+            rule = _clean_rule(text) if isinstance(text, str) else ""
+            why = validate_rule(rule, valid_actions=snapshot.valid_actions, known_names=known)
+            if why is None and (rule.lower() in existing or rule in adds):
+                why = f"duplicate rule {rule[:60]!r}"
+            if why:
+                dropped.append(f"{role}: {why}")
+            else:
+                adds.append(rule)
+    edits = [RuleEdit(role, tuple(sorted(d)), tuple(a)) for role, (d, a) in merged.items() if a]
+    return edits, dropped, ""
+
+
+def _ask_example(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -> tuple[Example | None, list[str], str]:
+    role = snapshot.acting_roles[0]
+    prompt = (
+        f"{_head(snapshot)}\n\n"
+        "Write a corrected demonstration of this episode: a name, a description, and the steps "
+        "(observation, thought, answer = the action to take) that avoid the failure."
+    )
+    try:
+        data = complete_json(
+            llm,
+            [Message("system", _SYSTEM), Message("user", prompt)],
+            schema=_example_schema(snapshot.valid_actions),
+            retries=retries,
+            max_tokens=max_tokens + 160,  # a demonstration is longer than a rule edit
+        )
+    except LLMError as exc:
+        return None, [], str(exc)
+    dropped: list[str] = []
+    failing_situation = summarize_observation(snapshot.failing_observation).lower()
+    known = {n.lower() for n in snapshot.known_names}
+    steps: list[dict[str, str]] = []
+    for s in (data.get("steps") or [])[:8]:
+        if not isinstance(s, Mapping):
+            dropped.append("example step is not an object")
+            continue
+        answer = str(s.get("answer", ""))
+        if answer not in snapshot.valid_actions:
+            dropped.append(f"example answer {answer!r} is not a valid action")
+            continue
+        tool = str(s.get("tool") or "").strip()
+        if tool and tool.lower() not in known:
+            dropped.append(f"example invents the tool {tool!r}")
+            tool = ""
+        obs = " ".join(str(s.get("observation", "")).split())
+        if answer == snapshot.failing_action and obs.lower() == failing_situation:
+            dropped.append("example repeats the failing action in the failing situation")
+            continue
+        steps.append({"thought": " ".join(str(s.get("thought", "")).split())[:200], "tool": tool[:60], "observation": obs[:300], "answer": answer})
+    name = " ".join(str(data.get("name", "")).split())[:60]
+    if not steps or not name:
+        dropped.append("example has no usable steps" if not steps else "example has no name")
+        return None, dropped, ""
+    return Example(role, name, " ".join(str(data.get("description", "")).split())[:200], tuple(steps)), dropped, ""
+
+
+# -- fallbacks ---------------------------------------------------------------------------------
+
+
+def _alternative(snapshot: Snapshot) -> str:
+    for a in (*snapshot.safe_actions, *snapshot.valid_actions):
+        if a != snapshot.failing_action:
+            return a
+    return snapshot.failing_action
+
+
+def _fallback_rules(snapshot: Snapshot) -> list[RuleEdit]:
+    situation = summarize_observation(snapshot.failing_observation) or f"at step {snapshot.failing}"
+    rule = f"when {situation[:1].lower() + situation[1:]}, then do not {snapshot.failing_action}"
+    if snapshot.safe_actions:
+        verb = "was" if len(snapshot.safe_actions) == 1 else "were"
+        rule += f"; {', '.join(snapshot.safe_actions)} {verb} safe there"
+    edits = []
+    for role in snapshot.acting_roles:
+        if rule.lower() not in {r.lower() for r in snapshot.memory.rules(role)}:
+            edits.append(RuleEdit(role, (), (rule,)))
+    return edits
+
+
+def _fallback_examples(snapshot: Snapshot) -> list[Example]:
+    acting = [s for s in snapshot.steps if s.role == snapshot.acting_roles[0] or not s.role]
+    start = max(0, snapshot.failing - 4)
+    steps: list[dict[str, str]] = []
+    for s in acting[start : snapshot.failing]:
+        steps.append({"thought": "", "tool": "", "observation": summarize_observation(s.observation), "answer": s.action})
+    alt = _alternative(snapshot)
+    steps.append(
+        {
+            "thought": f"{snapshot.failing_action} failed here" + (" (it went in circles)" if snapshot.reason == "stall" else f" (reward {snapshot.failing_reward:g})"),
+            "tool": "",
+            "observation": summarize_observation(snapshot.failing_observation),
+            "answer": alt,
+        }
+    )
+    name = f"avoid-{snapshot.failing_action}-at-step-{snapshot.failing}"
+    description = f"{snapshot.env}: the same start, with {alt} instead of {snapshot.failing_action} at step {snapshot.failing}"
+    return [Example(role, name, description, tuple(steps)) for role in snapshot.acting_roles]
+
+
+def fallback_reflection(snapshot: Snapshot, *, representation: str, error: str = "") -> Reflection:
+    """Artifacts derived from the trajectory alone, for when the reflection LLM is unusable."""
+    edits = _fallback_rules(snapshot) if representation in ("rules", "mixed") else []
+    examples = _fallback_examples(snapshot) if representation in ("examples", "mixed") else []
+    return Reflection(tuple(edits), tuple(examples), True, (), error)
+
+
+# -- applying ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The memory after a reflection, and what changed: added items, removed items + why."""
+
+    memory: PromptMemory
+    added: tuple[MemoryItem, ...] = ()
+    removed: tuple[tuple[MemoryItem, str], ...] = field(default_factory=tuple)
+
+
+def apply_reflection(
+    memory: PromptMemory,
+    reflection: Reflection,
+    *,
+    rule_cap: int = 100,
+    example_cap: int = 50,
+    episodes: Sequence[str] = (),
+    stage: int = 0,
+) -> Applied:
+    """Apply rule edits (deletes by index, then adds) and examples, then enforce per-role caps.
+
+    Caps keep the newest items of each (role, kind); the evicted and the deleted come back in
+    ``removed`` with a reason so the caller archives them rather than losing them.
+    """
+    items = list(memory.items)
+    added: list[MemoryItem] = []
+    removed: list[tuple[MemoryItem, str]] = []
+    flag = {"fallback": True} if reflection.fallback else {}
+    for edit in reflection.edits:
+        role_rules = [i for i in items if i.role == edit.role and i.kind == "rule"]
+        doomed = {role_rules[i].id for i in edit.delete if 0 <= i < len(role_rules)}
+        for item in role_rules:
+            if item.id in doomed:
+                removed.append((item, "deleted by a reflection rule edit"))
+        items = [i for i in items if i.id not in doomed]
+        for text in edit.add:
+            new = MemoryItem("rule", edit.role, text, episodes=tuple(episodes), stage=stage, meta=dict(flag))
+            items.append(new)
+            added.append(new)
+    for ex in reflection.examples:
+        new = MemoryItem(
+            "example",
+            ex.role,
+            ex.content(),
+            episodes=tuple(episodes),
+            stage=stage,
+            meta={"name": ex.name, "description": ex.description, "steps": [dict(s) for s in ex.steps], **flag},
+        )
+        items.append(new)
+        added.append(new)
+    items, evicted = enforce_caps(items, rule_cap=rule_cap, example_cap=example_cap)
+    removed += [(i, "evicted by the memory cap (newest kept)") for i in evicted]
+    return Applied(PromptMemory(tuple(items)), tuple(added), tuple(removed))
+
+
+def enforce_caps(items: Sequence[MemoryItem], *, rule_cap: int, example_cap: int) -> tuple[list[MemoryItem], list[MemoryItem]]:
+    """Keep the newest ``cap`` items per (role, kind); return (kept, evicted), order preserved."""
+    if rule_cap < 0 or example_cap < 0:
+        raise ValidationError("memory caps must be zero or more")
+    caps = {"rule": rule_cap, "example": example_cap}
+    seen: dict[tuple[str, str], int] = {}
+    keep_ids: set[str] = set()
+    for item in reversed(items):
+        key = (item.role, item.kind)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] <= caps[item.kind]:
+            keep_ids.add(item.id)
+    kept = [i for i in items if i.id in keep_ids]
+    evicted = [i for i in items if i.id not in keep_ids]
+    return kept, evicted

@@ -1,0 +1,261 @@
+"""Reports over finished evolution runs: one JSON summary, one self-contained HTML page, and
+the final champion's memory as readable markdown.
+
+    from forge.report import build_report
+    paths = build_report(["runs/zero", "runs/reflexion", "runs/forge"], "report/")
+    paths["html"]     # figures embedded as base64 PNG: open it anywhere, no server, no network
+
+Runs are shown side by side: checkpoint return per stage (the learning curve), the final
+evaluation's return distribution, success and major-failure rates, graduation over stages,
+and training vs evaluation tokens. matplotlib is imported only here, only when called.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from forge.errors import ConfigError, NotFoundError, StoreError
+
+__all__ = ["build_report", "load_run", "memory_markdown"]
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """final.json of a finished run, with ``label`` and ``run_dir`` added."""
+    path = Path(run_dir)
+    final = path / "final.json"
+    if not (path / "config.json").is_file():
+        raise NotFoundError(f"{path} is not a FORGE run: config.json is missing")
+    if not final.is_file():
+        raise NotFoundError(f"{path} has not finished (no final.json); finish it with: forge evolve --resume {path}")
+    try:
+        data = json.loads(final.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{final}: corrupt or unreadable ({exc})") from None
+    cfg = data.get("config", {})
+    data["label"] = f"{cfg.get('condition', '?')}/{cfg.get('representation', '?')}"
+    data["run_dir"] = str(path)
+    return data
+
+
+def memory_markdown(memory: Sequence[Mapping[str, Any]], *, title: str = "Champion memory") -> str:
+    """Rules and examples, grouped by role, numbered as the agent saw them."""
+    lines = [f"# {title}", ""]
+    if not memory:
+        return "\n".join([*lines, "_(empty memory)_", ""])
+    roles = list(dict.fromkeys(m["role"] for m in memory))
+    for role in roles:
+        lines.append(f"## Role: {role}")
+        rules = [m for m in memory if m["role"] == role and m["kind"] == "rule"]
+        examples = [m for m in memory if m["role"] == role and m["kind"] == "example"]
+        if rules:
+            lines += ["", "### Rules", ""]
+            for i, m in enumerate(rules):
+                tag = " _(fallback)_" if m.get("meta", {}).get("fallback") else ""
+                lines.append(f"{i}. {m['content']}  \n   source: {m.get('source', '')}, stage {m.get('stage', 0)}{tag}")
+        if examples:
+            lines += ["", "### Examples", ""]
+            for m in examples:
+                meta = m.get("meta", {})
+                tag = " _(fallback)_" if meta.get("fallback") else ""
+                lines.append(f"**{meta.get('name', 'example')}**: {meta.get('description', '')}{tag}  ")
+                lines.append(f"source: {m.get('source', '')}, stage {m.get('stage', 0)}")
+                lines.append("")
+                for s in meta.get("steps", []):
+                    thought = f" _{s.get('thought')}_" if s.get("thought") else ""
+                    tool = f" [tool {s['tool']}]" if s.get("tool") else ""
+                    lines.append(f"- {s.get('observation', '')}{tool}{thought} -> **{s.get('answer', '')}**")
+                lines.append("")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _summary_row(run: Mapping[str, Any]) -> dict[str, Any]:
+    ev = run["evaluation"]
+    tok = run["tokens"]
+    return {
+        "label": run["label"],
+        "run_dir": run["run_dir"],
+        "condition": run["config"]["condition"],
+        "representation": run["config"]["representation"],
+        "env": run["config"]["env"],
+        "llm": run["config"]["llm"],
+        "instances": run["config"]["instances"],
+        "stages": run["config"]["stages"],
+        "attempts": run["config"]["attempts"],
+        "mean_return": ev["mean_return"],
+        "success_rate": ev["success_rate"],
+        "major_failure_rate": ev["major_failure_rate"],
+        "eval_episodes": ev["episodes"],
+        "graduated": run.get("graduated", 0),
+        "fallback_rate": run.get("fallback_rate", 0.0),
+        "training_tokens": tok["training"]["total_tokens"],
+        "evaluation_tokens": tok["evaluation"]["total_tokens"],
+        "curve": [s.get("mean_checkpoint_return") for s in run["stages"]],
+        "graduation": [s.get("graduated_total", 0) for s in run["stages"]],
+        "champion": run["champion"]["instance"],
+    }
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _figures(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ConfigError("reports need matplotlib: pip install 'forge-memory[report]'") from exc
+    labels = [r["label"] for r in rows]
+    figs: dict[str, str] = {}
+
+    fig = Figure(figsize=(6, 3.4))
+    ax = fig.add_subplot()
+    for r in rows:
+        xs = [i + 1 for i, v in enumerate(r["curve"]) if v is not None]
+        ax.plot(xs, [v for v in r["curve"] if v is not None], marker="o", label=r["label"])
+    ax.set(xlabel="stage", ylabel="mean checkpoint return", title="Learning curve")
+    ax.legend(fontsize=8)
+    figs["learning curve"] = _png(fig)
+
+    fig = Figure(figsize=(6, 3.4))
+    ax = fig.add_subplot()
+    ax.boxplot([run["evaluation"]["returns"] for run in runs], tick_labels=labels)
+    for i, run in enumerate(runs, 1):
+        ys = run["evaluation"]["returns"]
+        ax.scatter([i] * len(ys), ys, alpha=0.4, s=12)
+    ax.set(ylabel="return", title="Final evaluation returns")
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    figs["final evaluation"] = _png(fig)
+
+    fig = Figure(figsize=(6, 3.4))
+    ax = fig.add_subplot()
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["success_rate"] for r in rows], width=0.4, label="success")
+    ax.bar([x + 0.2 for x in xs], [r["major_failure_rate"] for r in rows], width=0.4, label="major failure")
+    ax.set_xticks(list(xs), labels, rotation=20, fontsize=8)
+    ax.set(ylabel="rate", ylim=(0, 1), title="Success and major-failure rates")
+    ax.legend(fontsize=8)
+    figs["rates"] = _png(fig)
+
+    fig = Figure(figsize=(6, 3.4))
+    ax = fig.add_subplot()
+    for r in rows:
+        ax.step(range(1, len(r["graduation"]) + 1), r["graduation"], where="post", marker="o", label=r["label"])
+    ax.set(xlabel="stage", ylabel="instances graduated", title="Graduation over stages")
+    ax.legend(fontsize=8)
+    figs["graduation"] = _png(fig)
+
+    fig = Figure(figsize=(6, 3.4))
+    ax = fig.add_subplot()
+    train = [r["training_tokens"] for r in rows]
+    ax.bar(labels, train, label="training")
+    ax.bar(labels, [r["evaluation_tokens"] for r in rows], bottom=train, label="evaluation")
+    ax.set(ylabel="tokens", title="Tokens")
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    ax.legend(fontsize=8)
+    figs["tokens"] = _png(fig)
+    return figs
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
+th{background:#f3f3f3}td:first-child{text-align:left}.figs{display:flex;flex-wrap:wrap;gap:12px}
+pre{background:#f8f8f8;padding:1em;overflow-x:auto;white-space:pre-wrap}"""
+
+
+def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: Mapping[str, str]) -> str:
+    cols = [
+        ("run", "label"),
+        ("mean return", "mean_return"),
+        ("success", "success_rate"),
+        ("major failure", "major_failure_rate"),
+        ("graduated", "graduated"),
+        ("fallback reflections", "fallback_rate"),
+        ("training tokens", "training_tokens"),
+        ("eval tokens", "evaluation_tokens"),
+    ]
+
+    def cell(key: str, value: Any) -> str:
+        if key in ("success_rate", "major_failure_rate", "fallback_rate"):
+            return f"{value:.0%}"
+        if isinstance(value, float):
+            return f"{value:.3f}"
+        if isinstance(value, int):
+            return f"{value:,}"
+        return html.escape(str(value))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c, _ in cols)
+    body = "".join("<tr>" + "".join(f"<td>{cell(k, r[k])}</td>" for _, k in cols) + "</tr>" for r in rows)
+    settings = "".join(
+        f"<li>{html.escape(r['label'])}: {html.escape(r['env'])}, llm {html.escape(r['llm'])}, N={r['instances']}, S={r['stages']}, k={r['attempts']}, "
+        f"{r['eval_episodes']} eval episodes, run dir <code>{html.escape(r['run_dir'])}</code></li>"
+        for r in rows
+    )
+    images = "".join(f'<figure><img alt="{html.escape(n)}" src="data:image/png;base64,{b}"><figcaption>{html.escape(n)}</figcaption></figure>' for n, b in figs.items())
+    mem = "".join(f"<h3>{html.escape(label)}</h3><pre>{html.escape(md)}</pre>" for label, md in memories.items())
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>FORGE report</title><style>{_CSS}</style></head><body>"
+        f"<h1>FORGE report</h1><ul>{settings}</ul><table><tr>{head}</tr>{body}</table>"
+        f"<h2>Figures</h2><div class='figs'>{images}</div><h2>Final champion memory</h2>{mem}</body></html>"
+    )
+
+
+def build_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str]) -> dict[str, Path]:
+    """Write summary.json, report.html and memory.md for ``run_dirs`` into ``out_dir``."""
+    if not run_dirs:
+        raise ConfigError("build_report needs at least one run directory")
+    runs = [load_run(d) for d in run_dirs]
+    seen: dict[str, int] = {}
+    for run in runs:  # disambiguate equal labels by run directory name
+        seen[run["label"]] = seen.get(run["label"], 0) + 1
+    used: set[str] = set()
+    for n, run in enumerate(runs, 1):
+        if seen[run["label"]] > 1:
+            run["label"] = f"{run['label']} ({Path(run['run_dir']).name})"
+        if run["label"] in used:
+            run["label"] = f"{run['label']} #{n}"
+        used.add(run["label"])
+    rows = [_summary_row(r) for r in runs]
+    figs = _figures(runs, rows)
+    memories = {
+        r["label"]: memory_markdown(r["champion"]["memory"], title=f"{r['label']}: champion inst-{r['champion']['instance']}")
+        for r in runs
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "summary.json", "html": out / "report.html", "markdown": out / "memory.md"}
+    summary = {"runs": rows}
+    if len(rows) > 1:
+        summary["ratios"] = _ratios(rows)
+    paths["json"].write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    paths["html"].write_text(_html(rows, figs, memories), encoding="utf-8")
+    paths["markdown"].write_text("\n\n".join(memories.values()), encoding="utf-8")
+    return paths
+
+
+def _ratios(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Mean-return ratios of every run against the zero-shot and reflexion runs present."""
+    out: dict[str, Any] = {}
+    for base in ("zero-shot", "reflexion"):
+        ref = next((r for r in rows if r["condition"] == base), None)
+        if ref is None:
+            continue
+        for r in rows:
+            if r is ref:
+                continue
+            out[f"{r['label']} / {ref['label']}"] = _ratio(r["mean_return"], ref["mean_return"])
+    return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    """a / b, or None when b is zero (a ratio of returns near zero says nothing)."""
+    return None if b == 0 else a / b

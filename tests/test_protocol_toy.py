@@ -1,0 +1,81 @@
+"""A deterministic toy "model" for protocol tests, and checks that it behaves as designed.
+
+It plays FrozenLake greedily (down until the last row, then right) and obeys rules of the
+form "when <situation>, then do not <action>" found in its prompt, so memory written by
+reflection really changes its behaviour. Reflection requests get ``reflection`` (garbage by
+default, so the fallback path is exercised). Module-level and picklable: worker processes
+and subprocess runs import it by name.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+from forge.llm.base import Request
+from forge.llm.testing import ScriptedLLM
+from forge.policy import summarize_observation
+
+RULE = re.compile(r"when (?P<when>.+?),? then do not (?P<action>\w+)", re.IGNORECASE)
+MOVES = ("left", "down", "right", "up")
+
+
+def _situation(request: Request) -> str:
+    for m in reversed(request.messages):
+        if m.role == "user":
+            return summarize_observation(m.content)
+    return ""
+
+
+def _banned(request: Request, situation: str) -> set[str]:
+    system = "\n".join(m.content for m in request.messages if m.role == "system")
+    norm = " ".join(situation.lower().split())
+    return {m["action"].lower() for m in RULE.finditer(system) if " ".join(m["when"].lower().split()) == norm}
+
+
+def answer(request: Request, *, reflection: str = "I think you should be careful.") -> str:
+    if request.choices is None and request.json_schema is None and "reflection agent" not in request.messages[0].content:
+        return "Keep going."  # analyst notes / thoughts
+    if request.json_schema is not None or "reflection agent" in request.messages[0].content:
+        if reflection == "valid-rules":
+            sit = re.search(r"in the situation '([^']+)' the action '(\w+)'", request.messages[-1].content)
+            if sit:
+                when, act = sit.group(1), sit.group(2)
+                rule = f"when {when[:1].lower() + when[1:]}, then do not {act}"
+                role = "actor" if "Rules of actor" in request.messages[-1].content else "planner"
+                return json.dumps({"edits": [{"role": role, "delete": [], "add": [rule, "when lost, then call teleport_home()"]}]})
+        return reflection
+    options = list(request.choices)
+    if not set(options) <= set(MOVES):
+        return options[0]  # analyst tools, proposals
+    situation = _situation(request)
+    banned = _banned(request, situation)
+    row = re.search(r"row (\d+)", situation)
+    prefs = ["down", "right", "left", "up"] if not row or int(row.group(1)) < 3 else ["right", "down", "up", "left"]
+    for p in prefs:
+        if p in options and p not in banned:
+            return p
+    return options[0]
+
+
+def toy_llm(reflection: str = "I think you should be careful.") -> ScriptedLLM:
+    return ScriptedLLM(functools.partial(answer, reflection=reflection), capabilities=("choices",))
+
+
+def toy_factory() -> ScriptedLLM:
+    return toy_llm()
+
+
+def valid_factory() -> ScriptedLLM:
+    return toy_llm("valid-rules")
+
+
+def test_toy_llm_obeys_rules_in_its_prompt():
+    from forge.llm.base import Message
+
+    obs = "Step 2 of 20.\nYou are at row 2, col 0 (rows 0-3), on a frozen (safe) tile. The goal is at row 3, col 3."
+    plain = Request(messages=[Message("system", "x"), Message("user", obs)], choices=MOVES)
+    ruled = Request(messages=[Message("system", "## Rules\n[0] when you are at row 2, col 0, on a frozen tile, then do not down"), Message("user", obs)], choices=MOVES)
+    assert answer(plain) == "down"
+    assert answer(ruled) == "right"

@@ -1,0 +1,129 @@
+"""Reflection: rule edit ops, validation, fallbacks, caps and eviction order."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forge.errors import ValidationError
+from forge.llm.testing import ScriptedLLM
+from forge.model import Step
+from forge.policy import MemoryItem, PromptMemory
+from forge.reflect import (
+    Reflection,
+    RuleEdit,
+    Snapshot,
+    apply_reflection,
+    enforce_caps,
+    reflect,
+    validate_rule,
+)
+
+ACTIONS = ("left", "down", "right", "up")
+OBS = "Step 2 of 20.\nYou are at row 2, col 0 (rows 0-3), on a frozen (safe) tile. The goal is at row 3, col 3."
+
+
+def rules(*texts: str, role: str = "actor") -> list[MemoryItem]:
+    return [MemoryItem("rule", role, t) for t in texts]
+
+
+def snapshot(memory: PromptMemory | None = None, safe: tuple[str, ...] = ("right",)) -> Snapshot:
+    steps = tuple(Step(observation=OBS, action="down", reward=r, role="actor") for r in (0.0, 0.0, -1.0))
+    return Snapshot(
+        env="frozenlake-4x4",
+        description="Walk to the goal.",
+        valid_actions=ACTIONS,
+        roles=("actor",),
+        acting_roles=("actor",),
+        steps=steps,
+        failing=2,
+        failing_action="down",
+        failing_reward=-1.0,
+        failing_observation=OBS,
+        tau=-0.5,
+        memory=memory or PromptMemory(),
+        safe_actions=safe,
+        known_names=("read_observation",),
+    )
+
+
+def test_delete_indices_then_add():
+    mem = PromptMemory(tuple(rules("when a, then left", "when b, then down", "when c, then up")))
+    edit = RuleEdit("actor", delete=(0, 2), add=("when d, then right",))
+    applied = apply_reflection(mem, Reflection(edits=(edit,)))
+    assert applied.memory.rules("actor") == ["when b, then down", "when d, then right"]
+    assert [i.content for i, _ in applied.removed] == ["when a, then left", "when c, then up"]
+    assert all("deleted" in why for _, why in applied.removed)
+
+
+def test_caps_keep_newest_and_report_evicted_in_order():
+    items = rules("r0 left", "r1 left", "r2 left") + [MemoryItem("example", "actor", "e0")] + rules("r3 left")
+    kept, evicted = enforce_caps(items, rule_cap=2, example_cap=5)
+    assert [i.content for i in kept] == ["r2 left", "e0", "r3 left"]
+    assert [i.content for i in evicted] == ["r0 left", "r1 left"]
+    applied = apply_reflection(PromptMemory(tuple(items)), Reflection(edits=(RuleEdit("actor", add=("when x, then up",)),)), rule_cap=2)
+    assert applied.memory.rules("actor") == ["r3 left", "when x, then up"]
+    assert [why for _, why in applied.removed] == ["evicted by the memory cap (newest kept)"] * 3
+
+
+def test_caps_are_per_role():
+    items = rules("a left", role="planner") + rules("b left", role="analyst")
+    kept, evicted = enforce_caps(items, rule_cap=1, example_cap=1)
+    assert len(kept) == 2 and not evicted
+
+
+def test_validate_rule_rejects_invented_names_and_actionless_rules():
+    assert validate_rule("when at row 2, then do not down", valid_actions=ACTIONS) is None
+    assert "invents" in validate_rule("when lost, then call teleport_home() and go up", valid_actions=ACTIONS)
+    assert "no valid action" in validate_rule("when lost, then relax", valid_actions=ACTIONS)
+    assert validate_rule("use `read_observation` then go up", valid_actions=ACTIONS, known_names=("read_observation",)) is None
+
+
+def test_reflect_valid_rules_keeps_good_drops_bad():
+    reply = json.dumps({"edits": [{"role": "actor", "delete": [7], "add": ["When at row 2, col 0, then go right", "then call jump_now()", "when x, then up"]}]})
+    llm = ScriptedLLM([reply])
+    out = reflect(llm, snapshot(), representation="rules")
+    assert not out.fallback
+    assert out.edits == (RuleEdit("actor", (), ("when at row 2, col 0, then go right", "when x, then up")),)
+    assert any("index 7" in d for d in out.dropped) and any("jump_now" in d for d in out.dropped)
+
+
+def test_malformed_reflection_falls_back_to_trajectory_rule():
+    llm = ScriptedLLM(["no json here", "still none", "nope"], repeat_last=True)
+    out = reflect(llm, snapshot(), representation="rules", retries=1)
+    assert out.fallback
+    assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, then do not down; right was safe there",)
+    assert "no valid JSON" in out.error
+    applied = apply_reflection(PromptMemory(), out)
+    assert applied.added[0].meta["fallback"] is True
+
+
+def test_examples_valid_and_fallback():
+    good = json.dumps({"name": "go-right", "description": "avoid the hole", "steps": [{"observation": "at row 2, col 0", "thought": "hole below", "answer": "right"}]})
+    out = reflect(ScriptedLLM([good]), snapshot(), representation="examples")
+    assert not out.fallback and out.examples[0].steps[0]["answer"] == "right"
+    bad = json.dumps({"name": "x", "description": "y", "steps": [{"observation": "you are at row 2, col 0, on a frozen tile", "answer": "down"}]})
+    out = reflect(ScriptedLLM([bad], repeat_last=True), snapshot(), representation="examples")
+    assert out.fallback
+    ex = out.examples[0]
+    assert ex.steps[-1]["answer"] == "right"  # the env-checked safe action
+    assert [s["answer"] for s in ex.steps[:-1]] == ["down", "down"]
+
+
+def test_mixed_gives_both_kinds():
+    llm = ScriptedLLM(["garbage"], repeat_last=True)
+    out = reflect(llm, snapshot(), representation="mixed", retries=0)
+    assert out.edits and out.examples and out.fallback
+
+
+def test_unknown_representation():
+    with pytest.raises(ValidationError):
+        reflect(ScriptedLLM(), snapshot(), representation="poems")
+
+
+def test_fallback_rule_not_duplicated():
+    first = reflect(ScriptedLLM(["x"], repeat_last=True), snapshot(), retries=0)
+    mem = apply_reflection(PromptMemory(), first).memory
+    again = reflect(ScriptedLLM(["x"], repeat_last=True), snapshot(mem), retries=0)
+    assert again.fallback and again.edits == ()

@@ -1,0 +1,61 @@
+"""Reports: JSON summary, self-contained HTML with embedded figures, champion memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forge.errors import ConfigError, NotFoundError
+from forge.llm.base import forbid_real_llms
+from forge.protocols import ForgeConfig, evolve
+from forge.report import build_report, memory_markdown
+from test_protocol_toy import toy_factory
+
+BASE = dict(env="frozenlake-4x4-slippery", llm="test", instances=3, stages=2, attempts=2, eval_episodes=2)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    with forbid_real_llms():
+        for cond, rep in (("zero-shot", "rules"), ("reflexion", "rules"), ("forge", "mixed")):
+            evolve(ForgeConfig(condition=cond, representation=rep, **BASE), root / cond, llm_factory=toy_factory)
+    return root
+
+
+def test_report_side_by_side(runs, tmp_path):
+    paths = build_report([runs / "zero-shot", runs / "reflexion", runs / "forge"], tmp_path / "rep")
+    summary = json.loads(paths["json"].read_text())
+    assert [r["label"] for r in summary["runs"]] == ["zero-shot/rules", "reflexion/rules", "forge/mixed"]
+    assert all(len(r["curve"]) == 2 for r in summary["runs"])
+    assert "forge/mixed / zero-shot/rules" in summary["ratios"]
+    page = paths["html"].read_text()
+    assert page.count("data:image/png;base64,") == 5
+    for name in ("Learning curve", "Final champion memory", "forge/mixed", "training tokens"):
+        assert name.lower() in page.lower()
+    assert "http" not in page.replace("http-equiv", "")  # self-contained: nothing fetched
+    md = paths["markdown"].read_text()
+    assert "### Rules" in md and "### Examples" in md and "then do not" in md
+
+
+def test_same_condition_twice_gets_distinct_labels(runs, tmp_path):
+    paths = build_report([runs / "forge", runs / "forge"], tmp_path / "rep")
+    labels = [r["label"] for r in json.loads(paths["json"].read_text())["runs"]]
+    assert len(set(labels)) == 2
+
+
+def test_unfinished_or_missing_run_is_a_clear_error(tmp_path):
+    with pytest.raises(NotFoundError, match="config.json is missing"):
+        build_report([tmp_path], tmp_path / "rep")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(NotFoundError, match="has not finished"):
+        build_report([tmp_path], tmp_path / "rep")
+    with pytest.raises(ConfigError):
+        build_report([], tmp_path / "rep")
+
+
+def test_memory_markdown_empty_and_fallback_marked():
+    assert "empty memory" in memory_markdown([])
+    md = memory_markdown([{"role": "actor", "kind": "rule", "content": "when x, then up", "source": "reflection", "stage": 1, "meta": {"fallback": True}}])
+    assert "0. when x, then up" in md and "(fallback)" in md
