@@ -288,17 +288,10 @@ def _write_jsonl(fh: Any, records: Any) -> int:
     return n
 
 
-def _attach_protocol_commands() -> None:
-    """Attach ``evolve`` / ``report`` when the protocols package is present."""
-    try:
-        from forge.protocols.cli import evolve_command, report_command
-    except ImportError:
-        return
-    cli.add_command(evolve_command, "evolve")
-    cli.add_command(report_command, "report")
+from forge.protocols.cli import evolve_command, report_command  # noqa: E402  (after cli is defined)
 
-
-_attach_protocol_commands()
+cli.add_command(evolve_command, "evolve")
+cli.add_command(report_command, "report")
 
 
 def main(argv: list[str] | None = None) -> None:

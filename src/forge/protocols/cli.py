@@ -58,24 +58,33 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--rule-guard/--no-rule-guard", default=None, help="Enforce 'when X, then do not A' rules as hard exclusions (off: paper).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="Where the run is written (default runs/<condition>-<time>).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, help="Continue the interrupted run in this directory.")
+@click.option("--bus", "bus_url", default=None, help="Send the champion broadcast over this bus (memory:// or redis://HOST:PORT/DB); default: in-process copy.")
 @click.option("--quick-demo", is_flag=True, help="A small FORGE run on the embedded model (minutes on 2 cores), then its report.")
 @click.option("--report/--no-report", "with_report", default=None, help="Write the HTML/JSON report into RUN/report afterwards.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
-def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bool, with_report: bool | None, as_json: bool, **options: Any) -> None:
+def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bool, with_report: bool | None, as_json: bool, bus_url: str | None, **options: Any) -> None:
     """Run (or resume) a FORGE / Reflexion / zero-shot evolution experiment."""
     from forge.protocols.forge import evolve, resume
 
     started = time.perf_counter()
+    bus = None
     try:
+        delivery = None
+        if bus_url is not None:
+            from forge.bus import open_bus
+            from forge.protocols.broadcast import BusDelivery
+
+            bus = open_bus(bus_url)
+            delivery = BusDelivery(bus)
         if resume_dir is not None:
-            result = resume(resume_dir, progress=True)
+            result = resume(resume_dir, progress=True, delivery=delivery)
             run_path = resume_dir
         else:
             settings: dict[str, Any] = dict(QUICK_DEMO) if quick_demo else {}
             settings.update({k: v for k, v in options.items() if v is not None})
             config = ForgeConfig(**settings)
             run_path = run_dir or Path("runs") / f"{config.condition}-{time.strftime('%Y%m%d-%H%M%S')}"
-            result = evolve(config, run_path, progress=True)
+            result = evolve(config, run_path, progress=True, delivery=delivery)
         report_paths: dict[str, Any] = {}
         if with_report or (with_report is None and quick_demo):
             from forge.report import build_report
@@ -84,6 +93,9 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
     except ForgeError as exc:
         _fail(exc)
         return
+    finally:
+        if bus is not None:
+            bus.close()
     ev = result.final["evaluation"]
     summary = {
         "run_dir": str(run_path),
