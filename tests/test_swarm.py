@@ -1,0 +1,211 @@
+"""``forge swarm`` end to end: separate agent processes on the real Redis at 127.0.0.1:6379.
+
+Each run uses the scripted walker (``--llm test``) so it finishes in seconds; tests that need
+Redis skip with the reason when it is unreachable.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import forge.swarm as swarm
+from forge.llm.base import Message, Request
+from forge.llm.structured import choose
+from forge.swarm import SECRET_ENV, SwarmConfig, WalkerLLM, swarm_command
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def redis_client():
+    redis = pytest.importorskip("redis", reason="redis-py is not installed (pip install 'forge-memory[redis]')")
+    client = redis.Redis.from_url(REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        client.close()
+        pytest.skip(f"Redis not reachable at {REDIS_URL}: {exc}")
+    yield client
+    client.close()
+
+
+def leftover_keys(client, prefix: str) -> list[bytes]:
+    return list(client.scan_iter(match=f"{prefix}*", count=500))
+
+
+def run(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+    out = tmp_path / "swarm"
+    result = CliRunner().invoke(swarm_command, ["--llm", "test", "--dir", str(out), "--linger", "5", *args], env=env)
+    return result, out
+
+
+def test_memory_flows_between_agent_processes(tmp_path, redis_client, monkeypatch):
+    started: list[tuple[list[str], dict[str, str]]] = []
+    real_popen = subprocess.Popen
+
+    def spy(argv, **kw):
+        started.append((list(argv), dict(kw["env"])))
+        return real_popen(argv, **kw)
+
+    monkeypatch.setattr(swarm.subprocess, "Popen", spy)
+    t0 = time.monotonic()
+    result, out = run(tmp_path, "--agents", "3", "--episodes", "3", env={SECRET_ENV: "s3cret-from-the-operator"})
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - t0 < 30
+
+    data = json.loads((out / "swarm.json").read_text())
+    assert data["status"] == "ok" and data["exit_codes"] == {"agent-1": 0, "agent-2": 0, "agent-3": 0}
+    agents = data["agents"]
+    assert all(a["episodes"] == 3 and a["state"] == "done" for a in agents.values())
+    assert data["totals"]["sent"] > 0
+    assert any(a["received"] > 0 for a in agents.values())
+    assert data["totals"]["accepted"] + data["totals"]["corroborated"] > 0  # judged and kept, not only delivered
+    assert data["cleaned"] and leftover_keys(redis_client, data["prefix"]) == []
+    assert sorted(p.name for p in out.glob("agent-*.db")) == ["agent-1.db", "agent-2.db", "agent-3.db"]
+    # the table and the run line are printed; the secret travels only in the environment
+    assert "agent-3" in result.output and "accepted" in result.output and data["prefix"] in result.output
+    assert len(started) == 3
+    for argv, child_env in started:
+        assert "s3cret-from-the-operator" not in " ".join(argv)
+        assert child_env[SECRET_ENV] == "s3cret-from-the-operator"
+
+
+def test_poisoned_agent_is_quarantined(tmp_path, redis_client):
+    result, out = run(tmp_path, "--agents", "3", "--episodes", "2", "--poison", "1", "--topology", "star", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data == json.loads((out / "swarm.json").read_text())
+    assert data["agents"]["agent-3"]["poison"] is True
+    honest = [data["agents"][a] for a in ("agent-1", "agent-2")]
+    assert sum(a["quarantined"] for a in honest) > 0
+    assert data["agents"]["agent-3"]["quarantined"] == 0  # nobody honest sends poison
+    assert leftover_keys(redis_client, data["prefix"]) == []
+
+
+def test_keep_leaves_the_keys(tmp_path, redis_client):
+    result, out = run(tmp_path, "--agents", "2", "--episodes", "1", "--keep", "--topology", "ring")
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "swarm.json").read_text())
+    try:
+        assert not data["cleaned"]
+        keys = {k.decode() for k in leftover_keys(redis_client, data["prefix"])}
+        assert f"{data['prefix']}stats:agent-1" in keys
+    finally:
+        for k in leftover_keys(redis_client, data["prefix"]):
+            redis_client.delete(k)
+
+
+def test_a_crashing_agent_fails_the_run(tmp_path, redis_client, monkeypatch):
+    real = swarm._child_argv
+
+    def argv(spec):
+        if spec["agent"] == "agent-2":
+            return [sys.executable, "-c", "import sys; print('boom: no memory for you'); sys.exit(3)"]
+        return real(spec)
+
+    monkeypatch.setattr(swarm, "_child_argv", argv)
+    result, out = run(tmp_path, "--agents", "2", "--episodes", "1000")
+    assert result.exit_code == 1
+    assert "agent-2 exited with code 3: boom: no memory for you" in result.output
+    data = json.loads((out / "swarm.json").read_text())
+    assert data["status"] == "failed" and data["agents"]["agent-2"]["state"] == "crashed"
+    assert data["exit_codes"]["agent-1"] == 0  # stopped cleanly, not killed
+    assert data["agents"]["agent-1"]["state"] == "stopped"
+    assert leftover_keys(redis_client, data["prefix"]) == []
+
+
+def test_ctrl_c_stops_every_agent(tmp_path, redis_client):
+    out = tmp_path / "swarm"
+    cmd = [sys.executable, "-c", "from forge.swarm import swarm_command; swarm_command()",
+           "--llm", "test", "--agents", "2", "--episodes", "100000", "--dir", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(b"running" in v for v in _states(redis_client)):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, output.decode()
+    data = json.loads((out / "swarm.json").read_text())
+    assert data["status"] == "interrupted"
+    assert all(a["state"] == "stopped" for a in data["agents"].values())
+    assert all(code == 0 for code in data["exit_codes"].values())
+    assert leftover_keys(redis_client, data["prefix"]) == []
+
+
+def _states(client) -> list[bytes]:
+    return [client.hget(k, "state") or b"" for k in client.scan_iter(match="forge-swarm:*:stats:*", count=500)]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--poison", "4", "--agents", "3"], "--poison must be between 0"),
+        (["--bus", "memory://"], "need a shared bus"),
+        (["--env", "chess"], "unknown environment"),
+        (["--llm", "gpt"], "unknown LLM spec"),
+    ],
+)
+def test_bad_options_fail_before_starting_anything(tmp_path, args, message):
+    result, out = run(tmp_path, *args)
+    assert result.exit_code == 2
+    assert message in result.output and result.output.startswith("error: ")
+    assert not out.exists()
+
+
+def test_unreachable_redis_is_one_line(tmp_path):
+    result, out = run(tmp_path, "--bus", "redis://127.0.0.1:1/0")
+    assert result.exit_code == 1
+    assert result.output.count("\n") == 1 and "127.0.0.1:1" in result.output and "redis-server" in result.output
+    assert not out.exists()
+
+
+def test_walker_obeys_rules_in_its_prompt():
+    walker = WalkerLLM(seed=3)
+    obs = "Step 1 of 20.\nYou are at row 0, col 1 (rows 0-3 top to bottom), on a frozen (safe) tile. The goal is far."
+    rule = "## Rules\n[0] when you are at row 0, col 1, on a frozen tile, then do not down; right was safe there"
+    moves = ["left", "down", "right", "up"]
+
+    def picks(system: str) -> set[str]:
+        return {choose(walker, [Message("system", system), Message("user", f"{obs}\n{i}")], moves) for i in range(40)}
+
+    ruled, free = picks(f"Task.\n{rule}"), picks("Task.")
+    assert "down" not in ruled and "down" in free
+    same = [walker.complete(Request(messages=[Message("user", obs)], choices=["left", "down"])).text for _ in range(3)]
+    assert len(set(same)) == 1  # deterministic for the same prompt
+    assert json.loads(walker.complete(Request(messages=[Message("user", "reflect")], json_schema={"type": "object", "properties": {"edits": {"type": "array"}}})).text) == {"edits": []}
+
+
+def test_config_defaults_match_the_command():
+    defaults = {p.name: p.default for p in swarm_command.params}
+    config = SwarmConfig()
+    for name in ("agents", "episodes", "env", "llm", "topology", "embedder", "bus", "poison", "seed", "max_steps", "rule_guard", "linger_s"):
+        assert defaults[name] == getattr(config, name), name
+
+
+def test_the_table_shows_every_agent_and_the_totals():
+    from rich.console import Console
+
+    stats = {
+        "agent-1": {"state": "done", "episodes": 2, "mean_return": 1.0, "sent": 3, "received": 4, "accepted": 2, "quarantined": 0},
+        "agent-2": {"state": "running", "episodes": 1, "mean_return": -1.0, "sent": 1, "received": 5, "quarantined": 2, "poison": True},
+    }
+    console = Console(record=True, width=160)
+    console.print(swarm.render_table(stats, config=SwarmConfig(episodes=2), agents=["agent-1", "agent-2", "agent-3"], title="t"))
+    text = console.export_text()
+    assert "agent-2 (poison)" in text and "starting" in text  # agent-3 has not reported yet
+    total = next(line for line in text.splitlines() if "total" in line)
+    cells = [c.strip() for c in total.split("│")][1:-1]
+    assert cells == ["total", "", "3/6", "+0.00", "0", "4", "9", "2", "0", "2", "0", "0", "0"]
