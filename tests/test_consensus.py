@@ -310,3 +310,15 @@ def test_ledger_persists_filters_and_counts(tmp_path: Path) -> None:
         Decision("maybe", "x")
     with pytest.raises(ValidationError):
         Ledger(None, name="a/b")
+
+
+def test_two_prohibitions_never_contradict():
+    from forge.consensus import HeuristicDetector
+    from forge.model import Unit
+
+    det = HeuristicDetector()
+    a = Unit("when you are at row 1, col 2 on a frozen tile, then do not left", kind="rule")
+    b = Unit("when you are at row 1, col 2 on a frozen tile, then do not right", kind="rule")
+    assert det.detect(a, b, similarity=0.95) is None
+    c = Unit("when you are at row 1, col 2 on a frozen tile, then go right", kind="rule")
+    assert det.detect(b, c, similarity=0.95) is not None

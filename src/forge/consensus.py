@@ -360,6 +360,12 @@ def _jaccard(a: set[str], b: set[str]) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
+def _prohibits(action: str) -> bool:
+    """Whether a rule's action part forbids something ("do not ...", "never ...", "avoid ...")."""
+    head = _words(re.split(r"\bthen\b", action, flags=re.IGNORECASE)[-1])[:4]
+    return any(w in ("not", "never", "avoid", "no") for w in head)
+
+
 def _polarity(words: Sequence[str]) -> int:
     return sum(1 for w in words if w in _NEGATORS) % 2
 
@@ -386,6 +392,11 @@ class HeuristicDetector:
         if _polarity(wa) != _polarity(wb) and _jaccard(ca, cb) >= self.overlap:
             neg = "the second" if _polarity(wb) else "the first"
             return Conflict("negation", f"same statement, {neg} negated", 0.9)
+        ra, rb = _RULE.match(a.content), _RULE.match(b.content)
+        if ra and rb and _prohibits(ra["act"]) and _prohibits(rb["act"]):
+            # "then do not left" and "then do not right" can both hold (holes on both
+            # sides): two prohibitions never contradict each other.
+            return None
         sa, sb = {_stem(w) for w in wa}, {_stem(w) for w in wb}
         for x, y in _ANTONYMS:
             x, y = _stem(x), _stem(y)
@@ -395,7 +406,6 @@ class HeuristicDetector:
                     and _jaccard(ca - {p}, cb - {q}) >= self.overlap
                 ):
                     return Conflict("antonym", f"'{p}' against '{q}' in otherwise matching statements", 0.8)
-        ra, rb = _RULE.match(a.content), _RULE.match(b.content)
         if ra and rb:
             cond = _jaccard(_content(_words(ra["cond"])), _content(_words(rb["cond"])))
             act = _jaccard(_content(_words(ra["act"])), _content(_words(rb["act"])))
