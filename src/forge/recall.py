@@ -43,7 +43,7 @@ class Weights:
     """
 
     vector: float = 1.0
-    keyword: float = 1.0
+    keyword: float = 0.5  # BM25 on short texts is noisy: at 1.0 it pulled LoCoMo recall below vector-only
     graph: float = 0.5
     rrf_k: float = 60.0
     recency: float = 0.0
@@ -154,7 +154,9 @@ def recall(
 
     if not scores:
         return []
-    ranked = sorted(scores, key=scores.get, reverse=True)[: max(n, k)]  # type: ignore[arg-type]
+    # Boosts and rerankers can reorder beyond the top k, so they see the wider candidate set.
+    reorders = rerank is not None or weights.recency or weights.validation or weights.importance
+    ranked = sorted(scores, key=scores.get, reverse=True)[: max(n, k) if reorders else k]  # type: ignore[arg-type]
     units = {u.id: u for u in store.get_many(ranked, viewer=viewer)}
     now = time.time() if now is None else now
     results = []

@@ -505,7 +505,9 @@ class SQLiteStore:
             hits = [(r, s) for r, s in cands if r in allowed]
             if len(hits) >= k or want >= total:
                 return self._hits(hits[:k])
-            if want >= 4 * max(k, 10) * 16:
+            # The share of candidates the filter admits estimates how many units match in all;
+            # when that is few, exact search among them beats widening the ANN search.
+            if len(hits) * total <= EXACT_SEARCH_LIMIT * len(cands) or want >= 4 * max(k, 10) * 16:
                 break
             want *= 4
         # The filter is selective: search exactly among the units it admits.
@@ -797,10 +799,13 @@ def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any
     params: list[Any] = []
     if not viewer.operator:
         groups = sorted(f"group:{g}" for g in viewer.groups)
-        vis = f"({p}scope = 'global' OR ({p}scope = 'private' AND {p}owner = ?)"
+        # Unary + keeps the planner off units_scope here: the OR would otherwise become a
+        # MULTI-INDEX OR that walks every global unit (O(n) per query, bench/recall_latency.py)
+        # instead of checking the few candidate rows found by id, rowid or FTS.
+        vis = f"(+{p}scope = 'global' OR (+{p}scope = 'private' AND +{p}owner = ?)"
         params.append(viewer.agent or "\x00")
         if groups:
-            vis += f" OR {p}scope IN ({','.join('?' * len(groups))})"
+            vis += f" OR +{p}scope IN ({','.join('?' * len(groups))})"
             params.extend(groups)
         clauses.append(vis + ")")
     if f.status and len(f.status) < len(Status):
@@ -834,7 +839,8 @@ def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any
 
 def fts_query(text: str) -> str | None:
     """A safe FTS5 query from free text: its content words, OR-ed, each quoted."""
-    words = [w for w in re.findall(r"\w+", text.lower()) if w not in _STOPWORDS]
+    # One-letter tokens ("Jonah's" -> "s") match huge posting lists and carry no meaning.
+    words = [w for w in re.findall(r"\w+", text.lower()) if len(w) > 1 and w not in _STOPWORDS]
     words = list(dict.fromkeys(words))[:32]
     if not words:
         return None
