@@ -40,9 +40,9 @@ CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 
 MODES = {
     "vector": Weights(vector=1.0, keyword=0.0, graph=0.0),
     "bm25": Weights(vector=0.0, keyword=1.0, graph=0.0),
-    "hybrid": Weights(),
-    # not a shipped setting: shows how much of hybrid's loss is equal-weight RRF with a weak signal
-    "hybrid_kw0.5": Weights(keyword=0.5),
+    "hybrid": Weights(),  # the shipped default: keyword weight 0.5
+    # equal-weight fusion, for comparison: a weak keyword signal pulls it below vector-only
+    "hybrid_kw1.0": Weights(keyword=1.0),
 }
 KS = (5, 10)
 _DIA = re.compile(r"D\d+:\d+")
