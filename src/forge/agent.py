@@ -36,9 +36,16 @@ from forge.exchange import Exchange, HeuristicAssessor
 from forge.llm.base import LLM
 from forge.memory import Memory
 from forge.model import Context, Episode, Kind, Provenance, Status, Step, Unit
-from forge.policy import MemoryItem, PromptMemory, summarize_observation
+from forge.policy import MemoryItem, PromptMemory
 from forge.recall import Packed, Recalled
-from forge.reflect import Snapshot, apply_reflection, fallback_reflection, reflect
+from forge.reflect import (
+    Snapshot,
+    apply_reflection,
+    fallback_reflection,
+    reflect,
+    safe_alternatives,
+    stall_step,
+)
 from forge.store import Filter
 from forge.topology import Topology, open_topology
 from forge.triggers import Broadcaster
@@ -259,10 +266,10 @@ class Agent:
         self.returns.append(trajectory.total)
         stalled = t is None and stalls and trajectory.done and bool(trajectory.actions) and trajectory.total < spec.success_return
         if stalled:
-            t = _stall_step(trajectory)
+            t = stall_step(trajectory.observations, trajectory.actions)
         if t is None:
             return []
-        safe = _safe_actions(env, seed=seed, prefix=trajectory.actions[:t], failed=trajectory.actions[t], tau=tau, must_move=stalled) if probe else ()
+        safe = safe_alternatives(env, seed=seed, prefix=trajectory.actions[:t], failed=trajectory.actions[t], tau=tau, must_move=stalled) if probe else ()
         snapshot = Snapshot(
             env=spec.name,
             description=spec.description,
@@ -400,38 +407,3 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent({self.id!r}, episodes={self.episodes})"
-
-
-def _safe_actions(env: Env, *, seed: int, prefix: Sequence[str], failed: str, tau: float, must_move: bool = False) -> list[str]:
-    """Replay the seeded episode to the failing step and try every other action there.
-
-    The exact counterfactual for seeded envs, so the fallback rule can say what was safe;
-    for a stall (``must_move``) an action is safe only if it also changes the situation.
-    """
-    safe = []
-    for action in env.valid_actions():
-        if action == failed:
-            continue
-        try:
-            before = env.reset(seed=seed)
-            for a in prefix:
-                before = env.step(a).observation
-            result = env.step(action)
-            moved = summarize_observation(result.observation) != summarize_observation(before)
-            if result.reward >= tau and (moved or not must_move):
-                safe.append(action)
-        except ForgeError:
-            continue
-    return safe
-
-
-def _stall_step(trajectory: TrajectoryLike) -> int:
-    """Where an unsuccessful episode that never fell went wrong: the first (situation, action)
-    that comes back later (the start of a loop), else the last step."""
-    seen: dict[tuple[str, str], int] = {}
-    for t, (obs, action) in enumerate(zip(trajectory.observations, trajectory.actions, strict=True)):
-        key = (summarize_observation(obs), action)
-        if key in seen:
-            return seen[key]
-        seen[key] = t
-    return len(trajectory.actions) - 1

@@ -21,13 +21,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge.errors import LLMError, ValidationError
+from forge.envs.base import Env
+from forge.errors import ForgeError, LLMError, ValidationError
 from forge.llm.base import LLM, Message
 from forge.llm.structured import complete_json
 from forge.model import Step
 from forge.policy import MemoryItem, PromptMemory, summarize_observation
 
 __all__ = [
+    "safe_alternatives",
+    "stall_step",
     "REPRESENTATIONS",
     "Example",
     "Reflection",
@@ -513,3 +516,44 @@ def enforce_caps(items: Sequence[MemoryItem], *, rule_cap: int, example_cap: int
     kept = [i for i in items if i.id in keep_ids]
     evicted = [i for i in items if i.id not in keep_ids]
     return kept, evicted
+
+
+# -- grounding a failure in the environment --------------------------------------------------
+
+
+def safe_alternatives(
+    env: Env, *, seed: int, prefix: Sequence[str], failed: str, tau: float, must_move: bool = False
+) -> tuple[str, ...]:
+    """Replay the seeded episode up to the failing step and try every other action there.
+
+    Environments are seeded, so this is the exact counterfactual; it costs env steps, no
+    tokens, and gives reflection (and its fallback) a grounded "what would have been safe".
+    ``must_move`` (for stalls) also requires the situation to change.
+    """
+    safe = []
+    for action in env.valid_actions():
+        if action == failed:
+            continue
+        try:
+            before = env.reset(seed=seed)
+            for a in prefix:
+                before = env.step(a).observation
+            result = env.step(action)
+            moved = summarize_observation(result.observation) != summarize_observation(before)
+            if result.reward >= tau and (moved or not must_move):
+                safe.append(action)
+        except ForgeError:
+            continue
+    return tuple(safe)
+
+
+def stall_step(observations: Sequence[str], actions: Sequence[str]) -> int:
+    """Where an unsuccessful episode that never fell below tau went wrong: the first
+    (situation, action) pair that comes back later (the start of a loop), else the last step."""
+    seen: dict[tuple[str, str], int] = {}
+    for t, (obs, action) in enumerate(zip(observations, actions, strict=True)):
+        key = (summarize_observation(obs), action)
+        if key in seen:
+            return seen[key]
+        seen[key] = t
+    return len(actions) - 1

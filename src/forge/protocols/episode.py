@@ -8,7 +8,7 @@ return the same result, which is what makes ``resume`` equal an uninterrupted ru
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,9 +17,16 @@ from forge.errors import ForgeError
 from forge.llm.accounting import MeteredLLM, TokenLedger
 from forge.llm.base import LLM
 from forge.model import Episode, Step
-from forge.policy import ANALYST_TOOLS, Policy, PromptMemory, make_policy, summarize_observation
+from forge.policy import ANALYST_TOOLS, Policy, PromptMemory, make_policy
 from forge.protocols.config import ForgeConfig
-from forge.reflect import Snapshot, apply_reflection, fallback_reflection, reflect
+from forge.reflect import (
+    Snapshot,
+    apply_reflection,
+    fallback_reflection,
+    reflect,
+    safe_alternatives,
+    stall_step,
+)
 
 __all__ = ["Trajectory", "build_env", "evaluate_instance", "play", "play_stage"]
 
@@ -81,42 +88,6 @@ def play(
             traj.done = True
             break
     return traj
-
-
-def _safe_alternatives(env: Env, *, seed: int, prefix: Sequence[str], failed: str, tau: float, must_move: bool = False) -> tuple[str, ...]:
-    """Replay the episode up to the failing step and try each other action there.
-
-    Environments are seeded, so this is the exact counterfactual; it costs env steps, no
-    tokens, and gives reflection (and the fallback) a grounded "what would have been safe".
-    ``must_move`` (for stalls) also requires the situation to change.
-    """
-    safe = []
-    for action in env.valid_actions():
-        if action == failed:
-            continue
-        try:
-            obs = env.reset(seed=seed)
-            for a in prefix:
-                obs = env.step(a).observation
-            result = env.step(action)
-            moved = summarize_observation(result.observation) != summarize_observation(obs)
-            if result.reward >= tau and (moved or not must_move):
-                safe.append(action)
-        except ForgeError:
-            continue
-    return tuple(safe)
-
-
-def _stall_step(traj: Trajectory) -> int:
-    """Where an unsuccessful attempt that never fell below tau went wrong: the first step
-    whose (situation, action) pair comes back later (the start of a loop), else the last."""
-    seen: dict[tuple[str, str], int] = {}
-    for t, (obs, action) in enumerate(zip(traj.observations, traj.actions, strict=True)):
-        key = (summarize_observation(obs), action)
-        if key in seen:
-            return seen[key]
-        seen[key] = t
-    return len(traj.actions) - 1
 
 
 def _episode(traj: Trajectory, *, agent: str, config: ForgeConfig, env: Env, meta: Mapping[str, Any]) -> Episode:
@@ -185,12 +156,12 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                     and traj.total < env.spec.success_return
                 )
                 if stalled:
-                    record["stalled_step"] = _stall_step(traj)
+                    record["stalled_step"] = stall_step(traj.observations, traj.actions)
                 if traj.failing is not None or stalled:
                     t = traj.failing if traj.failing is not None else record["stalled_step"]
                     safe: tuple[str, ...] = ()
                     if config.probe_alternatives:
-                        safe = _safe_alternatives(env, seed=seed, prefix=traj.actions[:t], failed=traj.actions[t], tau=tau, must_move=stalled)
+                        safe = safe_alternatives(env, seed=seed, prefix=traj.actions[:t], failed=traj.actions[t], tau=tau, must_move=stalled)
                     snapshot = Snapshot(
                         env=env.spec.name,
                         description=env.spec.description,
