@@ -241,3 +241,28 @@ def test_a_hub_relays_what_it_accepts_and_holds_back_what_it_quarantines(env):
         for a in agents.values():
             a.close()
         bus.close()
+
+
+def test_help_request_is_answered_by_a_neighbour(population):
+    a1, a2, _ = population.values()
+    a1.memory.add(Unit("When the ice cracks under you, then step back to the last safe tile.", kind="rule", owner="a1"))
+    request_id = a2.ask_help("the ice is cracking under me, what should I do")
+    a1.drain()  # a1 answers from its own global units
+    assert a1.help_answered == 1 and a2.help_asked == 1
+    decisions = a2.drain()
+    assert any(d.outcome == "accepted" for d in decisions)
+    got = [u for u in a2.memory.store.list(viewer=a2.viewer) if "ice cracks" in u.content]
+    assert got and got[0].provenance.source == "broadcast:a1"
+    assert request_id  # the reply capsules name the request they answer
+    assert a2.stats()["help_asked"] == 1 and a1.stats()["help_answered"] == 1
+
+
+def test_periodic_sync_sends_what_the_trigger_let_pass(population):
+    a1, a2, _ = population.values()
+    quiet = Unit("Low-importance note: the lake is colder in the morning.", importance=0.1, owner="a1")
+    a1.remember(quiet)  # below the importance trigger: not sent on the event
+    assert a2.drain() == []
+    assert a1.sync(force=True) == 1
+    assert [d.outcome for d in a2.drain()] == ["accepted"]
+    assert any("colder in the morning" in u.content for u in a2.memory.store.list(viewer=a2.viewer))
+    assert a1.sync() == 0  # not due again yet

@@ -208,4 +208,4 @@ def test_the_table_shows_every_agent_and_the_totals():
     assert "agent-2 (poison)" in text and "starting" in text  # agent-3 has not reported yet
     total = next(line for line in text.splitlines() if "total" in line)
     cells = [c.strip() for c in total.split("│")][1:-1]
-    assert cells == ["total", "", "3/6", "+0.00", "0", "4", "9", "2", "0", "2", "0", "0", "0"]
+    assert cells == ["total", "", "3/6", "+0.00", "0", "4", "9", "2", "0", "2", "0", "0", "0/0", "0"]

@@ -48,7 +48,7 @@ from forge.reflect import (
 )
 from forge.store import Filter
 from forge.topology import Topology, open_topology
-from forge.triggers import Broadcaster
+from forge.triggers import Broadcaster, PeriodicSync, answer_help
 
 __all__ = ["Agent", "TrajectoryLike"]
 
@@ -107,6 +107,10 @@ class Agent:
         self.episodes = 0
         self.returns: list[float] = []
         self.learned = 0  # units this agent wrote from its own experience
+        self.help_asked = 0
+        self.help_answered = 0  # help requests from peers this agent replied to
+        self._groups = tuple(groups)
+        self._sync: PeriodicSync | None = None
         self._inbox: CapsuleInbox | None = None
         self._owned: list[Any] = []  # what open() built, closed with the agent, innermost last
 
@@ -326,6 +330,32 @@ class Agent:
         """Send what the outbox holds while the token bucket allows; the rest waits."""
         return self.broadcaster.flush(limit=limit)
 
+    def sync(self, *, interval_s: float = 30.0, force: bool = False) -> int:
+        """Periodic batched sync: send the shareable units written since the last sync.
+
+        Event-driven broadcast sends only units whose importance crosses the trigger; this
+        catches up on the rest every ``interval_s`` (or now, with ``force``).
+        """
+        if self._sync is None:
+            self._sync = PeriodicSync(self.memory, agent=self.id, interval_s=interval_s, groups=self._groups)
+        if not (force or self._sync.due()):
+            return 0
+        self.broadcaster.queue(self._sync.collect())
+        return self.flush()
+
+    def ask_help(self, problem: str, *, context: Context | None = None) -> str:
+        """Stuck: ask the neighbours; their best matching units arrive as ``help_reply``
+        capsules and go through the exchange like any other memory. Returns the request id."""
+        self.help_asked += 1
+        return self.broadcaster.ask_help(problem, context=context).id
+
+    def answer(self, request: Any, *, k: int = 3) -> int:
+        """Reply to a peer's help request with this agent's best matching global units."""
+        replies = answer_help(request, memory=self.memory, agent=self.id, groups=self._groups, k=k)
+        if replies:
+            self.help_answered += 1
+        return self.broadcaster.reply(request, replies)
+
     # -- receiving ------------------------------------------------------------------------
     def receive(self, capsule: Any) -> Decision:
         """Judge one capsule from any transport (verify, screen, dedup, assess, integrate)."""
@@ -344,6 +374,9 @@ class Agent:
         decisions: list[Decision] = []
 
         def handle(capsule: Any) -> None:
+            if getattr(capsule, "kind", "") == "help_request":
+                self.answer(capsule)  # a question for this agent, not a memory to store
+                return
             decision = self.exchange.receive(capsule)
             decisions.append(decision)
             if decision.outcome not in ("quarantined", "rejected"):
@@ -386,6 +419,8 @@ class Agent:
             "quarantined": by["quarantined"],
             "rejected": by["rejected"] + inbox_rejected,
             "conflicts": by["conflict"],
+            "help_asked": self.help_asked,
+            "help_answered": self.help_answered,
             "units": self.memory.store.count(viewer=self.viewer, filter=Filter()),
         }
 

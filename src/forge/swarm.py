@@ -60,7 +60,7 @@ __all__ = [
 SECRET_ENV = "FORGE_SWARM_SECRET"
 TOPOLOGIES = ("full", "ring", "star", "similarity", "hierarchical")
 _DONE = ("lingering", "done", "stopped", "error")  # states after an agent's last episode
-_COLUMNS = ("episodes", "mean_return", "learned", "sent", "received", "accepted", "corroborated", "quarantined", "rejected", "conflicts", "units")
+_COLUMNS = ("episodes", "mean_return", "learned", "sent", "received", "accepted", "corroborated", "quarantined", "rejected", "conflicts", "help_asked", "help_answered", "units")
 
 
 # -- the test policy ---------------------------------------------------------------------------
@@ -262,7 +262,10 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
             profile=env.spec.description,
         )
         policy = make_policy("flat", llm=lambda role: metered.with_tags(role=role), spec=env.spec, rule_guard=bool(spec.get("rule_guard")))
+        from forge.policy import summarize_observation
+
         publish(state="running")
+        failures = 0
         for n in range(int(spec["episodes"])):
             _check_parent(spec)
             agent.drain()
@@ -273,6 +276,10 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
             if used:
                 agent.record_outcome(used, success=traj.total >= env.spec.success_return)
             agent.learn(traj, env=env, seed=seed, shown=shown)
+            failures = failures + 1 if traj.total < env.spec.success_return else 0
+            if failures == 2:  # stuck twice in a row: ask the neighbours what they know
+                agent.ask_help(f"{env.spec.name}: {summarize_observation(traj.observations[-1]) if traj.observations else env.spec.description}")
+            agent.sync(interval_s=float(spec.get("sync_interval_s", 30.0)))
             if spec.get("poison"):
                 agent.broadcast(_poison(aid, n))
             agent.flush()
@@ -321,8 +328,8 @@ def _linger(agent: Any, board: _Board, spec: Mapping[str, Any], publish: Callabl
             return
 
 
-def _child_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m forge.swarm SPEC_JSON`` (a child the parent started)."""
+def _child_main(argv: Sequence[str] | None = None, *, early_stop: Sequence[object] = ()) -> int:
+    """Entry point of a child the parent started (``python -m forge.swarm SPEC_JSON`` works too)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         print("usage: python -m forge.swarm SPEC_JSON (started by 'forge swarm')", file=sys.stderr)
@@ -339,6 +346,8 @@ def _child_main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    if early_stop:  # stopped while still starting up
+        return 0
     try:
         run_agent(json.loads(args[0]), secret=secret)
     except _Stop:  # stopped before the agent was up: nothing to clean but the process
@@ -431,7 +440,18 @@ def agent_ids(n: int) -> list[str]:
 
 def _child_argv(spec: Mapping[str, Any]) -> list[str]:
     """The command line of one child: the spec as JSON (no secrets in it)."""
-    return [sys.executable, "-m", "forge.swarm", json.dumps(spec, separators=(",", ":"))]
+    return [sys.executable, "-c", _CHILD_BOOT, json.dumps(spec, separators=(",", ":"))]
+
+
+# A stop that arrives while the child is still importing FORGE is remembered, not fatal:
+# the child then exits 0 as soon as its real handler is installed.
+_CHILD_BOOT = (
+    "import signal, sys\n"
+    "early = []\n"
+    "signal.signal(signal.SIGTERM, lambda *a: early.append(1))\n"
+    "from forge.swarm import _child_main\n"
+    "sys.exit(0 if early else _child_main(sys.argv[1:], early_stop=early))\n"
+)
 
 
 def _child_env(secret: str) -> dict[str, str]:
@@ -585,9 +605,15 @@ def _sigterm_as_interrupt() -> Callable[[], None]:
 
 # -- display -----------------------------------------------------------------------------------
 
-_HEAD = ("agent", "state", "episodes", "return", "learned", "sent", "recv", "accepted", "corrob.", "quarant.", "rejected", "conflicts", "units")
-_SHORT = ("agent", "state", "ep", "ret", "lrn", "sent", "recv", "acc", "cor", "quar", "rej", "conf", "units")
-_COUNTS = ("learned", "sent", "received", "accepted", "corroborated", "quarantined", "rejected", "conflicts", "units")
+_HEAD = ("agent", "state", "episodes", "return", "learned", "sent", "recv", "accepted", "corrob.", "quarant.", "rejected", "conflicts", "help q/a", "units")
+_SHORT = ("agent", "state", "ep", "ret", "lrn", "sent", "recv", "acc", "cor", "quar", "rej", "conf", "help", "units")
+_COUNTS = ("learned", "sent", "received", "accepted", "corroborated", "quarantined", "rejected", "conflicts", "help", "units")
+
+
+def _count(s: Mapping[str, Any], column: str) -> str:
+    if column == "help":  # help requests this agent sent / peers' requests it answered
+        return f"{int(s.get('help_asked', 0) or 0)}/{int(s.get('help_answered', 0) or 0)}"
+    return str(int(s.get(column, 0) or 0))
 
 
 def _row(aid: str, s: Mapping[str, Any], episodes: int, *, compact: bool) -> list[str]:
@@ -597,7 +623,7 @@ def _row(aid: str, s: Mapping[str, Any], episodes: int, *, compact: bool) -> lis
         str(s.get("state", "starting")),
         f"{s.get('episodes', 0)}/{episodes}",
         f"{float(s.get('mean_return', 0.0)):+.2f}",
-        *(str(int(s.get(c, 0) or 0)) for c in _COUNTS),
+        *(_count(s, c) for c in _COUNTS),
     ]
 
 
@@ -620,7 +646,7 @@ def render_table(
     table.add_section()
     table.add_row(
         "total", "", f"{int(tot['episodes'])}/{config.episodes * len(agents)}", f"{tot['mean_return']:+.2f}",
-        *(str(int(tot[c])) for c in _COUNTS),
+        *(_count(tot, c) for c in _COUNTS),
     )
     if compact and any(s.get("poison") for s in stats.values()):
         table.caption = "* adversarial (--poison)"
