@@ -45,6 +45,7 @@ __all__ = ["SQLiteStore"]
 APPLICATION_ID = 0x464F5247  # "FORG": marks a file as ours, so a foreign database is refused
 SCHEMA_VERSION = 1
 EXACT_SEARCH_LIMIT = 20_000  # below this many filtered candidates, exact search is cheaper
+COMMON_TERM_SHARE = 0.10  # keyword search skips words in more than this share of units (IDF ~ 2)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -143,6 +144,9 @@ class SQLiteStore:
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
             self._db.execute("PRAGMA foreign_keys = ON")
+            # Per-connection view of FTS5's term statistics (nothing is written to the file):
+            # lets keyword search skip words that occur in a large share of all units.
+            self._db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.units_vocab USING fts5vocab(main, units_fts, 'row')")
             self._init_schema()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a usable FORGE database ({exc})") from None
@@ -536,9 +540,10 @@ class SQLiteStore:
         return [Hit(ids[r], s) for r, s in pairs if r in ids]
 
     def keyword_search(self, query: str, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
-        match = fts_query(query)
-        if match is None or k <= 0:
+        words = query_words(query)
+        if not words or k <= 0:
             return []
+        match = " OR ".join(f'"{w}"' for w in self._informative(words))
         where, params = _where(viewer, filter, alias="u")
         want = max(k * 8, 64)
         rows = self._q(
@@ -554,6 +559,23 @@ class SQLiteStore:
             )
         # FTS5 rank is bm25 negated (lower is better); report it as a positive score.
         return [Hit(r[0], -float(r[1])) for r in rows]
+
+    def _informative(self, words: list[str]) -> list[str]:
+        """Drop words found in more than COMMON_TERM_SHARE of all units (keep the rarest if all are).
+
+        FTS5 ranks every unit that matches any query word, so one very common word makes a
+        query cost O(n) (bench/recall_latency.py: 99 of 106 ms at 1M units) while its BM25
+        weight is near zero. Document frequencies come from FTS5's own vocabulary; the index
+        holds porter stems, so a word's frequency is that of its longest stored prefix.
+        """
+        n = self._q("SELECT max(rowid) FROM units")[0][0] or 0
+        if n < 1000 or len(words) < 2:
+            return words
+        prefixes = sorted({w[:i] for w in words for i in range(3, len(w) + 1)})
+        df = dict(self._q(f"SELECT term, doc FROM temp.units_vocab WHERE term IN ({','.join('?' * len(prefixes))})", prefixes))
+        freq = {w: next((df[w[:i]] for i in range(len(w), 2, -1) if w[:i] in df), 0) for w in words}
+        keep = [w for w in words if freq[w] <= COMMON_TERM_SHARE * n]
+        return keep or [min(words, key=freq.__getitem__)]
 
     def neighbors(
         self,
@@ -837,14 +859,17 @@ def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any
     return (" AND ".join(clauses) or "1"), params
 
 
-def fts_query(text: str) -> str | None:
-    """A safe FTS5 query from free text: its content words, OR-ed, each quoted."""
+def query_words(text: str) -> list[str]:
+    """The content words of free text, deduplicated, at most 32: what keyword search matches."""
     # One-letter tokens ("Jonah's" -> "s") match huge posting lists and carry no meaning.
     words = [w for w in re.findall(r"\w+", text.lower()) if len(w) > 1 and w not in _STOPWORDS]
-    words = list(dict.fromkeys(words))[:32]
-    if not words:
-        return None
-    return " OR ".join(f'"{w}"' for w in words)
+    return list(dict.fromkeys(words))[:32]
+
+
+def fts_query(text: str) -> str | None:
+    """A safe FTS5 query from free text: its content words, OR-ed, each quoted."""
+    words = query_words(text)
+    return " OR ".join(f'"{w}"' for w in words) if words else None
 
 
 def _chunks(items: list, n: int) -> Iterator[list]:
