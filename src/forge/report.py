@@ -112,6 +112,7 @@ def _png(fig: Any) -> str:
 def _figures(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     try:
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ImportError as exc:
         raise ConfigError("reports need matplotlib: pip install 'forge-memory[report]'") from exc
     labels = [r["label"] for r in rows]
@@ -123,6 +124,7 @@ def _figures(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]
         xs = [i + 1 for i, v in enumerate(r["curve"]) if v is not None]
         ax.plot(xs, [v for v in r["curve"] if v is not None], marker="o", label=r["label"])
     ax.set(xlabel="stage", ylabel="mean checkpoint return", title="Learning curve")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
     figs["learning curve"] = _png(fig)
 
@@ -151,6 +153,7 @@ def _figures(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]
     for r in rows:
         ax.step(range(1, len(r["graduation"]) + 1), r["graduation"], where="post", marker="o", label=r["label"])
     ax.set(xlabel="stage", ylabel="instances graduated", title="Graduation over stages")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
     figs["graduation"] = _png(fig)
 
