@@ -1,0 +1,422 @@
+"""Consolidation: episodes -> procedures, every N tasks, off the hot path, and observable.
+
+As in LLMA-Mem: cluster the episodes by the similarity of their lessons (cosine >= 0.72 to
+the cluster's centroid, one greedy pass in recording order so a run is reproducible),
+generalise every cluster that holds a success (at most 5 successful episodes shown to the
+LLM) into a procedure whose success/failure counts are seeded from the cluster, then archive
+procedures whose source episodes are a strict subset of another procedure's (a bigger
+cluster has absorbed them). Counts and sources are per task (an
+:class:`~forge.model.Episode` record), so the per-agent copies of one task in local pools
+count once.
+
+Every run leaves a trail: procedures added, ``derived_from`` relations whose notes say which
+cluster and similarity put each episode there, archivals with their reason, all under the
+actor ``consolidate:<run id>`` in the store's event log, plus the whole
+:class:`ConsolidationReport` stored as an Episode record (``env="forge.team.consolidate"``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from forge.errors import LLMError, ValidationError
+from forge.llm.structured import complete_json
+from forge.model import Context as UnitContext
+from forge.model import (
+    Episode,
+    Kind,
+    Provenance,
+    Relation,
+    RelationType,
+    Status,
+    Unit,
+    Viewer,
+    new_id,
+)
+from forge.store.base import Filter
+from forge.team.memories import Procedure, TeamMemory, _clip, _Pool, rho
+
+__all__ = [
+    "CONSOLIDATION_ENV",
+    "ClusterReport",
+    "ConsolidationReport",
+    "Consolidator",
+    "cluster_vectors",
+    "consolidate",
+]
+
+CONSOLIDATION_ENV = "forge.team.consolidate"
+
+
+def cluster_vectors(vectors: np.ndarray, *, threshold: float = 0.72) -> list[list[tuple[int, float]]]:
+    """Greedy single-pass clustering: each row joins the most similar cluster centroid if the
+    cosine is at least ``threshold``, else starts a cluster. Returns ``(row, cosine)`` lists.
+
+    Order-dependent by design: rows arrive in recording order, so reruns give the same
+    clusters and a cluster only grows as episodes accumulate (which is what lets pruning
+    recognise a superseded procedure by its sources).
+    """
+    if not -1.0 <= threshold <= 1.0:
+        raise ValidationError("cluster threshold must be a cosine between -1 and 1")
+    m = np.asarray(vectors, dtype=np.float64)
+    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    m = m / np.where(norms == 0, 1.0, norms)
+    clusters: list[list[tuple[int, float]]] = []
+    sums: list[np.ndarray] = []
+    for i, v in enumerate(m):
+        best, best_sim = -1, -2.0
+        for c, s in enumerate(sums):
+            n = np.linalg.norm(s)
+            sim = float(v @ s / n) if n else 0.0
+            if sim > best_sim:
+                best, best_sim = c, sim
+        if best >= 0 and best_sim >= threshold:
+            clusters[best].append((i, round(best_sim, 4)))
+            sums[best] = sums[best] + v
+        else:
+            clusters.append([(i, 1.0)])
+            sums.append(v.copy())
+    return clusters
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterReport:
+    """One cluster and what became of it: ``action`` is generalised, unchanged or skipped."""
+
+    pool: str
+    episodes: tuple[str, ...]  # episode unit ids, recording order
+    similarities: tuple[float, ...]  # each member's cosine to the centroid when it joined
+    sources: tuple[str, ...]  # distinct Episode record ids (tasks)
+    successes: int
+    failures: int
+    action: str
+    reason: str
+    procedure: str | None = None
+    title: str = ""
+    author: str = ""  # "llm" or "fallback"
+
+
+@dataclass(slots=True)
+class ConsolidationReport:
+    """What one consolidation run clustered, generalised and pruned, and why."""
+
+    run_id: str
+    team: str
+    threshold: float
+    started_at: float
+    finished_at: float = 0.0
+    episodes: int = 0
+    clusters: list[ClusterReport] = field(default_factory=list)
+    pruned: list[dict[str, Any]] = field(default_factory=list)
+    record_id: str = ""  # the Episode record holding this report
+
+    @property
+    def generalised(self) -> list[ClusterReport]:
+        return [c for c in self.clusters if c.action == "generalised"]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "record_id"}
+        d["generalised"] = [c.procedure for c in self.generalised]
+        return d
+
+
+_PROCEDURE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "minLength": 3},
+        "knowledge": {"type": "string", "minLength": 12},
+    },
+    "required": ["title", "knowledge"],
+}
+
+
+def generalise(llm: Any, *, episodes: Sequence[Unit], retries: int = 1) -> tuple[str, str, str, str]:
+    """(title, knowledge, author, error) for a procedure generalising successful ``episodes``.
+
+    Falls back to the most common task type as the title and the episodes' distinct lessons
+    as the knowledge when ``llm`` is None, fails or answers unusably.
+    """
+    error = "no LLM configured"
+    if llm is not None:
+        shown = "\n\n".join(
+            f"Task: {_clip(str(u.meta.get('task', '')), 300)}\nLessons: {' '.join(u.meta.get('lessons', []))}"
+            for u in episodes
+        )
+        prompt = (
+            "These tasks were solved successfully:\n\n"
+            f"{shown}\n\n"
+            "Generalise them into one reusable procedure: a short title and the steps or "
+            "knowledge that made them work, for similar future tasks."
+        )
+        try:
+            value = complete_json(llm, prompt, schema=_PROCEDURE_SCHEMA, retries=retries)
+        except LLMError as exc:
+            error = f"LLM failed: {exc}"
+        else:
+            title, knowledge = value["title"].strip(), value["knowledge"].strip()
+            if title and knowledge:
+                return _clip(title, 120), _clip(knowledge, 4000), "llm", ""
+            error = "LLM gave an empty title or knowledge"
+    types = [str(u.meta.get("task_type") or "") for u in episodes]
+    common = max(set(types), key=lambda t: (types.count(t), t)) if types else ""
+    title = common or _clip(str(episodes[0].meta.get("task", "procedure")), 60)
+    lessons = list(dict.fromkeys(lesson for u in episodes for lesson in u.meta.get("lessons", [])))
+    return _clip(title, 120), _clip(" ".join(lessons) or "Repeat what worked.", 4000), "fallback", error
+
+
+def consolidate(
+    tm: TeamMemory,
+    *,
+    threshold: float = 0.72,
+    max_successes: int = 5,
+    llm: Any = None,
+    retries: int = 1,
+) -> ConsolidationReport:
+    """Run one consolidation over every procedural pool of ``tm`` and return its report.
+
+    A private procedural pool consolidates the episodes its owner can read; the team pool
+    consolidates all of the team's episodes. LLM calls happen outside ``tm.lock``; the
+    writes (add, relate, archive) happen under it, so a concurrent :meth:`record_use`
+    never resurrects an archived procedure.
+    """
+    if max_successes < 1:
+        raise ValidationError("max_successes must be at least 1")
+    llm = llm if llm is not None else tm.llm
+    run = new_id()
+    actor = f"consolidate:{run}"
+    report = ConsolidationReport(run_id=run, team=tm.team, threshold=threshold, started_at=time.time())
+    store = tm.memory.store
+    for pool in tm.pools("procedural"):
+        if pool.owner:
+            episodes = store.list(
+                viewer=tm.viewer(pool.owner), filter=tm.layer_filter("episodic", Kind.EPISODE), limit=1_000_000
+            )
+        else:
+            episodes = _all_episodes(tm)
+        report.episodes += len(episodes)
+        if not episodes:
+            continue
+        lessons = [" ".join(u.meta.get("lessons", [])) or u.content for u in episodes]
+        groups = cluster_vectors(tm.memory.embed(lessons), threshold=threshold)
+        planned: list[tuple[ClusterReport, str]] = []
+        existing = {frozenset(p.sources): p.id for p in _pool_procedures(tm, pool) if p.sources}
+        for members in groups:
+            units = [episodes[i] for i, _ in members]
+            by_task: dict[str, bool] = {}
+            for u in units:
+                by_task.setdefault(_task_id(u), bool(u.meta.get("outcome", {}).get("success")))
+            s = sum(by_task.values())
+            f = len(by_task) - s
+            base = dict(
+                pool=pool.key,
+                episodes=tuple(u.id for u in units),
+                similarities=tuple(sim for _, sim in members),
+                sources=tuple(by_task),
+                successes=s,
+                failures=f,
+            )
+            if s == 0:
+                planned.append((ClusterReport(**base, action="skipped", reason="no success in the cluster"), ""))
+                continue
+            same = existing.get(frozenset(by_task))
+            if same is not None:
+                planned.append(
+                    (ClusterReport(**base, action="unchanged", reason="a procedure already covers exactly these episodes", procedure=same), "")
+                )
+                continue
+            wins, seen = [], set()
+            for u in reversed(units):  # the most recent successes, one per task
+                if u.meta.get("outcome", {}).get("success") and _task_id(u) not in seen:
+                    seen.add(_task_id(u))
+                    wins.append(u)
+            wins = wins[:max_successes][::-1]
+            title, knowledge, author, error = generalise(llm, episodes=wins, retries=retries)
+            reason = (
+                f"{len(units)} episodes ({s} successful tasks, {f} failed) with lesson cosine >= {threshold}"
+                + (f"; fallback text: {error}" if author == "fallback" else "")
+            )
+            planned.append(
+                (ClusterReport(**base, action="generalised", reason=reason, procedure=new_id(), title=title, author=author), knowledge)
+            )
+        with tm.lock:
+            for i, (c, knowledge) in enumerate(planned):
+                if c.action != "generalised":
+                    continue
+                _add_procedure(tm, pool, c, knowledge=knowledge, run=run, actor=actor, cluster_no=i)
+            report.pruned += _prune(tm, pool, run=run, actor=actor)
+        report.clusters += [c for c, _ in planned]
+    report.finished_at = time.time()
+    record = Episode(
+        agent="consolidator",
+        task=f"consolidate team {tm.team}",
+        env=CONSOLIDATION_ENV,
+        outcome=report.to_dict(),
+        meta={"team": tm.team, "run_id": run},
+    )
+    report.record_id = store.add_episode(record, actor=actor)
+    return report
+
+
+def _task_id(u: Unit) -> str:
+    return str(u.meta.get("episode_id") or (u.provenance.episodes[0] if u.provenance.episodes else u.id))
+
+
+def _all_episodes(tm: TeamMemory) -> list[Unit]:
+    """Every episode of the team in every pool: what a shared procedural pool learns from."""
+    return tm.memory.store.list(
+        viewer=Viewer.admin(), filter=Filter.make(kinds=[Kind.EPISODE], tags_all=[f"team:{tm.team}"]), limit=1_000_000
+    )
+
+
+def _pool_procedures(tm: TeamMemory, pool: _Pool) -> list[Procedure]:
+    units = tm.memory.store.list(viewer=Viewer.admin(), filter=tm.pool_filter(pool, Kind.PROCEDURE), limit=1_000_000)
+    return [Procedure.of(u) for u in units]
+
+
+def _add_procedure(
+    tm: TeamMemory, pool: _Pool, c: ClusterReport, *, knowledge: str, run: str, actor: str, cluster_no: int
+) -> None:
+    unit = Unit(
+        id=str(c.procedure),
+        content=f"{c.title}: {knowledge}",
+        kind=Kind.PROCEDURE,
+        scope=pool.scope,
+        owner=pool.owner,
+        context=UnitContext(tags=(f"team:{tm.team}", "layer:procedural")),
+        validation=min(1.0, rho(c.successes, c.failures)),
+        provenance=Provenance(source=actor, episodes=c.sources, derived_from=c.episodes),
+        meta={
+            "title": c.title,
+            "knowledge": knowledge,
+            "successes": c.successes,
+            "failures": c.failures,
+            "rho": round(rho(c.successes, c.failures), 6),
+            "sources": list(c.sources),
+            "consolidation": {"run": run, "cluster": cluster_no, "author": c.author},
+        },
+    )
+    tm.memory.store.add([unit], tm.memory.embed([unit.text]), actor=actor)
+    for eid, sim in zip(c.episodes, c.similarities, strict=True):
+        tm.memory.store.relate(
+            Relation(
+                src=unit.id,
+                dst=eid,
+                type=RelationType.DERIVED_FROM,
+                weight=sim,
+                note=f"consolidation {run}: cluster {cluster_no}, lesson cosine to centroid {sim:.2f}",
+            ),
+            actor=actor,
+        )
+
+
+def _prune(tm: TeamMemory, pool: _Pool, *, run: str, actor: str) -> list[dict[str, Any]]:
+    """Archive procedures whose sources are a strict subset of another active procedure's."""
+    procs = [p for p in _pool_procedures(tm, pool) if p.sources]
+    pruned = []
+    for p in procs:
+        mine = set(p.sources)
+        wider = [q for q in procs if q.id != p.id and mine < set(q.sources)]
+        if not wider:
+            continue
+        q = max(wider, key=lambda q: len(q.sources))
+        reason = (
+            f"consolidation {run}: its {len(mine)} source episodes are a strict subset of "
+            f"the {len(q.sources)} of procedure {q.id} ({q.title!r})"
+        )
+        tm.memory.store.set_status(p.id, Status.ARCHIVED, reason=reason, actor=actor)
+        pruned.append({"procedure": p.id, "pool": pool.key, "subset_of": q.id, "reason": reason})
+    return pruned
+
+
+class Consolidator:
+    """Runs :func:`consolidate` every ``every`` tasks, inline or on a background thread.
+
+        cons = Consolidator(tm, every=5, background=True)
+        ...after each task: tm.record_task(...); cons.task_done()
+        reports = cons.wait()          # before reading results or closing
+
+    One worker thread at most, so runs never overlap; the hot path only pays for submitting.
+    The count starts from the tasks already in the store, so a resumed run keeps its rhythm.
+    """
+
+    def __init__(
+        self,
+        tm: TeamMemory,
+        *,
+        every: int = 5,
+        threshold: float = 0.72,
+        max_successes: int = 5,
+        background: bool = False,
+        llm: Any = None,
+    ) -> None:
+        if every < 1:
+            raise ValidationError("consolidation interval 'every' must be at least 1 task")
+        self.tm = tm
+        self.every = every
+        self.threshold = threshold
+        self.max_successes = max_successes
+        self.background = background
+        self.llm = llm
+        self.reports: list[ConsolidationReport] = []
+        self._since = tm.tasks_recorded % every
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future[ConsolidationReport]] = []
+
+    @property
+    def due(self) -> bool:
+        return self._since >= self.every
+
+    def task_done(self) -> ConsolidationReport | Future[ConsolidationReport] | None:
+        """Count one finished task; when ``every`` have passed, consolidate (or schedule it)."""
+        self._since += 1
+        if not self.due:
+            return None
+        self._since = 0
+        return self.start() if self.background else self.run()
+
+    def run(self) -> ConsolidationReport:
+        """Consolidate now, on this thread."""
+        report = consolidate(self.tm, threshold=self.threshold, max_successes=self.max_successes, llm=self.llm)
+        with self._lock:
+            self.reports.append(report)
+        return report
+
+    def start(self) -> Future[ConsolidationReport]:
+        """Schedule a run on the background worker and return its future."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"forge-consolidate-{self.tm.team}")
+            fut = self._pool.submit(self.run)
+            self._pending.append(fut)
+        return fut
+
+    def wait(self) -> list[ConsolidationReport]:
+        """Wait for scheduled runs; re-raises the first failure. Returns all reports so far."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for fut in pending:
+            fut.result()
+        return list(self.reports)
+
+    def close(self) -> None:
+        """Wait for scheduled runs and stop the worker."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def __enter__(self) -> Consolidator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
