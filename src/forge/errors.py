@@ -15,7 +15,8 @@ they occur. Errors are split by blame:
         ├── EmbedError          the embedding backend failed
         ├── LLMError            the language model failed or answered unusably
         │   └── StructuredOutputError   kept answering unparseable output; has ``raw``
-        └── BusError            the broadcast transport failed
+        ├── BusError            the broadcast transport failed
+        └── EnvError            an environment's backend (a database, a simulator) failed
 
 Messages are one line and say what to do; the CLI prints them as ``error: ...`` and exits
 non-zero.
@@ -29,6 +30,7 @@ __all__ = [
     "ConfigError",
     "DimensionError",
     "EmbedError",
+    "EnvError",
     "ForgeError",
     "LLMError",
     "NotFoundError",
@@ -99,3 +101,7 @@ class StructuredOutputError(LLMError):
 
 class BusError(BackendError):
     """The broadcast transport failed."""
+
+
+class EnvError(BackendError):
+    """An environment's backend (a database server, a simulator) failed."""

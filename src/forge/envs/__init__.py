@@ -46,6 +46,12 @@ def _taxi(**kwargs: Any) -> Env:
     return TaxiEnv(**kwargs)
 
 
+def _postgres(**kwargs: Any) -> Env:
+    from forge.envs.postgres import PostgresDiagnosisEnv
+
+    return PostgresDiagnosisEnv(**kwargs)
+
+
 def _cyborg(**kwargs: Any) -> Env:
     from forge.envs.cyborg import CybORGCage2Env
 
@@ -60,6 +66,7 @@ _REGISTRY: dict[str, Callable[..., Env]] = {
     "cliffwalking": _cliffwalking,
     "taxi": _taxi,
     "cyborg-cage2": _cyborg,
+    "postgres-diagnosis": _postgres,
 }
 
 # Kept literal so listing names never imports textarena; a test checks it matches.
