@@ -290,10 +290,12 @@ def _write_jsonl(fh: Any, records: Any) -> int:
 
 from forge.protocols.cli import evolve_command, report_command  # noqa: E402  (after cli is defined)
 from forge.swarm import swarm_command  # noqa: E402
+from forge.team.cli import team_command  # noqa: E402
 
 cli.add_command(evolve_command, "evolve")
 cli.add_command(report_command, "report")
 cli.add_command(swarm_command, "swarm")
+cli.add_command(team_command, "team")
 
 
 def main(argv: list[str] | None = None) -> None:

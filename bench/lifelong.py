@@ -1,0 +1,125 @@
+"""Lifelong team memory: does memory make a team better over a stream of tasks?
+
+Per memory mode (none, raw, local, shared, hybrid) on the same stream, seed and model, through
+the same runner (:func:`forge.team.runner.run_team`): AIP, final AP_t, mean TS and CS, tokens
+per task, and AIP / final AP_t against the no-memory baseline; then the team-size sweep
+(AIP and tokens per team size), written as the scaling report.
+
+    python bench/lifelong.py --quick --llm test        # scripted model: seconds
+    python bench/lifelong.py --quick                   # embedded SmolLM2: minutes on 2 cores
+    python bench/lifelong.py --llm openai:gpt-4o-mini --tasks 30 --sizes 1,3,5,7
+    python bench/lifelong.py --quick --json
+
+Figures, not assertions. With the embedded 135M model expect noise: it barely follows a
+prompt, so memory modes differ little; the protocol shines with a real endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from forge.llm import open_llm
+from forge.team.runner import MEMORY_MODES, TeamConfig, run_team, sweep
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return None if b == 0 else a / b
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out or tempfile.mkdtemp(prefix="forge-lifelong-"))
+    quick = args.quick
+    tasks = args.tasks or (4 if quick else 20)
+    envs = tuple(args.envs.split(",")) if args.envs else (("frozenlake-4x4", "frozenlake-4x4-slippery") if quick else ())
+    base = TeamConfig(
+        stream=args.stream,
+        tasks=tasks,
+        team_size=args.team_size,
+        consolidate_every=args.consolidate_every,
+        llm=args.llm,
+        seed=args.seed,
+        envs=envs,
+        max_steps=args.max_steps or (8 if quick else None),
+        reflect=not (quick and args.llm.startswith("local")),  # SmolLM2 reflections are slow and weak
+        memory="none",
+    )
+    llm = open_llm(args.llm)
+    try:
+        rows = []
+        for mode in MEMORY_MODES:
+            cfg = TeamConfig.from_dict({**base.to_dict(), "memory": mode})
+            t0 = time.perf_counter()
+            print(f"running memory={mode} ...", file=sys.stderr, flush=True)
+            f = run_team(cfg, out / f"mode-{mode}", llm=llm).final
+            rows.append({
+                "memory": mode, "aip": f["aip"], "ap": f["ap"], "ts": f["ts_mean"], "cs": f["cs_mean"],
+                "success_rate": f["success_rate"], "tokens_per_task": f["tokens"]["per_task"],
+                "consolidation_tokens": f["tokens"]["consolidation"], "seconds": round(time.perf_counter() - t0, 1),
+            })
+        none = rows[0]
+        for r in rows:
+            r["aip_vs_none"] = _ratio(r["aip"], none["aip"])
+            r["ap_vs_none"] = _ratio(r["ap"], none["ap"])
+        sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([1, 3] if quick else [1, 3, 5, 7])
+        sweep_cfg = TeamConfig.from_dict({**base.to_dict(), "memory": args.sweep_memory, "tasks": args.sweep_tasks or (3 if quick else tasks)})
+        print(f"running the team-size sweep {sizes} ...", file=sys.stderr, flush=True)
+        summary = sweep(sweep_cfg, out / "sweep", sizes=sizes, llm=llm)
+    finally:
+        llm.close()
+    return {
+        "config": {**base.to_dict(), "memory": list(MEMORY_MODES)},
+        "modes": rows,
+        "sweep": {
+            "memory": args.sweep_memory,
+            "sizes": [{"team_size": r["team_size"], "tasks": r["tasks"], "aip": r["aip"], "ap": r["ap"], "tokens_per_task": r["tokens_per_task"]} for r in summary["runs"]],
+            "report": summary["paths"],
+        },
+        "out": str(out),
+    }
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny stream and sweep (minutes on 2 cores with the local model)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--llm", default="local", help="local (embedded SmolLM2), test (scripted, fast) or openai:MODEL")
+    p.add_argument("--stream", default="gym", help="gym or db")
+    p.add_argument("--tasks", type=int, default=None)
+    p.add_argument("--team-size", type=int, default=3)
+    p.add_argument("--consolidate-every", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--envs", default=None, help="comma-separated gym ladder")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--sizes", default=None, help="team sizes of the sweep, e.g. 1,3,5,7")
+    p.add_argument("--sweep-tasks", type=int, default=None)
+    p.add_argument("--sweep-memory", default="hybrid")
+    p.add_argument("--out", default=None, help="directory for runs and the report (default: a temp dir)")
+    args = p.parse_args(argv)
+    res = run_all(args)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return
+    cols = ["memory", "aip", "ap", "ts", "cs", "tokens_per_task", "aip_vs_none", "ap_vs_none", "seconds"]
+    print("  ".join(f"{c:>14}" for c in cols))
+    for r in res["modes"]:
+        print("  ".join(f"{_fmt(r[c]):>14}" for c in cols))
+    print(f"\nteam-size sweep (memory={res['sweep']['memory']})")
+    for r in res["sweep"]["sizes"]:
+        print(f"  size {r['team_size']}: {r['tasks']} tasks, AIP {r['aip']:.3f}, final AP_t {r['ap']:.3f}, tokens/task {r['tokens_per_task']:,.0f}")
+    print(f"report: {res['sweep']['report']['html']}")
+
+
+if __name__ == "__main__":
+    main()
