@@ -23,7 +23,7 @@ from typing import Any
 
 from forge.errors import ConfigError, NotFoundError, StoreError
 
-__all__ = ["build_report", "load_run", "memory_markdown"]
+__all__ = ["REPORT_CSS", "build_report", "figure_png", "load_run", "memory_markdown"]
 
 
 def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -103,7 +103,8 @@ def _summary_row(run: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _png(fig: Any) -> str:
+def figure_png(fig: Any) -> str:
+    """A matplotlib figure as base64 PNG, for self-contained HTML reports."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=96, bbox_inches="tight")
     return base64.b64encode(buf.getvalue()).decode()
@@ -126,7 +127,7 @@ def _figures(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]
     ax.set(xlabel="stage", ylabel="mean checkpoint return", title="Learning curve")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
-    figs["learning curve"] = _png(fig)
+    figs["learning curve"] = figure_png(fig)
 
     fig = Figure(figsize=(6, 3.4))
     ax = fig.add_subplot()
@@ -136,7 +137,7 @@ def _figures(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]
         ax.scatter([i] * len(ys), ys, alpha=0.4, s=12)
     ax.set(ylabel="return", title="Final evaluation returns")
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
-    figs["final evaluation"] = _png(fig)
+    figs["final evaluation"] = figure_png(fig)
 
     fig = Figure(figsize=(6, 3.4))
     ax = fig.add_subplot()
@@ -146,7 +147,7 @@ def _figures(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]
     ax.set_xticks(list(xs), labels, rotation=20, fontsize=8)
     ax.set(ylabel="rate", ylim=(0, 1), title="Success and major-failure rates")
     ax.legend(fontsize=8)
-    figs["rates"] = _png(fig)
+    figs["rates"] = figure_png(fig)
 
     fig = Figure(figsize=(6, 3.4))
     ax = fig.add_subplot()
@@ -155,7 +156,7 @@ def _figures(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]
     ax.set(xlabel="stage", ylabel="instances graduated", title="Graduation over stages")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=8)
-    figs["graduation"] = _png(fig)
+    figs["graduation"] = figure_png(fig)
 
     fig = Figure(figsize=(6, 3.4))
     ax = fig.add_subplot()
@@ -165,11 +166,11 @@ def _figures(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]
     ax.set(ylabel="tokens", title="Tokens")
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     ax.legend(fontsize=8)
-    figs["tokens"] = _png(fig)
+    figs["tokens"] = figure_png(fig)
     return figs
 
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+REPORT_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child{text-align:left}.figs{display:flex;flex-wrap:wrap;gap:12px}
 pre{background:#f8f8f8;padding:1em;overflow-x:auto;white-space:pre-wrap}"""
@@ -206,7 +207,7 @@ def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: 
     images = "".join(f'<figure><img alt="{html.escape(n)}" src="data:image/png;base64,{b}"><figcaption>{html.escape(n)}</figcaption></figure>' for n, b in figs.items())
     mem = "".join(f"<h3>{html.escape(label)}</h3><pre>{html.escape(md)}</pre>" for label, md in memories.items())
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>FORGE report</title><style>{_CSS}</style></head><body>"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>FORGE report</title><style>{REPORT_CSS}</style></head><body>"
         f"<h1>FORGE report</h1><ul>{settings}</ul><table><tr>{head}</tr>{body}</table>"
         f"<h2>Figures</h2><div class='figs'>{images}</div><h2>Final champion memory</h2>{mem}</body></html>"
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.errors import ConfigError, NotFoundError, StoreError
-from forge.report import _CSS, _png
+from forge.report import REPORT_CSS, figure_png
 
 __all__ = ["build_team_report", "load_team_run"]
 
@@ -74,7 +74,7 @@ def _figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     ax.set(xlabel="task t", ylabel="AP_t", ylim=(0, 1.02), title="AP_t over the stream (time)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
-    figs["AP_t curves"] = _png(fig)
+    figs["AP_t curves"] = figure_png(fig)
 
     groups: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for r in rows:
@@ -87,7 +87,7 @@ def _figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     ax.set(xlabel="team size", ylabel="AIP", ylim=(0, 1.02), title="Scaling teams: AIP per team size")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
-    figs["AIP per team size"] = _png(fig)
+    figs["AIP per team size"] = figure_png(fig)
 
     fig = Figure(figsize=(6, 3.4))
     ax = fig.add_subplot()
@@ -97,7 +97,7 @@ def _figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     ax.set(xlabel="team size", ylabel="tokens per task", title="Cost per team size")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.legend(fontsize=7)
-    figs["tokens per task"] = _png(fig)
+    figs["tokens per task"] = figure_png(fig)
     return figs
 
 
@@ -116,7 +116,7 @@ def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str]) -> str:
     )
     dirs = "".join(f"<li>{html.escape(r['label'])}: <code>{html.escape(r['run_dir'])}</code></li>" for r in rows)
     return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>FORGE team report</title><style>{_CSS}</style></head><body>"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>FORGE team report</title><style>{REPORT_CSS}</style></head><body>"
         f"<h1>Scaling teams or scaling time</h1><table><tr>{head}</tr>{body}</table>"
         f"<h2>Figures</h2><div class='figs'>{images}</div><h2>Runs</h2><ul>{dirs}</ul></body></html>"
     )
