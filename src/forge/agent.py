@@ -274,22 +274,9 @@ class Agent:
         if t is None:
             return []
         safe = safe_alternatives(env, seed=seed, prefix=trajectory.actions[:t], failed=trajectory.actions[t], tau=tau, must_move=stalled) if probe else ()
-        snapshot = Snapshot(
-            env=spec.name,
-            description=spec.description,
-            valid_actions=tuple(env.valid_actions()),
-            roles=self.roles,
-            acting_roles=self.roles,
-            steps=tuple(trajectory.steps),
-            failing=t,
-            failing_action=trajectory.actions[t],
-            failing_reward=trajectory.rewards[t],
-            failing_observation=trajectory.observations[t],
-            tau=tau,
-            memory=shown,
-            safe_actions=tuple(safe),
-            reason="stall" if stalled else "abort",
-            episode_return=trajectory.total,
+        snapshot = Snapshot.of(
+            trajectory, env=env, failing=t, roles=self.roles, acting_roles=self.roles,
+            memory=shown, tau=tau, stalled=stalled, safe_actions=safe,
         )
         if self.llm is None:
             reflection = fallback_reflection(snapshot, representation=representation, error="no LLM")

@@ -110,6 +110,42 @@ class Snapshot:
     reason: str = "abort"  # "abort": a reward fell below tau; "stall": ended unsuccessful
     episode_return: float = 0.0
 
+    @classmethod
+    def of(
+        cls,
+        trajectory: Any,
+        *,
+        env: Env,
+        failing: int,
+        roles: Sequence[str],
+        acting_roles: Sequence[str],
+        memory: PromptMemory,
+        tau: float,
+        stalled: bool,
+        safe_actions: Sequence[str] = (),
+        known_names: Sequence[str] = (),
+    ) -> Snapshot:
+        """The snapshot of a played ``trajectory`` (steps, actions, rewards, observations)
+        failing at step ``failing``."""
+        return cls(
+            env=env.spec.name,
+            description=env.spec.description,
+            valid_actions=tuple(env.valid_actions()),
+            roles=tuple(roles),
+            acting_roles=tuple(acting_roles),
+            steps=tuple(trajectory.steps),
+            failing=failing,
+            failing_action=trajectory.actions[failing],
+            failing_reward=trajectory.rewards[failing],
+            failing_observation=trajectory.observations[failing],
+            tau=tau,
+            memory=memory,
+            safe_actions=tuple(safe_actions),
+            known_names=tuple(known_names),
+            reason="stall" if stalled else "abort",
+            episode_return=trajectory.total,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Reflection:

@@ -162,23 +162,9 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                     safe: tuple[str, ...] = ()
                     if config.probe_alternatives:
                         safe = safe_alternatives(env, seed=seed, prefix=traj.actions[:t], failed=traj.actions[t], tau=tau, must_move=stalled)
-                    snapshot = Snapshot(
-                        env=env.spec.name,
-                        description=env.spec.description,
-                        valid_actions=tuple(env.valid_actions()),
-                        roles=policy.roles,
-                        acting_roles=policy.acting_roles,
-                        steps=tuple(traj.steps),
-                        failing=t,
-                        failing_action=traj.actions[t],
-                        failing_reward=traj.rewards[t],
-                        failing_observation=traj.observations[t],
-                        tau=tau,
-                        memory=memory,
-                        safe_actions=safe,
-                        known_names=ANALYST_TOOLS,
-                        reason="stall" if stalled else "abort",
-                        episode_return=traj.total,
+                    snapshot = Snapshot.of(
+                        traj, env=env, failing=t, roles=policy.roles, acting_roles=policy.acting_roles,
+                        memory=memory, tau=tau, stalled=stalled, safe_actions=safe, known_names=ANALYST_TOOLS,
                     )
                     reflector = metered.with_tags(phase="train", role="reflector")
                     try:
