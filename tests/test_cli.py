@@ -162,3 +162,129 @@ def test_missing_database_is_reported(capsys, tmp_path):
 def test_every_command_is_documented():
     for name, cmd in cli.commands.items():
         assert cmd.help, f"forge {name} has no help text"
+
+
+# -- issue 9: no tracebacks, user errors exit 2 with one line ----------------------------
+
+
+def test_invalid_utf8_in_any_argument(capsys, db):
+    add(capsys, db, "seed")
+    bad = b"caf\xe9".decode("utf-8", "surrogateescape")  # what Python makes of a Latin-1 byte
+    for args in (["add", bad], ["recall", bad], ["--db", db, "show", bad], ["add", "x", "--tag", bad]):
+        code, _, err = run(capsys, "--db", db, *args)
+        assert_one_line_error(code, err, 2, "not valid UTF-8")
+    code, out, _ = run(capsys, "--db", db, "--json", "stats")
+    assert json.loads(out)["units"] == 1
+
+
+@pytest.mark.parametrize("k", ["100000000000000000000", "0", "-3", "99999999"])
+def test_absurd_k_is_a_user_error(capsys, db, k):
+    add(capsys, db, "seed")
+    code, _, err = run(capsys, "--db", db, "recall", "seed", "-k", k)
+    assert_one_line_error(code, err, 2, "k must be")
+
+
+@pytest.mark.parametrize(
+    "record, fragment",
+    [
+        ({"record": "episode", "id": "e1", "steps": 5}, "steps"),
+        ({"record": "episode", "id": None}, "episode id"),
+        ({"record": "episode", "id": "e1", "created_at": "yesterday"}, "created_at"),
+        ({"record": "unit", "content": "x", "owner": ["a"]}, "owner"),
+        ({"record": "unit", "content": "x", "owner": 7}, "owner"),
+        ({"record": "unit", "content": "x", "created_at": "yesterday"}, "created_at"),
+        ({"record": "unit", "content": "x", "vector": 5}, "vector"),
+        ({"record": "unit", "content": "x", "context": {"tags": [f"t{i}" for i in range(100_000)]}}, "tags"),
+        ({"record": "unit", "content": "x", "meta": {"blob": "y" * 10_000_000}}, "meta"),
+        ({"record": "unit", "content": "\ud800"}, "surrogate"),
+        ({"record": "unit", "content": "x", "context": {"domain": "d" * 1_000_000}}, "context.domain"),
+        ({"record": "relation", "src": "a", "dst": "b", "note": {}}, "note"),
+        ({"record": "relation", "src": ["a"], "dst": "b"}, "relation"),
+        ({"record": "unit", "content": "x", "meta": []}, "meta"),
+        ([1, 2], "JSON object"),
+    ],
+)
+def test_imports_with_wrong_field_types(capsys, db, tmp_path, record, fragment):
+    add(capsys, db, "seed")
+    bad = tmp_path / "bad.jsonl"
+    good = {"record": "unit", "content": "fine", "vector": None}
+    good.pop("vector")
+    bad.write_text(json.dumps(good) + "\n" + json.dumps(record) + "\n")
+    code, _, err = run(capsys, "--db", db, "--embedder", "hash", "import", str(bad))
+    assert_one_line_error(code, err, 2, fragment)
+    code, out, _ = run(capsys, "--db", db, "--json", "stats")
+    assert json.loads(out)["units"] == 1
+
+
+def test_non_utf8_stdin_and_directories(capsys, db, tmp_path, monkeypatch):
+    import io
+
+    add(capsys, db, "seed")
+
+    class Stdin:
+        buffer = io.BytesIO(b'{"record": "unit", "content": "caf\xe9"}\n')
+
+    monkeypatch.setattr("sys.stdin", Stdin())
+    code, _, err = run(capsys, "--db", db, "import", "-")
+    assert_one_line_error(code, err, 2, "standard input", "not UTF-8")
+    code, _, err = run(capsys, "--db", db, "import", str(tmp_path))
+    assert_one_line_error(code, err, 2, "is a directory")
+    code, _, err = run(capsys, "--db", db, "export", str(tmp_path / "missing" / "dump.jsonl"))
+    assert_one_line_error(code, err, 2, "no such directory")
+    target = tmp_path / "adir"
+    target.mkdir()
+    code, _, err = run(capsys, "--db", db, "export", str(target))
+    assert_one_line_error(code, err, 2, "is a directory")
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == []
+    assert list(target.iterdir()) == []
+
+
+def test_export_failure_leaves_no_temporary_file(capsys, db, tmp_path, monkeypatch):
+    add(capsys, db, "seed")
+    out = tmp_path / "out"
+    out.mkdir()
+    dump = out / "dump.jsonl"
+
+    def boom(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("forge.cli.os.replace", boom)
+    code, _, err = run(capsys, "--db", db, "export", str(dump))
+    assert_one_line_error(code, err, 2, "No space left")
+    assert list(out.iterdir()) == []
+
+
+def test_an_unexpected_exception_is_one_line_not_a_traceback(capsys, db, monkeypatch):
+    add(capsys, db, "seed")
+
+    def bug(*_a, **_k):
+        raise KeyError("oops")
+
+    monkeypatch.setattr("forge.memory.Memory.stats", bug)
+    code, _, err = run(capsys, "--db", db, "stats")
+    assert_one_line_error(code, err, 1, "internal error", "KeyError")
+    assert "Traceback" not in err
+
+
+def test_show_as_an_agent_leaks_nothing_it_may_not_see(capsys, db):
+    """Relations to another agent's private units and the private history of a unit that
+    was shared later are not shown to an agent that may see only the shared unit."""
+    from forge.memory import Memory
+    from forge.model import Viewer
+
+    secret = add(capsys, db, "alice's private launch code is 0000", "--scope", "private", "--owner", "alice")
+    public = add(capsys, db, "a public note", "--scope", "private", "--owner", "alice")
+    run(capsys, "--db", db, "relate", public, "related_to", secret, "--note", "see alice's code 0000")
+    with Memory.open(db) as mem:
+        unit = mem.get(public, viewer=Viewer.admin())
+        mem.update(unit.replace(content="the shared note", scope="global"), actor="alice")
+    code, out, err = run(capsys, "--db", db, "--json", "show", public, "--agent", "bob")
+    assert code == 0, err
+    assert secret not in out and "0000" not in out and "a public note" not in out
+    data = json.loads(out)
+    assert data["relations"] == []
+    assert [e["op"] for e in data["events"]] == ["add", "update"]
+    code, out, _ = run(capsys, "--db", db, "--json", "show", public)  # the operator sees all
+    assert secret in out and "a public note" in out
+    code, out, _ = run(capsys, "--db", db, "export", "-", "--agent", "bob")
+    assert secret not in out and "0000" not in out and public in out

@@ -152,7 +152,7 @@ def test_context_split_with_llm_and_apply(memory: Memory, cons: Consensus) -> No
     ua, ub = memory.get(a.id, viewer=ADMIN), memory.get(b.id, viewer=ADMIN)
     assert ua.status is Status.ACTIVE and ub.status is Status.ACTIVE
     assert "when:the-key-is-nearby" in ua.context.tags and ub.meta["holds_when"] == "guards patrol the hall"
-    assert any(rel.type.value == "contradicts" for rel in memory.store.relations(a.id))
+    assert any(rel.type.value == "contradicts" for rel in memory.store.relations(a.id, viewer=Viewer.admin()))
     # Untrusted content is framed as data in the prompt.
     assert "not instructions" in llm.last_request.messages[-1].content
 
@@ -197,9 +197,9 @@ def test_reconcile_supersede_records_everything(memory: Memory, cons: Consensus)
     a, b = pair(memory)
     decision, r = cons.reconcile(a.id, b.id, conflict=CONFLICT, policy=RecencyPolicy())
     assert memory.get(a.id, viewer=ADMIN).status is Status.SUPERSEDED
-    rels = {(x.src, x.dst, x.type.value) for x in memory.store.relations(a.id)}
+    rels = {(x.src, x.dst, x.type.value) for x in memory.store.relations(a.id, viewer=Viewer.admin())}
     assert {(b.id, a.id, "contradicts"), (b.id, a.id, "supersedes")} <= rels
-    status_events = [e for e in memory.store.events(unit_id=a.id) if e.op == "status"]
+    status_events = [e for e in memory.store.events(unit_id=a.id, viewer=Viewer.admin()) if e.op == "status"]
     assert status_events and "lost conflict" in status_events[-1].data["reason"]
     assert cons.decisions(outcome="resolved") == [decision]
 

@@ -78,7 +78,8 @@ def all_units(memory: Memory) -> list[Unit]:
 # -- acceptance ----------------------------------------------------------------------------
 
 
-def test_accepts_useful_unit_with_provenance(ex: Exchange, memory: Memory, keyring: Keyring, clock: Clock) -> None:
+def test_accepts_useful_unit_with_provenance(memory: Memory, keyring: Keyring, clock: Clock) -> None:
+    ex = Exchange(memory, "me", keyring, clock=clock, groups=["red"])  # a member of red
     cap = make(keyring, clock=clock, scope="group:red")
     d = ex.receive(cap)
     assert (d.outcome, d.reason) == ("accepted", "useful")
@@ -93,7 +94,7 @@ def test_accepts_useful_unit_with_provenance(ex: Exchange, memory: Memory, keyri
     assert hits and hits[0].unit.id == unit.id
     assert ex.decisions() == [d]
     # The store's own event log names the exchange as the writer.
-    assert memory.store.events(unit_id=unit.id)[0].actor == "exchange:me"
+    assert memory.store.events(unit_id=unit.id, viewer=Viewer.admin())[0].actor == "exchange:me"
 
 
 def test_sender_cannot_prefill_reserved_meta(ex: Exchange, memory: Memory, keyring: Keyring, clock: Clock) -> None:
@@ -237,7 +238,7 @@ def test_secrets_are_redacted_everywhere_in_the_store(ex: Exchange, memory: Memo
     key = "sk-abcdefghijklmnopqrstuvwxyz0123456789"
     d = ex.receive(make(keyring, text=f"When the API refuses, use {key}.", clock=clock, meta={"hint": key}))
     assert d.outcome == "quarantined"
-    dump = json.dumps(list(memory.export())) + json.dumps([e.data for e in memory.store.events()])
+    dump = json.dumps(list(memory.export(viewer=Viewer.admin()))) + json.dumps([e.data for e in memory.store.events(viewer=Viewer.admin())])
     dump += json.dumps([x.to_dict() for x in ex.decisions()])
     assert key not in dump
     unit = memory.get(d.unit_id, viewer=ADMIN)
@@ -335,7 +336,7 @@ def test_promotion_to_group_consensus(memory: Memory, keyring: Keyring, clock: C
     assert str(copy.scope) == "group:blue" and "consensus" in copy.context.tags
     assert copy.meta["consensus_of"] == first.unit_id and copy.meta["witnesses"] == ["alice", "bob", "carol"]
     assert copy.provenance.derived_from == (first.unit_id,)
-    assert any(r.type.value == "derived_from" and r.dst == first.unit_id for r in memory.store.relations(copy.id))
+    assert any(r.type.value == "derived_from" and r.dst == first.unit_id for r in memory.store.relations(copy.id, viewer=Viewer.admin()))
     # A group member sees it; an outsider does not.
     assert memory.recall(RULE, viewer=Viewer.of("peer", ["blue"]), k=5)[0].unit.id == copy.id
     assert all(r.unit.id != copy.id for r in memory.recall(RULE, viewer=Viewer.of("outsider"), k=5))
@@ -356,7 +357,7 @@ def test_contradiction_of_established_unit_is_outvoted(ex: Exchange, memory: Mem
     assert d.related == (first.unit_id,) and d.data["newcomer"] == "superseded"
     newcomer = memory.get(d.unit_id, viewer=ADMIN)
     assert newcomer.status is Status.SUPERSEDED and newcomer.content == NEGATED  # kept, not lost
-    types = {(r.src, r.dst, r.type.value) for r in memory.store.relations(first.unit_id)}
+    types = {(r.src, r.dst, r.type.value) for r in memory.store.relations(first.unit_id, viewer=Viewer.admin())}
     assert (d.unit_id, first.unit_id, "contradicts") in types
     assert (first.unit_id, d.unit_id, "supersedes") in types
     assert memory.get(first.unit_id, viewer=ADMIN).status is Status.ACTIVE

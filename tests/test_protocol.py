@@ -115,7 +115,7 @@ def test_caps_archive_oldest(tmp_path):
     assert len(active) == 1 and len(archived) >= 1
     assert all(a.created_at <= active[0].created_at for a in archived)  # newest kept
     with Memory.open(tmp_path / "run/memory.db", embedder="hash") as mem:
-        reasons = [e.data.get("reason") for a in archived for e in mem.store.events(unit_id=a.id) if e.op == "status"]
+        reasons = [e.data.get("reason") for a in archived for e in mem.store.events(unit_id=a.id, viewer=Viewer.admin()) if e.op == "status"]
     assert reasons and all("cap" in r for r in reasons)
 
 
@@ -139,7 +139,7 @@ def test_broadcast_copies_champion_and_keeps_history(tmp_path):
     champ_ids = {m["id"] for m in ck["instances"][champ]["memory"]}
     assert all(set(c.provenance.derived_from) <= champ_ids for c in copies if c.meta["stage"] == 0)
     with Memory.open(tmp_path / "run/memory.db", embedder="hash") as mem:
-        rels = [rel for s in superseded for rel in mem.store.relations(s.id) if rel.type.value == "supersedes"]
+        rels = [rel for s in superseded for rel in mem.store.relations(s.id, viewer=Viewer.admin()) if rel.type.value == "supersedes"]
     assert rels
     assert r.final["graduated"] == 0
 

@@ -9,7 +9,7 @@ import pytest
 
 from forge.errors import DimensionError, NotFoundError, ValidationError
 from forge.model import Context, Episode, Relation, Status, Step, Unit, Viewer
-from forge.store import Filter
+from forge.store import ANY_STATUS, Filter
 
 ADMIN = Viewer.admin()
 
@@ -100,7 +100,7 @@ def test_status_hides_from_default_search_and_is_logged(store):
     assert store.keyword_search("ladders", k=5, viewer=ADMIN) == []
     assert [h.id for h in store.keyword_search("ladders", k=5, viewer=ADMIN,
                                                filter=Filter.make(status=["superseded"]))] == [u.id]
-    ev = store.events(unit_id=u.id)
+    ev = store.events(unit_id=u.id, viewer=Viewer.admin())
     assert [e.op for e in ev] == ["add", "status"]
     assert ev[1].data == {"from": "active", "to": "superseded", "reason": "replaced by newer advice"}
     assert ev[1].actor == "curator"
@@ -116,7 +116,7 @@ def test_update_records_diff_and_reindexes(store):
     assert [h.id for h in store.keyword_search("blue", k=5, viewer=ADMIN)] == [u.id]
     hit = store.vector_search(vecs(1, seed=3)[0], k=1, viewer=ADMIN)[0]
     assert hit.id == u.id and hit.score == pytest.approx(1.0, abs=1e-4)
-    diff = store.events(unit_id=u.id)[-1].data
+    diff = store.events(unit_id=u.id, viewer=Viewer.admin())[-1].data
     assert diff["content"]["to"] == "the blue button opens the gate" and "importance" in diff
 
 
@@ -124,10 +124,10 @@ def test_relations_and_missing_targets(store):
     a, b = Unit("a"), Unit("b")
     store.add([a, b], vecs(2))
     store.relate(Relation(a.id, b.id, "supports", weight=0.7))
-    assert store.relations(a.id)[0].weight == 0.7
+    assert store.relations(a.id, viewer=Viewer.admin())[0].weight == 0.7
     with pytest.raises(NotFoundError, match="missing|no unit"):
         store.relate(Relation(a.id, "missing", "supports"))
-    assert len(store.relations(a.id)) == 1
+    assert len(store.relations(a.id, viewer=Viewer.admin())) == 1
 
 
 def test_touch_updates_access_stats(store):
@@ -157,10 +157,10 @@ def test_export_import_round_trip_is_lossless(store, tmp_path):
     store.touch([units[0].id], at=5.0)
     store.relate(Relation(units[0].id, units[1].id, "supersedes", note="newer"))
     store.add_episode(Episode(agent="x", steps=[Step("o", "t", "a", 1.0)]))
-    first = [json.dumps(r, sort_keys=True) for r in store.export_records()]
+    first = [json.dumps(r, sort_keys=True) for r in store.export_records(viewer=Viewer.admin())]
     other = SQLiteStore(tmp_path / "copy.db")
     other.import_records(json.loads(line) for line in first)
-    second = [json.dumps(r, sort_keys=True) for r in other.export_records()]
+    second = [json.dumps(r, sort_keys=True) for r in other.export_records(viewer=Viewer.admin())]
     assert first == second
     other.close()
 
@@ -185,3 +185,108 @@ def test_selective_filter_falls_back_to_exact_search(store):
     store.add([*many, rare], v)
     hits = store.vector_search(v[0], k=5, viewer=ADMIN, filter=Filter.make(kinds=["lesson"]))
     assert [h.id for h in hits] == [rare.id]
+
+
+# -- transactions (issue 9) ---------------------------------------------------------------
+
+
+def test_transaction_commits_several_writes_together(store):
+    a, b = Unit("first of a pair"), Unit("second of a pair")
+    with store.transaction():
+        store.add([a], vecs(1))
+        store.add([b], vecs(1, seed=1))
+        store.relate(Relation(a.id, b.id, "supports"))
+        store.set_setting("k", "v")
+    assert store.count(viewer=ADMIN) == 2 and store.settings()["k"] == "v"
+    assert store.vector_search(vecs(1, seed=1)[0], k=1, viewer=ADMIN)[0].id == b.id  # indexed on commit
+
+
+def test_transaction_rolls_back_everything_and_the_index_never_sees_it(store):
+    keep = Unit("kept unit")
+    store.add([keep], vecs(1, dim=8))
+    q = vecs(1, dim=8, seed=9)[0]
+    with pytest.raises(RuntimeError), store.transaction():
+        gone = Unit("rolled back unit")
+        store.add([gone], q.reshape(1, -1))
+        assert store.get(gone.id, viewer=ADMIN).content == "rolled back unit"  # visible inside
+        assert store.vector_search(q, k=1, viewer=ADMIN)[0].id == keep.id  # index: committed only
+        store.set_setting("k", "v")
+        raise RuntimeError("the caller changed its mind")
+    assert store.count(viewer=ADMIN) == 1 and "k" not in store.settings()
+    assert [h.id for h in store.vector_search(q, k=5, viewer=ADMIN)] == [keep.id]
+    later = Unit("written after the rollback")  # may reuse the rolled-back row id
+    store.add([later], q.reshape(1, -1))
+    assert store.vector_search(q, k=1, viewer=ADMIN)[0].id == later.id
+
+
+def test_nested_transactions_are_savepoints(store):
+    outer, inner = Unit("outer write"), Unit("inner write")
+    with store.transaction():
+        store.add([outer], vecs(1))
+        with pytest.raises(ValidationError), store.transaction():
+            store.add([inner], vecs(1, seed=2))
+            store.add([Unit("clash", id=outer.id)], vecs(1, seed=3))
+        assert store.count(viewer=ADMIN) == 1  # the inner block was undone alone
+    assert [u.id for u in store.list(viewer=ADMIN)] == [outer.id]
+
+
+def test_a_rolled_back_first_write_does_not_fix_the_dimension(store):
+    with pytest.raises(RuntimeError), store.transaction():
+        store.add([Unit("x")], vecs(1, dim=8))
+        raise RuntimeError
+    assert store.dim is None
+    store.add([Unit("y")], vecs(1, dim=16))
+    assert store.dim == 16
+
+
+# -- every read path takes a viewer and leaks nothing (issue 9) ------------------------------
+
+
+def _leaky_store(store):
+    """Alice's secret, related to a public unit that began as Alice's private draft."""
+    secret = Unit("alpha secret launch codes 0000", scope="private", owner="alice")
+    team = Unit("alpha team plan", scope="group:red")
+    draft = Unit("alpha draft: alice thinks bob is a mole", scope="private", owner="alice")
+    store.add([secret, team, draft], vecs(3))
+    store.relate(Relation(draft.id, secret.id, "related_to", note="see the codes 0000"))
+    store.relate(Relation(draft.id, team.id, "supports", note="team note"))
+    public = store.update(draft.replace(content="alpha public note", scope="global"), vecs(1, seed=4)[0])
+    store.add_episode(Episode(agent="alice", task="alice's private task"))
+    return secret, team, public
+
+
+def test_every_read_path_hides_what_the_viewer_may_not_see(store):
+    secret, team, public = _leaky_store(store)
+    bob = Viewer.of("bob")
+    hidden = ("0000", "mole", secret.id, team.id, "alice's private task")
+
+    def clean(value) -> None:
+        text = json.dumps(value, default=lambda o: o.to_dict() if hasattr(o, "to_dict") else repr(o))
+        for h in hidden:
+            assert h not in text, (h, text[:300])
+
+    clean(store.get(public.id, viewer=bob))
+    clean(store.get_many([secret.id, team.id, public.id], viewer=bob))
+    clean(store.list(viewer=bob, filter=ANY_STATUS))
+    clean(store.relations(public.id, viewer=bob))
+    clean(store.relations(secret.id, viewer=bob))
+    clean([(e.op, e.unit_id, e.data) for e in store.events(viewer=bob)])
+    clean([(e.op, e.data) for e in store.events(unit_id=public.id, viewer=bob)])
+    clean(store.neighbors([public.id], viewer=bob))
+    clean(store.neighbors([secret.id, team.id], viewer=bob))  # seeds it may not see: nothing
+    clean(list(store.export_records(viewer=bob)))
+    with pytest.raises(NotFoundError):
+        store.vector(secret.id, viewer=bob)
+    assert store.vector(public.id, viewer=bob) is not None
+    # What bob may see is all there: the shared unit, its history (values hidden), its own view.
+    events = store.events(unit_id=public.id, viewer=bob)
+    assert [e.op for e in events] == ["add", "update"]
+    assert events[1].data["content"] == {"from": "(hidden)", "to": "alpha public note"}
+    # The operator and the owner see everything.
+    alice = Viewer.of("alice", ["red"])
+    assert {r.dst for r in store.relations(public.id, viewer=alice)} == {secret.id, team.id}
+    assert "mole" in json.dumps([e.data for e in store.events(unit_id=public.id, viewer=alice)])
+    assert "mole" in json.dumps([e.data for e in store.events(unit_id=public.id, viewer=ADMIN)])
+    assert len([r for r in store.export_records(viewer=ADMIN) if r["record"] == "relation"]) == 2
+    red = Viewer.of("bob", ["red"])
+    assert {r.dst for r in store.relations(public.id, viewer=red)} == {team.id}

@@ -197,7 +197,7 @@ def test_pruning_archives_strict_subsets_with_the_reason(memory: Memory) -> None
     assert old.status is Status.ARCHIVED  # archived, not deleted
     assert [p.id for p in tm.procedures()] == [newer.procedure]
     assert len(tm.procedures(include_archived=True)) == 2
-    status = [e for e in memory.store.events(unit_id=first) if e.op == "status"]
+    status = [e for e in memory.store.events(unit_id=first, viewer=Viewer.admin()) if e.op == "status"]
     assert "strict subset" in status[-1].data["reason"]
 
 
@@ -206,10 +206,10 @@ def test_consolidation_is_observable_in_the_event_log(memory: Memory) -> None:
     a = record(tm, "orders updates hang", LOCKS, ok=True)
     report = consolidate(tm)
     pid = report.generalised[0].procedure
-    mine = [e for e in memory.store.events() if e.actor == f"consolidate:{report.run_id}"]
+    mine = [e for e in memory.store.events(viewer=Viewer.admin()) if e.actor == f"consolidate:{report.run_id}"]
     ops = [e.op for e in mine]
     assert ops[0] == "add" and mine[0].unit_id == pid and "relate" in ops and ops[-1] == "episode"
-    (rel,) = [r for r in memory.store.relations(pid) if r.type.value == "derived_from"]
+    (rel,) = [r for r in memory.store.relations(pid, viewer=Viewer.admin()) if r.type.value == "derived_from"]
     assert rel.dst == a.episode_units[0] and "cluster 0" in rel.note
     stored = memory.store.get_episode(report.record_id)
     assert stored.outcome["generalised"] == [pid] and stored.outcome["clusters"][0]["action"] == "generalised"

@@ -131,13 +131,15 @@ class Agent:
         threads: int | None = None,
         profile: str = "",
         groups: Iterable[str] = (),
+        members: Mapping[str, Iterable[str]] | None = None,
     ) -> Agent:
         """Build an agent from strings; what it builds here it closes in :meth:`close`.
 
         ``secret`` is the population's master secret (every agent's signing key derives
         from it); without one a random keyring is made, which only an agent alone on an
         in-process bus can use. ``profile`` describes the agent's work to the usefulness
-        assessor. ``threads`` caps a local LLM's CPU threads.
+        assessor. ``threads`` caps a local LLM's CPU threads. ``members`` maps each group to
+        its agents: a group-scoped unit is sent only to them (without it, to nobody).
         """
         agents = list(agents) if agents is not None else [agent_id]
         if agent_id not in agents:
@@ -159,7 +161,10 @@ class Agent:
                     profiles = {a: vecs[i] for i, a in enumerate(agents)}
                 topology = open_topology(topology, agents=agents, profiles=profiles)
             keyring = Keyring.from_secret(secret) if secret is not None else Keyring.random()
-            network = Network(bus, topology, keyring=keyring)
+            members = dict(members or {})
+            for g in groups:  # this agent is in its own groups, whoever else is
+                members[g] = {*members.get(g, ()), agent_id}
+            network = Network(bus, topology, keyring=keyring, members=members)
             if isinstance(llm, str):
                 from forge.llm import open_llm
 

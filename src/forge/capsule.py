@@ -19,9 +19,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from forge.errors import ValidationError
-from forge.model import Unit, new_id
+from forge.model import MAX_FIELD_CHARS, MAX_ID_CHARS, Context, Scope, Unit, _kind_of, _text, new_id
+from forge.model import _float as _number
 
-__all__ = ["Capsule", "Keyring", "content_hash"]
+__all__ = ["CAPSULE_KINDS", "MAX_HOPS", "MAX_TTL_S", "Capsule", "Keyring", "content_hash"]
+
+#: What a capsule can be: a memory shared, a question for the agent, an answer to one.
+CAPSULE_KINDS = ("share", "help_request", "help_reply")
+#: Longest validity a capsule may claim (7 days): a capsule that never expires could be
+#: replayed forever into any store whose ledger was reset.
+MAX_TTL_S = 7 * 24 * 3600.0
+#: Most hops a capsule may claim (receivers apply their own, lower limit).
+MAX_HOPS = 1_000
 
 
 def content_hash(unit: Unit) -> str:
@@ -50,10 +59,7 @@ class Capsule:
     signature: str = ""
 
     def __post_init__(self) -> None:
-        if not self.sender or not self.origin:
-            raise ValidationError("a capsule needs a sender and an origin agent")
-        if self.hops < 0 or self.ttl <= 0:
-            raise ValidationError("capsule hops must be >= 0 and ttl > 0")
+        _check_fields(self)
         if not self.hash:
             object.__setattr__(self, "hash", content_hash(self.unit))
 
@@ -110,22 +116,60 @@ class Capsule:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Capsule:
+        """Parse a capsule; anything malformed raises :class:`ValidationError`, nothing else."""
         if not isinstance(data, Mapping) or "unit" not in data:
             raise ValidationError("malformed capsule: not an object with a unit")
         d = dict(data)
         try:
             d["unit"] = Unit.from_dict(d["unit"])
             return cls(**d)
-        except TypeError as exc:
+        except ValidationError as exc:
             raise ValidationError(f"malformed capsule: {exc}") from None
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
+            raise ValidationError(f"malformed capsule: {type(exc).__name__}: {str(exc)[:200]}") from None
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Capsule:
         try:
             data = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValidationError(f"malformed capsule JSON: {exc}") from None
+        except (ValueError, UnicodeDecodeError, RecursionError, TypeError) as exc:
+            raise ValidationError(f"malformed capsule JSON: {str(exc)[:200]}") from None
         return cls.from_dict(data)
+
+
+def _check_fields(c: Capsule) -> None:
+    """Every field's type and bounds, so a capsule that exists can be verified, hashed,
+    judged and stored without a TypeError: a malformed one fails here, as ValidationError."""
+    if not isinstance(c.unit, Unit):
+        raise ValidationError(f"capsule unit must be a Unit, got {_kind_of(c.unit)}")
+    for name in ("sender", "origin"):
+        value = getattr(c, name)
+        if not isinstance(value, str) or not value:
+            raise ValidationError(f"a capsule needs a {name} agent id (a non-empty string), got {_kind_of(value)}")
+        _text(value, f"capsule {name}", MAX_FIELD_CHARS)
+    if not isinstance(c.id, str) or not c.id:
+        raise ValidationError(f"capsule id must be a non-empty string, got {_kind_of(c.id)}")
+    _text(c.id, "capsule id", MAX_ID_CHARS)
+    if c.kind not in CAPSULE_KINDS:
+        raise ValidationError(f"capsule kind must be one of {', '.join(CAPSULE_KINDS)}")
+    _text(c.reply_to, "capsule reply_to", MAX_ID_CHARS)
+    _text(c.hash, "capsule hash", 128)
+    _text(c.signature, "capsule signature", 4096)
+    confidence = _number(c.confidence, "capsule confidence")
+    if not 0.0 <= confidence <= 1.0:
+        raise ValidationError(f"capsule confidence must be between 0 and 1, got {confidence}")
+    if not isinstance(c.context, Mapping):
+        raise ValidationError(f"capsule context must be a JSON object, got {_kind_of(c.context)}")
+    Context.from_dict(c.context)  # same fields, types and limits as a unit's context
+    if not isinstance(c.scope, str):
+        raise ValidationError(f"capsule scope must be a string, got {_kind_of(c.scope)}")
+    Scope.parse(c.scope)
+    if isinstance(c.hops, bool) or not isinstance(c.hops, int) or not 0 <= c.hops <= MAX_HOPS:
+        raise ValidationError(f"capsule hops must be an integer from 0 to {MAX_HOPS}")
+    ttl = _number(c.ttl, "capsule ttl")
+    if not 0 < ttl <= MAX_TTL_S:
+        raise ValidationError(f"capsule ttl must be above 0 and at most {MAX_TTL_S:.0f} seconds, got {ttl}")
+    _number(c.sent_at, "capsule sent_at")
 
 
 class Keyring:

@@ -2,13 +2,22 @@
 
 Every command calls the same functions a Python user would; output is for humans by
 default and JSON with ``--json``. Errors print one line (``error: ...``) and exit non-zero:
-2 for something the user can fix, 1 for a backend failure.
+2 for something the user can fix (bad arguments, bad input files, a missing file or
+directory), 1 for a backend failure. No traceback reaches the user: an exception nobody
+expected is reported in one line as an internal error (exit 1).
+
+``--agent`` and ``--group`` say whose view to take; they are taken on the user's word
+(whoever runs the command can read the file anyway), so they scope what is shown, they do
+not authenticate anyone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,10 +173,11 @@ def recall(obj: _Ctx, query: str, k: int, kinds: tuple[str, ...], tags: tuple[st
 @pass_ctx
 def show(obj: _Ctx, unit_id: str, agent: str | None, groups: tuple[str, ...]) -> None:
     """Show one unit with its relations and change history."""
+    viewer = _viewer(agent, groups)
     with obj.memory(must_exist=True) as mem:
-        unit = mem.get(unit_id, viewer=_viewer(agent, groups))
-        rels = mem.store.relations(unit_id)
-        events = mem.store.events(unit_id=unit_id)
+        unit = mem.get(unit_id, viewer=viewer)
+        rels = mem.store.relations(unit_id, viewer=viewer)
+        events = mem.store.events(unit_id=unit_id, viewer=viewer)
     data = {**unit.to_dict(), "relations": [r.to_dict() for r in rels],
             "events": [{"seq": e.seq, "ts": e.ts, "op": e.op, "actor": e.actor, "data": e.data} for e in events]}
     lines = [f"{unit.id}  [{unit.kind.value}]  {unit.status.value}  scope={unit.scope}  owner={unit.owner or '-'}",
@@ -197,19 +207,19 @@ def relate(obj: _Ctx, src: str, relation: str, dst: str, weight: float, note: st
 
 @cli.command("export")
 @click.argument("path", default="-")
+@click.option("--agent", default=None, help="Export only what this agent may see. Default: everything.")
+@click.option("--group", "groups", multiple=True, help="Groups the agent belongs to.")
 @pass_ctx
-def export_cmd(obj: _Ctx, path: str) -> None:
+def export_cmd(obj: _Ctx, path: str, agent: str | None, groups: tuple[str, ...]) -> None:
     """Write every unit, relation and episode as JSONL (lossless; '-' = stdout)."""
+    target = None if path == "-" else _export_target(path)
     with obj.memory(must_exist=True) as mem:
-        records = mem.export()
-        if path == "-":
+        records = mem.export(viewer=_viewer(agent, groups))
+        if target is None:
             n = _write_jsonl(sys.stdout, records)
         else:
-            tmp = Path(path + ".tmp")
-            with tmp.open("w") as fh:
-                n = _write_jsonl(fh, records)
-            tmp.replace(path)
-    if path != "-":
+            n = _write_atomically(target, records)
+    if target is not None:
         obj.emit({"records": n, "path": path}, f"exported {n} records to {path}")
 
 
@@ -262,22 +272,32 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
 
 
 def _read_jsonl(path: str) -> Iterator[dict[str, Any]]:
-    if path == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        try:
-            lines = Path(path).read_text().splitlines()
-        except FileNotFoundError:
-            raise UserError(f"{path}: no such file") from None
-        except UnicodeDecodeError:
-            raise ValidationError(f"{path}: not a UTF-8 text file") from None
-    for n, line in enumerate(lines, 1):
+    name = "standard input" if path == "-" else path
+    try:
+        if path == "-":
+            stream = getattr(sys.stdin, "buffer", None)
+            data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+        else:
+            data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory; give a JSONL file") from None
+    except OSError as exc:
+        raise UserError(f"{name}: cannot read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"{name}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             yield json.loads(line)
         except ValueError as exc:
-            raise ValidationError(f"{path}:{n}: malformed JSON ({exc})") from None
+            raise ValidationError(f"{name}:{n}: malformed JSON ({exc})") from None
+        except RecursionError:
+            raise ValidationError(f"{name}:{n}: JSON nested too deeply") from None
 
 
 def _write_jsonl(fh: Any, records: Any) -> int:
@@ -285,6 +305,41 @@ def _write_jsonl(fh: Any, records: Any) -> int:
     for rec in records:
         fh.write(json.dumps(rec, sort_keys=True) + "\n")
         n += 1
+    return n
+
+
+def _export_target(path: str) -> Path:
+    """Where an export goes, checked before anything is read or written."""
+    target = Path(path)
+    if target.is_dir():
+        raise UserError(f"{path}: is a directory; give a file name to export to")
+    parent = target.parent
+    if not parent.is_dir():
+        raise UserError(f"{parent}: no such directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{parent}: no permission to write here")
+    return target
+
+
+def _write_atomically(target: Path, records: Any) -> int:
+    """Write to a unique temporary file beside ``target`` and rename it into place; on any
+    failure the temporary file is removed and ``target`` is left as it was."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        raise UserError(f"{target}: cannot write ({exc.strerror or exc})") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            n = _write_jsonl(fh, records)
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise UserError(f"{target}: cannot write ({exc.strerror or exc})") from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return n
 
 
@@ -298,9 +353,23 @@ cli.add_command(swarm_command, "swarm")
 cli.add_command(team_command, "team")
 
 
+def _one_line(text: str) -> str:
+    """An error message as one printable line (no newlines, no unencodable characters)."""
+    line = " ".join(str(text).split())
+    return line.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    for i, arg in enumerate(args, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            click.echo(f"error: argument {i} is not valid UTF-8: {shown[:80]}", err=True)
+            sys.exit(2)
     try:
-        cli.main(args=argv, standalone_mode=False)
+        cli.main(args=args, standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
@@ -308,11 +377,21 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except ForgeError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {_one_line(str(exc))}", err=True)
         sys.exit(2 if isinstance(exc, UserError) else 1)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except BrokenPipeError:  # e.g. 'forge export - | head': the reader left, nothing to say
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+    except (SystemExit, GeneratorExit):
+        raise
+    except Exception as exc:  # a bug, or a failure nobody mapped: one line, never a traceback
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        click.echo(f"error: internal error ({_one_line(what)[:300]}); please report it", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -168,10 +168,31 @@ class Ledger:
         self._kv = _settings(store) if store is not None else None
         self._lock = threading.Lock()
         self._items: list[Decision] = []
+        self._local = threading.local()  # this thread's staged decisions (see staged())
         self._last_ns = 0
         if self._kv is not None:
             rows = sorted((k, v) for k, v in self._kv[0]().items() if k.startswith(self._prefix))
             self._items = [Decision.from_dict(json.loads(v)) for _, v in rows]
+
+    @contextlib.contextmanager
+    def staged(self) -> Iterator[None]:
+        """Decisions recorded inside the block are listed only if it ends without an error.
+
+        Wrap a store transaction in it: the decisions' durable copies are written in the
+        transaction, and the in-memory list must not show what a rollback took back.
+        """
+        outer = getattr(self._local, "stage", None)
+        stage: list[Decision] = []
+        self._local.stage = stage
+        try:
+            yield
+        finally:
+            self._local.stage = outer
+        if outer is not None:
+            outer.extend(stage)
+        else:
+            with self._lock:
+                self._items.extend(stage)
 
     @property
     def durable(self) -> bool:
@@ -185,7 +206,8 @@ class Ledger:
                 self._last_ns = max(time.time_ns(), self._last_ns + 1)
                 key = f"{self._prefix}{self._last_ns:020d}{os.urandom(2).hex()}"
                 self._kv[1](key, json.dumps(decision.to_dict(), separators=(",", ":")))
-            self._items.append(decision)
+            stage = getattr(self._local, "stage", None)
+            (stage if stage is not None else self._items).append(decision)
         return decision
 
     def list(
@@ -765,6 +787,12 @@ class Consensus:
         applied to the distance left to 1, so each further witness adds less. An origin
         or channel already counted (the author, an earlier corroborator) adds nothing.
         """
+        with self.ledger.staged(), self.memory.store.transaction():
+            return self._corroborate(unit_id, origin=origin, via=via, sender=sender, capsule_id=capsule_id, hash=hash, similarity=similarity)
+
+    def _corroborate(
+        self, unit_id: str, *, origin: str, via: str | None, sender: str, capsule_id: str, hash: str, similarity: float
+    ) -> Decision:
         unit = self._get(unit_id)
         base = {"agent": self.agent_id, "capsule_id": capsule_id, "sender": sender, "origin": origin, "hash": hash, "unit_id": unit.id, "verified": True}
         witnesses = self.witnesses(unit)
@@ -833,6 +861,11 @@ class Consensus:
         return [self._promote(u) for u in self.memory.store.list(viewer=Viewer.admin(), filter=f, limit=limit) if self.ready(u)]
 
     def _promote(self, unit: Unit) -> Decision:
+        """Copy, link, mark and record in one transaction: a promotion happens whole or not."""
+        with self.ledger.staged(), self.memory.store.transaction():
+            return self._promote_now(unit)
+
+    def _promote_now(self, unit: Unit) -> Decision:
         witnesses = self.witnesses(unit)
         copy = Unit(
             content=unit.content,
@@ -925,7 +958,14 @@ class Consensus:
         return out
 
     def reconcile(self, a_id: str, b_id: str, *, conflict: Conflict, policy: Policy) -> tuple[Decision, Resolution]:
-        """Record that ``b`` contradicts ``a`` and apply ``policy``'s resolution, in full view."""
+        """Record that ``b`` contradicts ``a`` and apply ``policy``'s resolution, in full view.
+
+        The relations, status changes and the decision are written in one transaction.
+        """
+        with self.ledger.staged(), self.memory.store.transaction():
+            return self._reconcile(a_id, b_id, conflict=conflict, policy=policy)
+
+    def _reconcile(self, a_id: str, b_id: str, *, conflict: Conflict, policy: Policy) -> tuple[Decision, Resolution]:
         a, b = self._get(a_id), self._get(b_id)
         self.memory.relate(b.id, a.id, "contradicts", weight=conflict.score, note=f"{conflict.kind}: {conflict.reason}"[:300], actor=self.actor)
         resolution = policy.resolve(a, b, conflict=conflict, consensus=self)

@@ -49,7 +49,7 @@ from forge.consensus import (
     Ledger,
     Policy,
 )
-from forge.errors import ForgeError, LLMError, NotFoundError, ValidationError
+from forge.errors import BackendError, ForgeError, LLMError, NotFoundError, ValidationError
 from forge.llm.base import LLM
 from forge.llm.structured import complete_json
 from forge.model import Context, Provenance, Status, Unit, Viewer
@@ -230,6 +230,29 @@ class Limits:
 _VERIFY_REASONS = {"unsigned": "unsigned", "bad signature": "tampered", "content hash mismatch": "tampered"}
 
 
+@dataclass(slots=True)
+class _Stage:
+    """What one receive adds to the exchange's memory of the past; kept only on commit."""
+
+    seen: set[str] = field(default_factory=set)
+    direct: set[str] = field(default_factory=set)
+    counted: set[tuple[str, str]] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """What the checks decided before anything is written: reject, quarantine or store."""
+
+    action: str
+    reason: str = ""
+    detail: str = ""
+    verified: bool = False
+    findings: tuple[Any, ...] | list[Any] = ()
+    content: str = ""
+    redacted: bool = False
+    vector: Any = None
+
+
 class Exchange:
     """One agent's receiving pipeline: ``receive(capsule) -> Decision``.
 
@@ -275,6 +298,7 @@ class Exchange:
         group_names = set(groups) | ({self.consensus.group} if self.consensus.group else set())
         self.viewer = Viewer.of(agent_id, group_names)
         self._lock = threading.RLock()
+        self._stage: _Stage | None = None  # the receive in progress (under the lock)
         self._recent: dict[str, deque[float]] = {}
         # Rebuilt from the ledger, so replay protection and echo counting survive a restart.
         self._seen = {d.capsule_id for d in self.ledger.list() if d.verified and d.capsule_id}
@@ -287,27 +311,48 @@ class Exchange:
 
     # -- public ---------------------------------------------------------------------------
     def receive(self, capsule: Capsule) -> Decision:
-        """Judge one capsule and act on it; the returned decision is already in the ledger."""
+        """Judge one capsule and act on it; the returned decision is already in the ledger.
+
+        Whatever a capsule holds, a malformed or hostile one becomes a recorded rejection
+        (``malformed``), never an exception: a bad message must not block an inbox. What
+        the capsule changes (a stored unit, a corroboration, a promotion) and its ledger
+        record are written in one store transaction, and its id counts as seen (replay
+        protection) only once that transaction commits. A backend failure (the store or the
+        embedder) is recorded as ``error`` and raised: nothing of the capsule was kept, so
+        its redelivery is judged afresh (at-least-once delivery stays at-least-once).
+        """
         with self._lock:
             if not isinstance(capsule, Capsule):
                 return self._record(Decision("rejected", "malformed", f"expected a Capsule, got {type(capsule).__name__}", agent=self.agent_id))
+            self._stage = _Stage()
             try:
-                return self._receive(capsule)
-            except ForgeError as exc:
+                now = self.clock()
+                verdict = self._judge(capsule, now)  # no writes: verify, screen, embed
+                with self.ledger.staged(), self.memory.store.transaction():
+                    decision = self._act(capsule, verdict, now)
+            except BackendError as exc:
                 # A store or embedder failure mid-way: say so in the ledger, then let the caller see it.
                 with contextlib.suppress(ForgeError):
-                    self._record(
-                        self._decision(capsule, "rejected", "error", f"{type(exc).__name__}: {exc}"[:300], verified=capsule.id in self._seen)
-                    )
+                    self._record(self._decision(capsule, "rejected", "error", f"{type(exc).__name__}: {exc}"[:300]))
                 raise
+            except Exception as exc:  # malformed or hostile content: recorded, never raised
+                return self._record(
+                    self._decision(capsule, "rejected", "malformed", f"{type(exc).__name__}: {exc}"[:300])
+                )
+            finally:
+                stage, self._stage = self._stage, None
+            self._seen |= stage.seen
+            self._direct |= stage.direct
+            self._counted |= stage.counted
+            return decision
 
     def receive_raw(self, data: str | bytes | Mapping[str, Any]) -> Decision:
         """Parse a capsule from JSON (text, bytes or a dict) and receive it; malformed input is recorded."""
         try:
             capsule = Capsule.from_dict(data) if isinstance(data, Mapping) else Capsule.from_json(data)
-        except (ValidationError, TypeError, ValueError) as exc:
+        except Exception as exc:  # whatever the bytes are, they become a recorded rejection
             with self._lock:
-                return self._record(Decision("rejected", "malformed", str(exc)[:300], agent=self.agent_id))
+                return self._record(Decision("rejected", "malformed", f"{exc}"[:300], agent=self.agent_id))
         return self.receive(capsule)
 
     def decisions(
@@ -336,37 +381,64 @@ class Exchange:
         return self.memory.store.list(viewer=self.viewer, filter=f, limit=limit)
 
     # -- pipeline -------------------------------------------------------------------------
-    def _receive(self, capsule: Capsule) -> Decision:
-        now = self.clock()
+    def _judge(self, capsule: Capsule, now: float) -> _Verdict:
+        """Everything decided before writing: verification, screening, the embedding."""
         problem = self.keyring.verify(capsule)
         if problem is not None:
             reason = _VERIFY_REASONS.get(problem, "unknown_sender" if problem.startswith("unknown sender") else "unverified")
-            return self._reject(capsule, reason, problem)
+            return _Verdict("reject", reason=reason, detail=problem)
         if capsule.id in self._seen:
-            return self._reject(capsule, "replay", f"capsule {capsule.id} was already received")
-        self._seen.add(capsule.id)
-        self._direct.add(capsule.sender)
-        if capsule.expired(now):
-            return self._reject(capsule, "expired", f"sent {now - capsule.sent_at:.0f}s ago with ttl {capsule.ttl:.0f}s", verified=True)
-        if capsule.sent_at > now + self.limits.max_skew_s:
-            return self._reject(capsule, "from_future", f"sent_at is {capsule.sent_at - now:.0f}s in the future", verified=True)
-        if capsule.hops > self.limits.max_hops:
-            return self._reject(capsule, "too_many_hops", f"{capsule.hops} hops > {self.limits.max_hops}", verified=True)
-        if capsule.origin == self.agent_id:
-            return self._reject(capsule, "echo", "our own unit came back; it is not evidence for itself", verified=True)
+            return _Verdict("reject", reason="replay", detail=f"capsule {capsule.id} was already received")
+        self._stage.seen.add(capsule.id)
+        self._stage.direct.add(capsule.sender)
+        checks = (
+            (capsule.expired(now), "expired", lambda: f"sent {now - capsule.sent_at:.0f}s ago with ttl {capsule.ttl:.0f}s"),
+            (capsule.sent_at > now + self.limits.max_skew_s, "from_future", lambda: f"sent_at is {capsule.sent_at - now:.0f}s in the future"),
+            (capsule.hops > self.limits.max_hops, "too_many_hops", lambda: f"{capsule.hops} hops > {self.limits.max_hops}"),
+            (capsule.origin == self.agent_id, "echo", lambda: "our own unit came back; it is not evidence for itself"),
+        )
+        for failed, reason, detail in checks:
+            if failed:
+                return _Verdict("reject", reason=reason, detail=detail(), verified=True)
+        outside = self._out_of_scope(capsule)
+        if outside:
+            return _Verdict("reject", reason="out_of_scope", detail=outside, verified=True)
         if capsule.kind == "help_request":
-            return self._reject(capsule, "not_memory", "a help request is a question for the agent, not a memory", verified=True)
+            return _Verdict("reject", reason="not_memory", detail="a help request is a question for the agent, not a memory", verified=True)
         if self._flooding(capsule.sender, now):
-            return self._reject(
-                capsule, "rate_limited", f"more than {self.limits.flood_limit} capsules in {self.limits.flood_window_s:.0f}s from {capsule.sender}", verified=True
-            )
-
+            detail = f"more than {self.limits.flood_limit} capsules in {self.limits.flood_window_s:.0f}s from {capsule.sender}"
+            return _Verdict("reject", reason="rate_limited", detail=detail, verified=True)
         findings = [f for f in self.screen.check_unit(capsule.unit) if f.category in self.block]
         if findings:
-            return self._quarantine(capsule, findings, now)
+            content = capsule.unit.content
+            redacted = self.redact and any(f.category in ("secret", "pii") for f in findings)
+            if redacted:
+                content = self.screen.redact(content)
+            return _Verdict("quarantine", findings=findings, content=content, redacted=redacted)
+        vector = self.memory.embed([capsule.unit.text])[0]
+        return _Verdict("store", vector=vector)
 
+    def _out_of_scope(self, capsule: Capsule) -> str:
+        """Why this receiver may not hold the capsule's unit ('' if it may).
+
+        A private unit never travels; a group unit is only for that group's members. A
+        sender that broadcasts either is mistaken or leaking, and the receiver keeps nothing.
+        """
+        for scope in dict.fromkeys((capsule.scope, str(capsule.unit.scope))):
+            if scope == "private" and scope == capsule.scope:
+                return "the capsule says its unit is private: private units are not shared"
+            if scope.startswith("group:") and scope[len("group:"):] not in self.viewer.groups:
+                return f"the unit is scoped {scope} and {self.agent_id} is not a member"
+        return ""
+
+    def _act(self, capsule: Capsule, verdict: _Verdict, now: float) -> Decision:
+        """The writes for a verdict, inside the receive transaction."""
+        if verdict.action == "reject":
+            return self._reject(capsule, verdict.reason, verdict.detail, verified=verdict.verified)
+        if verdict.action == "quarantine":
+            return self._quarantine(capsule, verdict, now)
         incoming = capsule.unit
-        vector = self.memory.embed([incoming.text])[0]
+        vector = verdict.vector
         conflicts, duplicate, related = self._neighbours(incoming, vector, capsule)
         if duplicate is not None and not conflicts:
             return self._corroborate(capsule, duplicate[0], duplicate[1])
@@ -454,7 +526,7 @@ class Exchange:
         an origin that never sent us a signed capsule directly is only as independent as
         the sender that names it.
         """
-        if capsule.origin == capsule.sender or capsule.origin in self._direct:
+        if capsule.origin == capsule.sender or capsule.origin in self._direct or capsule.origin in self._stage.direct:
             return None
         return capsule.sender
 
@@ -491,12 +563,10 @@ class Exchange:
             meta=meta,
         )
 
-    def _quarantine(self, capsule: Capsule, findings: list[Any], now: float) -> Decision:
+    def _quarantine(self, capsule: Capsule, verdict: _Verdict, now: float) -> Decision:
+        findings = list(verdict.findings)
         categories = list(dict.fromkeys(f.category for f in findings))
-        content = capsule.unit.content
-        redacted = self.redact and any(c in ("secret", "pii") for c in categories)
-        if redacted:
-            content = self.screen.redact(content)
+        content, redacted = verdict.content, verdict.redacted
         meta = self._meta(
             capsule,
             now,
@@ -511,14 +581,14 @@ class Exchange:
 
     def _corroborate(self, capsule: Capsule, unit: Unit, similarity: float) -> Decision:
         key = (capsule.origin, capsule.hash)
-        if key in self._counted and capsule.origin not in self.consensus.witnesses(unit):
+        if (key in self._counted or key in self._stage.counted) and capsule.origin not in self.consensus.witnesses(unit):
             # This origin's statement of this text was counted before (perhaps on another unit).
             return self._record(
                 self._decision(
                     capsule, "merged", "already_counted", f"({capsule.origin}, content hash) was counted before; not again", unit_id=unit.id, verified=True, score=unit.validation
                 )
             )
-        self._counted.add(key)
+        self._stage.counted.add(key)
         return self.consensus.corroborate(
             unit.id, origin=capsule.origin, via=self._via(capsule), sender=capsule.sender, capsule_id=capsule.id, hash=capsule.hash, similarity=similarity
         )
@@ -537,7 +607,7 @@ class Exchange:
         meta = self._meta(capsule, now, assessment={"score": assessment.score, "weighted": weighted, "reputation": rep, "reason": assessment.reason})
         unit = self._local(capsule, content=capsule.unit.content, status=Status.ACTIVE, validation=round(0.3 + 0.4 * rep, 4), meta=meta)
         self.memory.store.add([unit], vector.reshape(1, -1), actor=self.actor)
-        self._counted.add((capsule.origin, capsule.hash))
+        self._stage.counted.add((capsule.origin, capsule.hash))
         if not conflicts:
             if related is not None:
                 self.memory.relate(unit.id, related[0].id, "related_to", weight=round(related[1], 4), note="received near it", actor=self.actor)

@@ -12,7 +12,7 @@ than silently mixing vector spaces.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,31 @@ from forge.model import Episode, Relation, Status, Unit, Viewer
 from forge.recall import Packed, Recalled, Reranker, Weights, approx_tokens, pack, recall
 from forge.store import Filter, Store, open_store
 
-__all__ = ["Memory"]
+__all__ = ["MAX_HOPS", "MAX_QUERY_CHARS", "MAX_RECALL", "Memory"]
+
+#: Most units one recall returns, most graph hops it expands, longest query it takes.
+MAX_RECALL = 10_000
+MAX_HOPS = 16
+MAX_QUERY_CHARS = 100_000
+
+
+def _count(value: Any, name: str, *, least: int, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"{name} must be an integer, got {type(value).__name__}")
+    if not least <= value <= most:
+        raise ValidationError(f"{name} must be between {least} and {most}, got {value}")
+    return value
+
+
+def _check_query(query: Any) -> None:
+    if not isinstance(query, str):
+        raise ValidationError(f"a query must be a string, got {type(query).__name__}")
+    if len(query) > MAX_QUERY_CHARS:
+        raise ValidationError(f"the query is {len(query)} characters; the limit is {MAX_QUERY_CHARS}")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError("the query is not valid Unicode text (it contains a lone surrogate)") from None
 
 
 class Memory:
@@ -38,7 +62,7 @@ class Memory:
             )
         if store.dim is not None and store.dim != embedder.dim:
             raise DimensionError(store.dim, embedder.dim)
-        if not recorded and hasattr(store, "set_setting"):
+        if not recorded and hasattr(store, "set_setting") and not store.info.get("readonly"):
             store.set_setting("embedder", embedder.name)
         self.store = store
         self.embedder = embedder
@@ -59,13 +83,27 @@ class Memory:
 
     # -- writing --------------------------------------------------------------------------
     def add(self, units: Unit | Sequence[Unit], *, actor: str = "", batch_size: int = 256) -> list[str]:
-        """Embed and store units; each batch is one transaction."""
-        units = [units] if isinstance(units, Unit) else list(units)
-        ids: list[str] = []
-        for i in range(0, len(units), batch_size):
-            batch = units[i : i + batch_size]
-            ids += self.store.add(batch, self.embed([u.text for u in batch]), actor=actor)
-        return ids
+        """Embed and store units in ONE transaction: all of them land, or none do.
+
+        ``batch_size`` is how many texts go to the embedder at once. An error names the
+        unit that caused it (its position and id).
+        """
+        if isinstance(units, Unit):
+            units = [units]
+        elif isinstance(units, str | bytes | Mapping) or not isinstance(units, Iterable):
+            raise ValidationError(f"add() takes a Unit or a list of Units, not {type(units).__name__}")
+        units = list(units)
+        for i, u in enumerate(units, 1):
+            if not isinstance(u, Unit):
+                raise ValidationError(f"unit {i} of {len(units)} is a {type(u).__name__}, not a Unit")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValidationError("batch_size must be a positive integer")
+        if not units:
+            return []
+        vectors = np.concatenate(
+            [self.embed([u.text for u in units[i : i + batch_size]]) for i in range(0, len(units), batch_size)]
+        )
+        return self.store.add(units, vectors, actor=actor)
 
     def update(self, unit: Unit, *, actor: str = "", reembed: bool = True) -> Unit:
         vec = self.embed([unit.text]) if reembed else None
@@ -104,6 +142,13 @@ class Memory:
         rerank: Reranker | None = None,
         touch: bool = True,
     ) -> list[Recalled]:
+        _check_query(query)
+        k = _count(k, "k", least=1, most=MAX_RECALL)
+        hops = _count(hops, "hops", least=0, most=MAX_HOPS)
+        if not isinstance(viewer, Viewer):
+            raise ValidationError(f"viewer must be a Viewer, got {type(viewer).__name__}")
+        if not isinstance(filter, Filter):
+            raise ValidationError(f"filter must be a Filter, got {type(filter).__name__}")
         qv = self.embed([query])[0] if weights.vector > 0 else None
         return recall(
             self.store,
@@ -120,15 +165,17 @@ class Memory:
 
     def context(self, query: str, *, viewer: Viewer, budget: int = 512, k: int = 20, count_tokens: Any = approx_tokens, **kw: Any) -> Packed:
         """Recall for ``query`` and pack the result into a ``budget``-token prompt block."""
+        budget = _count(budget, "budget", least=0, most=10**9)
         return pack(self.recall(query, viewer=viewer, k=k, **kw), budget=budget, count_tokens=count_tokens)
 
     # -- bulk -----------------------------------------------------------------------------
-    def export(self) -> Iterator[dict[str, Any]]:
-        return self.store.export_records()
+    def export(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
+        """Export records ``viewer`` may see (``Viewer.admin()`` for a full, lossless dump)."""
+        return self.store.export_records(viewer=viewer)
 
     def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
         """Import JSONL records in one transaction; units without vectors are embedded."""
-        records = list(records)
+        records = [dict(r) if isinstance(r, Mapping) else r for r in records]
         missing = [r for r in records if isinstance(r, dict) and r.get("record") == "unit" and "vector" not in r]
         if missing and len(missing) == sum(1 for r in records if isinstance(r, dict) and r.get("record") == "unit"):
             import base64

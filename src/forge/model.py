@@ -3,13 +3,33 @@
 Pure data and validation, no I/O. Everything else in FORGE imports from here and nothing
 here imports from the rest. Values are validated when built, so a unit that exists is a
 valid unit: bad input fails at the edge with a :class:`~forge.errors.ValidationError`.
+
+Types are checked, not coerced (an ``owner`` of ``7`` or a ``created_at`` of
+``"yesterday"`` is refused), every text must be encodable as UTF-8 (no lone surrogates),
+and sizes are bounded, so one record cannot fill a store or a prompt:
+
+==========================  ===========================================================
+content                     :data:`MAX_CONTENT_CHARS` characters (16,000)
+ids (unit, episode)         :data:`MAX_ID_CHARS` characters (128)
+owner, source, context      :data:`MAX_FIELD_CHARS` characters each (256): domain, task,
+fields, each tag            role, every tag, provenance source, agent and env names
+tags                        :data:`MAX_TAGS` per unit (64)
+meta (and episode outcome,  :data:`MAX_META_BYTES` bytes of UTF-8 JSON (64 KiB); it must
+step info)                  be JSON: string keys, JSON values
+provenance references       :data:`MAX_REFS` episode and unit ids (1,000)
+relation note               :data:`MAX_NOTE_CHARS` characters (2,000)
+episode steps               :data:`MAX_STEPS` steps (100,000) of at most
+                            :data:`MAX_STEP_CHARS` characters per text field
+==========================  ===========================================================
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
+import numbers
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -20,6 +40,14 @@ from forge.errors import ValidationError
 
 __all__ = [
     "MAX_CONTENT_CHARS",
+    "MAX_FIELD_CHARS",
+    "MAX_ID_CHARS",
+    "MAX_META_BYTES",
+    "MAX_NOTE_CHARS",
+    "MAX_REFS",
+    "MAX_STEPS",
+    "MAX_STEP_CHARS",
+    "MAX_TAGS",
     "Context",
     "Episode",
     "Kind",
@@ -37,11 +65,121 @@ __all__ = [
 #: Longest unit content accepted. Memory is injected into prompts; a unit that does not fit
 #: in a small model's context window is a document, not a memory.
 MAX_CONTENT_CHARS = 16_000
+#: Longest id (unit, episode, relation end).
+MAX_ID_CHARS = 128
+#: Longest short field: owner, context domain/task/role, each tag, provenance source.
+MAX_FIELD_CHARS = 256
+#: Most context tags on one unit.
+MAX_TAGS = 64
+#: Largest ``meta`` (and episode ``outcome``/``meta``, step ``info``), as UTF-8 JSON bytes.
+MAX_META_BYTES = 64 * 1024
+#: Most episode / unit ids in one provenance list.
+MAX_REFS = 1_000
+#: Longest relation note.
+MAX_NOTE_CHARS = 2_000
+#: Most steps in one episode, and the longest text of one step field.
+MAX_STEPS = 100_000
+MAX_STEP_CHARS = 100_000
 
 
 def new_id() -> str:
     """A 20-hex-digit id that sorts by creation time (ms) and is unique across processes."""
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(4).hex()}"
+
+
+# -- small validators ----------------------------------------------------------------------
+
+
+def _only(data: Mapping[str, Any], allowed: set[str], what: str) -> None:
+    unknown = set(data) - allowed
+    if unknown:
+        raise ValidationError(f"unknown {what} field(s): {', '.join(sorted(unknown))}")
+
+
+def _kind_of(value: Any) -> str:
+    """How to name a wrong value in a message without echoing a large or hostile one."""
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
+def _mapping(value: Any, name: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValidationError(f"{name} must be a JSON object, got {_kind_of(value)}")
+    return value
+
+
+def _build(cls: Any, kwargs: Mapping[str, Any], what: str) -> Any:
+    """``cls(**kwargs)`` with any type slip the validators did not name reported as ours."""
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise ValidationError(f"{what}: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _text(value: Any, name: str, limit: int) -> str:
+    """A string of at most ``limit`` characters that is valid Unicode (UTF-8 encodable)."""
+    if not isinstance(value, str):
+        raise ValidationError(f"{name} must be a string, got {_kind_of(value)}")
+    if len(value) > limit:
+        raise ValidationError(f"{name} is {len(value)} characters; the limit is {limit}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(f"{name} is not valid Unicode text (it contains a lone surrogate)") from None
+    return value
+
+
+def _json_object(value: Any, name: str) -> None:
+    """A JSON object (string keys, JSON values) of at most MAX_META_BYTES as UTF-8."""
+    if not isinstance(value, Mapping):
+        raise ValidationError(f"{name} must be a JSON object, got {_kind_of(value)}")
+    if not value:
+        return
+    try:
+        size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValidationError(f"{name} is not JSON: {type(exc).__name__}: {str(exc)[:120]}") from None
+    except UnicodeEncodeError:
+        raise ValidationError(f"{name} contains text that is not valid Unicode (a lone surrogate)") from None
+    if size > MAX_META_BYTES:
+        raise ValidationError(f"{name} is {size} bytes as JSON; the limit is {MAX_META_BYTES}")
+
+
+def _str(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValidationError(f"{name} must be a string, got {_kind_of(value)}")
+    return value
+
+
+def _strs(values: Any, name: str) -> list[str]:
+    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
+        raise ValidationError(f"{name} must be a list of strings, got {_kind_of(values)}")
+    values = list(values)
+    if not all(isinstance(v, str) for v in values):
+        raise ValidationError(f"{name} must be a list of strings")
+    return values
+
+
+def _float(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValidationError(f"{name} must be a finite number, got {_kind_of(value)}")
+    try:
+        v = float(value)
+    except (OverflowError, ValueError):
+        raise ValidationError(f"{name} must be a finite number") from None
+    if not math.isfinite(v):
+        raise ValidationError(f"{name} must be a finite number, got {v}")
+    return v
+
+
+def _score(value: Any, name: str) -> float:
+    v = _float(value, name)
+    if not 0.0 <= v <= 1.0:
+        raise ValidationError(f"{name} must be between 0 and 1, got {v}")
+    return v
 
 
 class Kind(enum.StrEnum):
@@ -115,6 +253,8 @@ class Scope:
     name: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not isinstance(self.name, str):
+            raise ValidationError("a scope is written as a string: private, group:<name> or global")
         if self.kind not in ("private", "group", "global"):
             raise ValidationError(
                 f"unknown scope {self.kind!r}; expected private, group:<name> or global"
@@ -123,12 +263,15 @@ class Scope:
             raise ValidationError("a group scope needs a name, e.g. 'group:red-team'")
         if self.kind != "group" and self.name:
             raise ValidationError(f"scope {self.kind!r} takes no name")
+        _text(self.name, "scope group name", MAX_FIELD_CHARS)
 
     @classmethod
     def parse(cls, value: str | Scope) -> Scope:
         if isinstance(value, Scope):
             return value
-        kind, _, name = str(value).partition(":")
+        if not isinstance(value, str):
+            raise ValidationError(f"scope must be a string (private, group:<name> or global), got {_kind_of(value)}")
+        kind, _, name = value.partition(":")
         return cls(kind.strip(), name.strip())
 
     def __str__(self) -> str:
@@ -180,10 +323,19 @@ class Context:
     tags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("domain", "task", "role"):
+            _text(getattr(self, name), f"context.{name}", MAX_FIELD_CHARS)
         tags = self.tags
-        if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
+        if isinstance(tags, str | bytes | Mapping) or not isinstance(tags, Iterable):
+            raise ValidationError("context tags must be a list of strings")
+        tags = tuple(tags)
+        if not all(isinstance(t, str) for t in tags):
             raise ValidationError("context tags must be a list of strings")
         cleaned = tuple(dict.fromkeys(t.strip() for t in tags if t.strip()))
+        if len(cleaned) > MAX_TAGS:
+            raise ValidationError(f"a unit has {len(cleaned)} tags; the limit is {MAX_TAGS}")
+        for t in cleaned:
+            _text(t, "context tag", MAX_FIELD_CHARS)
         object.__setattr__(self, "tags", cleaned)
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,7 +343,7 @@ class Context:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Context:
-        data = data or {}
+        data = _mapping(data or {}, "context")
         _only(data, {"domain", "task", "role", "tags"}, "context")
         return cls(
             domain=_str(data.get("domain", ""), "context.domain"),
@@ -209,6 +361,16 @@ class Provenance:
     episodes: tuple[str, ...] = ()  # episode / trajectory ids it was learned from
     derived_from: tuple[str, ...] = ()  # unit ids it was derived from
 
+    def __post_init__(self) -> None:
+        _text(self.source, "provenance.source", MAX_FIELD_CHARS)
+        for name in ("episodes", "derived_from"):
+            ids = tuple(_strs(getattr(self, name), f"provenance.{name}"))
+            if len(ids) > MAX_REFS:
+                raise ValidationError(f"provenance.{name} has {len(ids)} ids; the limit is {MAX_REFS}")
+            for i in ids:
+                _text(i, f"provenance.{name} id", MAX_ID_CHARS)
+            object.__setattr__(self, name, ids)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "source": self.source,
@@ -218,7 +380,7 @@ class Provenance:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Provenance:
-        data = data or {}
+        data = _mapping(data or {}, "provenance")
         _only(data, {"source", "episodes", "derived_from"}, "provenance")
         return cls(
             source=_str(data.get("source", ""), "provenance.source"),
@@ -257,24 +419,37 @@ class Unit:
         object.__setattr__(self, "kind", Kind.parse(self.kind))
         object.__setattr__(self, "status", Status.parse(self.status))
         object.__setattr__(self, "scope", Scope.parse(self.scope))
-        if not isinstance(self.content, str) or not self.content.strip():
+        if not isinstance(self.content, str):
+            raise ValidationError(f"unit content must be a string, got {_kind_of(self.content)}")
+        if not self.content.strip():
             raise ValidationError("unit content is empty")
         if len(self.content) > MAX_CONTENT_CHARS:
             raise ValidationError(
                 f"unit content is {len(self.content)} characters; the limit is {MAX_CONTENT_CHARS}"
             )
-        if not isinstance(self.id, str) or not self.id or len(self.id) > 128:
-            raise ValidationError("unit id must be a non-empty string of at most 128 characters")
+        _text(self.content, "unit content", MAX_CONTENT_CHARS)
+        if not isinstance(self.id, str) or not self.id or len(self.id) > MAX_ID_CHARS:
+            raise ValidationError(f"unit id must be a non-empty string of at most {MAX_ID_CHARS} characters")
+        _text(self.id, "unit id", MAX_ID_CHARS)
+        _text(self.owner, "unit owner", MAX_FIELD_CHARS)
         if self.scope.kind == "private" and not self.owner:
             raise ValidationError("a private unit needs an owner agent")
+        if not isinstance(self.context, Context):
+            raise ValidationError(f"unit context must be a Context, got {_kind_of(self.context)}")
+        if not isinstance(self.provenance, Provenance):
+            raise ValidationError(f"unit provenance must be a Provenance, got {_kind_of(self.provenance)}")
         for name in ("confidence", "validation", "importance"):
-            _score(getattr(self, name), name)
-        if not isinstance(self.access_count, int) or self.access_count < 0:
+            object.__setattr__(self, name, _score(getattr(self, name), name))
+        if isinstance(self.access_count, bool) or not isinstance(self.access_count, int) or self.access_count < 0:
             raise ValidationError("access_count must be a non-negative integer")
+        object.__setattr__(self, "created_at", _float(self.created_at, "created_at"))
         if self.updated_at is None:
             object.__setattr__(self, "updated_at", self.created_at)
-        if not isinstance(self.meta, Mapping):
-            raise ValidationError("unit meta must be a JSON object")
+        else:
+            object.__setattr__(self, "updated_at", _float(self.updated_at, "updated_at"))
+        if self.last_access is not None:
+            object.__setattr__(self, "last_access", _float(self.last_access, "last_access"))
+        _json_object(self.meta, "unit meta")
 
     def replace(self, **changes: Any) -> Unit:
         """A copy with ``changes`` applied (and validated)."""
@@ -324,7 +499,7 @@ class Unit:
                 kwargs[name] = _float(kwargs[name], name)
         if "last_access" in data and data["last_access"] is None:
             kwargs["last_access"] = None
-        return cls(**kwargs)
+        return _build(cls, kwargs, "unit")
 
 
 _UNIT_FIELDS = tuple(f.name for f in dataclasses.fields(Unit))
@@ -342,12 +517,18 @@ class Relation:
     note: str = ""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.type, str | RelationType):
+            raise ValidationError(f"relation type must be a string, got {_kind_of(self.type)}")
         object.__setattr__(self, "type", RelationType.parse(self.type))
-        if not self.src or not self.dst:
-            raise ValidationError("a relation needs both a source and a target unit id")
+        if not isinstance(self.src, str) or not isinstance(self.dst, str) or not self.src or not self.dst:
+            raise ValidationError("a relation needs both a source and a target unit id (strings)")
+        _text(self.src, "relation source id", MAX_ID_CHARS)
+        _text(self.dst, "relation target id", MAX_ID_CHARS)
         if self.src == self.dst:
             raise ValidationError("a unit cannot be related to itself")
-        _float(self.weight, "weight")
+        object.__setattr__(self, "weight", _float(self.weight, "weight"))
+        object.__setattr__(self, "created_at", _float(self.created_at, "relation created_at"))
+        _text(self.note, "relation note", MAX_NOTE_CHARS)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -364,10 +545,7 @@ class Relation:
         if not isinstance(data, Mapping):
             raise ValidationError("a relation must be a JSON object")
         _only(data, {"src", "dst", "type", "weight", "created_at", "note"}, "relation")
-        try:
-            return cls(**dict(data))
-        except TypeError as exc:
-            raise ValidationError(f"relation: {exc}") from None
+        return _build(cls, {k: v for k, v in data.items() if v is not None or k in ("src", "dst")}, "relation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +558,13 @@ class Step:
     reward: float = 0.0
     role: str = ""
     info: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("observation", "thought", "action"):
+            _text(getattr(self, name), f"step {name}", MAX_STEP_CHARS)
+        _text(self.role, "step role", MAX_FIELD_CHARS)
+        object.__setattr__(self, "reward", _float(self.reward, "step reward"))
+        _json_object(self.info, "step info")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -396,7 +581,7 @@ class Step:
         if not isinstance(data, Mapping):
             raise ValidationError("a step must be a JSON object")
         _only(data, {"observation", "thought", "action", "reward", "role", "info"}, "step")
-        return cls(**{**dict(data), "reward": _float(data.get("reward", 0.0), "reward")})
+        return _build(cls, {k: v for k, v in data.items() if v is not None}, "step")
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,9 +598,22 @@ class Episode:
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValidationError(f"episode id must be a non-empty string, got {_kind_of(self.id)}")
+        _text(self.id, "episode id", MAX_ID_CHARS)
+        _text(self.agent, "episode agent", MAX_FIELD_CHARS)
+        _text(self.task, "episode task", MAX_CONTENT_CHARS)
+        _text(self.env, "episode env", MAX_FIELD_CHARS)
+        if isinstance(self.steps, str | bytes | Mapping) or not isinstance(self.steps, Iterable):
+            raise ValidationError(f"episode steps must be a list of steps, got {_kind_of(self.steps)}")
         object.__setattr__(self, "steps", tuple(self.steps))
+        if len(self.steps) > MAX_STEPS:
+            raise ValidationError(f"an episode has {len(self.steps)} steps; the limit is {MAX_STEPS}")
         if not all(isinstance(s, Step) for s in self.steps):
             raise ValidationError("episode steps must be Step records")
+        _json_object(self.outcome, "episode outcome")
+        _json_object(self.meta, "episode meta")
+        object.__setattr__(self, "created_at", _float(self.created_at, "episode created_at"))
 
     @property
     def total_reward(self) -> float:
@@ -439,38 +637,8 @@ class Episode:
             raise ValidationError("an episode must be a JSON object")
         _only(data, {"id", "agent", "task", "env", "steps", "outcome", "created_at", "meta"}, "episode")
         kwargs = dict(data)
-        kwargs["steps"] = tuple(Step.from_dict(s) for s in kwargs.get("steps") or ())
-        return cls(**kwargs)
-
-
-# -- small validators ----------------------------------------------------------------------
-
-
-def _only(data: Mapping[str, Any], allowed: set[str], what: str) -> None:
-    unknown = set(data) - allowed
-    if unknown:
-        raise ValidationError(f"unknown {what} field(s): {', '.join(sorted(unknown))}")
-
-
-def _str(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise ValidationError(f"{name} must be a string")
-    return value
-
-
-def _strs(values: Any, name: str) -> list[str]:
-    if isinstance(values, str) or not all(isinstance(v, str) for v in values):
-        raise ValidationError(f"{name} must be a list of strings")
-    return list(values)
-
-
-def _float(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValidationError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _score(value: Any, name: str) -> None:
-    v = _float(value, name)
-    if not 0.0 <= v <= 1.0:
-        raise ValidationError(f"{name} must be between 0 and 1, got {v}")
+        steps = kwargs.get("steps") or ()
+        if not isinstance(steps, list | tuple):
+            raise ValidationError(f"episode steps must be a list of steps, got {_kind_of(steps)}")
+        kwargs["steps"] = tuple(Step.from_dict(s) for s in steps)
+        return _build(cls, kwargs, "episode")

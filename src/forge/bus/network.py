@@ -7,21 +7,30 @@
 
 Each agent has one inbox topic. A capsule is acked only after its handler returned, so a
 receiver that dies mid-batch gets the rest again when it comes back (at-least-once; the
-handler dedupes by capsule id). Capsules that fail verification are acked *and counted*
-with their reason in :attr:`CapsuleInbox.rejected`, so they are never redelivered forever
-and never dropped without a trace.
+handler dedupes by capsule id). Capsules that fail decoding or verification, whatever their
+bytes, are acked *and counted* with their reason in :attr:`CapsuleInbox.rejected`, and so
+are capsules whose handler fails on them for any reason but a backend failure: a bad
+message is never redelivered forever, never blocks the messages behind it, and is never
+dropped without a trace. A backend failure (:class:`~forge.errors.BackendError`: the
+store, the embedder) stops the batch with the failed capsule and the rest unacked, so they
+come again.
+
+Scope travels with a unit: a group-scoped capsule goes only to the group's members
+(``members``: group name -> agent ids) and a private one goes nowhere; what is held back
+is counted in :attr:`Network.withheld`.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from forge.bus.base import Bus, Message, Subscription
 from forge.capsule import Capsule, Keyring
-from forge.errors import ValidationError
+from forge.errors import BackendError, ValidationError
+from forge.model import Scope
 from forge.topology import Topology
 
 __all__ = ["CapsuleInbox", "Delivery", "Network", "Rejection"]
@@ -76,15 +85,21 @@ class CapsuleInbox:
                 detail = reason
             except ValidationError as exc:
                 reason, detail = "malformed", f"malformed: {exc}"
+            except Exception as exc:  # whatever the bytes hold, they must not block the inbox
+                reason, detail = "malformed", f"malformed: {type(exc).__name__}: {exc}"[:300]
             if reason is None:
                 out.append(Delivery(m.id, capsule))
             else:
-                self.rejected[reason] += 1
-                self.rejections.append(Rejection(m.id, detail, sender))
+                self.reject(m.id, reason, detail, sender)
                 bad.append(m.id)
         if bad:
             self.subscription.ack(bad)
         return out
+
+    def reject(self, message_id: str, reason: str, detail: str, sender: str = "") -> None:
+        """Count a message as rejected (the caller acks it)."""
+        self.rejected[reason] += 1
+        self.rejections.append(Rejection(message_id, detail, sender))
 
     def read(self, *, count: int = 64, block_ms: int = 0) -> list[Delivery]:
         return self._check(self.subscription.read(count=count, block_ms=block_ms))
@@ -105,21 +120,44 @@ class CapsuleInbox:
 class Network:
     """Delivers capsules to the inboxes a topology names, signing every hop."""
 
-    def __init__(self, bus: Bus, topology: Topology, *, keyring: Keyring, topic_prefix: str = "inbox.") -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        topology: Topology,
+        *,
+        keyring: Keyring,
+        topic_prefix: str = "inbox.",
+        members: Mapping[str, Iterable[str]] | None = None,
+    ) -> None:
         self.bus = bus
         self.topology = topology
         self.keyring = keyring
         self.topic_prefix = topic_prefix
+        self.members = {g: frozenset(agents) for g, agents in (members or {}).items()}
         self.sent: Counter[str] = Counter()  # bus messages published, by sending agent
         self.received: Counter[str] = Counter()  # capsules handled, by receiving agent
+        self.withheld: Counter[str] = Counter()  # copies not sent because of scope, by scope
 
     def topic(self, agent: str) -> str:
         return f"{self.topic_prefix}{agent}"
 
+    def may_receive(self, agent: str, capsule: Capsule) -> bool:
+        """Whether ``agent`` is allowed to see the capsule's unit (both scopes it names)."""
+        for text in {capsule.scope, str(capsule.unit.scope)}:
+            scope = Scope.parse(text)
+            if scope.kind == "private" and text == capsule.scope:
+                return False  # a private unit belongs to one agent and never travels
+            if scope.kind == "group" and agent not in self.members.get(scope.name, ()):
+                return False
+        return True
+
     def send_to(self, capsule: Capsule, recipients: Iterable[str]) -> dict[str, str]:
         """Sign (as ``capsule.sender``) and publish to each recipient's inbox; returns ids."""
         signed = capsule if capsule.signature else self.keyring.sign(capsule)
-        agents = sorted(set(recipients) - {capsule.sender})
+        wanted = set(recipients) - {capsule.sender}
+        agents = sorted(a for a in wanted if self.may_receive(a, capsule))
+        if len(agents) < len(wanted):
+            self.withheld[capsule.scope] += len(wanted) - len(agents)
         if not agents:
             return {}
         ids = self.bus.publish_to([self.topic(a) for a in agents], signed)
@@ -151,12 +189,24 @@ class Network:
         block_ms: int = 0,
         relay: bool = True,
     ) -> int:
-        """Read one batch: handle each capsule, relay it, then ack it. Returns how many."""
+        """Read one batch: handle each capsule, relay it, then ack it. Returns how many.
+
+        A capsule its handler fails on is acked and counted as rejected (``handler_error``),
+        unless the failure is the backend's (:class:`BackendError`): then the batch stops
+        there, unacked from that capsule on, and the error is raised (redelivery retries).
+        """
         batch = inbox.read(count=count, block_ms=block_ms)
         done: list[str] = []
         try:
             for d in batch:
-                handle(d.capsule)
+                try:
+                    handle(d.capsule)
+                except BackendError:
+                    raise
+                except Exception as exc:
+                    inbox.reject(d.id, "handler_error", f"{type(exc).__name__}: {exc}"[:300], d.capsule.sender)
+                    done.append(d.id)
+                    continue
                 if relay:
                     self.relay(agent, d.capsule)
                 done.append(d.id)

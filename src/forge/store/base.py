@@ -1,14 +1,19 @@
 """The Store port: durable units, relations, episodes and an append-only event log.
 
 Backends (SQLite by default, PostgreSQL + pgvector for scale) implement :class:`Store` and
-pass the same conformance suite (tests/test_store_conformance.py). Search methods take a
-:class:`~forge.model.Viewer` and a :class:`Filter`; both are applied *inside* the backend's
-query so an agent can never receive a unit it is not allowed to see, whatever it asks for.
+pass the same conformance suite (tests/test_store_conformance.py). Every read takes a
+:class:`~forge.model.Viewer` (search methods a :class:`Filter` too); both are applied
+*inside* the backend's query so an agent can never receive a unit it is not allowed to see,
+nor a relation, event, vector or export record that gives one away, whatever it asks for.
+
+Writes are atomic one by one; :meth:`Store.transaction` makes several of them one atomic
+unit (the exchange writes a received unit and its ledger record together).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -17,7 +22,11 @@ import numpy as np
 from forge.errors import ValidationError
 from forge.model import Episode, Kind, Relation, RelationType, Status, Unit, Viewer
 
-__all__ = ["Event", "Filter", "Hit", "Store"]
+__all__ = ["ANY_STATUS", "MAX_RESULTS", "Event", "Filter", "Hit", "Store"]
+
+#: Most results one read may ask for (``k``, ``limit``): a bigger number is a mistake, and
+#: SQLite cannot take one past 2**63 at all.
+MAX_RESULTS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +122,14 @@ class Store(Protocol):
         """Backend facts and capability flags (e.g. ``{"backend": "sqlite", "ann": "usearch"}``)."""
         ...
 
+    def transaction(self) -> AbstractContextManager[None]:
+        """``with store.transaction():`` makes the writes inside one atomic unit.
+
+        Nested blocks are savepoints (an inner failure undoes only the inner block);
+        side effects outside the database wait for the outermost commit.
+        """
+        ...
+
     # -- units ------------------------------------------------------------------------
     def add(
         self, units: Sequence[Unit], vectors: np.ndarray | None = None, *, actor: str = ""
@@ -132,7 +149,7 @@ class Store(Protocol):
 
     def count(self, *, viewer: Viewer, filter: Filter = Filter()) -> int: ...
 
-    def vector(self, unit_id: str) -> np.ndarray | None: ...
+    def vector(self, unit_id: str, *, viewer: Viewer) -> np.ndarray | None: ...
 
     # -- search (scope + filter enforced inside) --------------------------------------
     def vector_search(
@@ -159,18 +176,24 @@ class Store(Protocol):
     # -- relations, episodes, events --------------------------------------------------
     def relate(self, relation: Relation, *, actor: str = "") -> None: ...
 
-    def relations(self, unit_id: str) -> list[Relation]: ...
+    def relations(self, unit_id: str, *, viewer: Viewer) -> list[Relation]:
+        """Relations of a unit whose both ends ``viewer`` may see."""
+        ...
 
     def add_episode(self, episode: Episode, *, actor: str = "") -> str: ...
 
     def get_episode(self, episode_id: str) -> Episode: ...
 
     def events(
-        self, *, since_seq: int = 0, unit_id: str | None = None, limit: int = 1000
-    ) -> list[Event]: ...
+        self, *, viewer: Viewer, since_seq: int = 0, unit_id: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        """The change log as ``viewer`` may see it (values it could not see then are hidden)."""
+        ...
 
     # -- bulk ---------------------------------------------------------------------------
-    def export_records(self) -> Iterator[dict[str, Any]]: ...
+    def export_records(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
+        """Every unit, relation and episode ``viewer`` may see (the operator: all)."""
+        ...
 
     def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
         """Import export records in ONE transaction: all land or none do."""

@@ -8,12 +8,14 @@ Every public write is one transaction, so bad input never leaves half-written st
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from forge.errors import (
+    ConfigError,
     DimensionError,
     NotFoundError,
     StoreError,
@@ -37,7 +40,7 @@ from forge.model import (
     Unit,
     Viewer,
 )
-from forge.store.base import Event, Filter, Hit
+from forge.store.base import ANY_STATUS, MAX_RESULTS, Event, Filter, Hit
 from forge.store.vectors import VectorIndex
 
 __all__ = ["SQLiteStore"]
@@ -46,6 +49,10 @@ APPLICATION_ID = 0x464F5247  # "FORG": marks a file as ours, so a foreign databa
 SCHEMA_VERSION = 1
 EXACT_SEARCH_LIMIT = 20_000  # below this many filtered candidates, exact search is cheaper
 COMMON_TERM_SHARE = 0.10  # keyword search skips words in more than this share of units (IDF ~ 2)
+# Before its first write a store checks the file's pages (PRAGMA quick_check) when the file is
+# at most this big (~0.1 s per 100 MB): a database with corrupt pages refuses writes as it
+# refuses reads. Corruption met by any later query also stops writes.
+QUICK_CHECK_MAX_BYTES = 256 * 1024 * 1024
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -134,74 +141,207 @@ _COLUMNS = (
 class SQLiteStore:
     """A :class:`~forge.store.base.Store` in one SQLite file (or ``:memory:``)."""
 
-    def __init__(self, path: str | Path = ":memory:", *, create: bool = True) -> None:
+    def __init__(self, path: str | Path = ":memory:", *, create: bool = True, readonly: bool | None = None) -> None:
         self.path = str(path)
         self._file = None if self.path == ":memory:" else Path(self.path)
         self._lock = threading.RLock()
         self._index: VectorIndex | None = None
+        self._depth = 0  # transaction nesting: 0 = none, 1 = outermost, >1 = savepoints
+        self._tx_vseq: int | None = None  # the vector counter before this transaction's first bump
+        self._after_commit: list[Callable[[], None]] = []
+        self._corrupt: str | None = None  # why writes are refused, once corruption was seen
+        self._checked = False  # whether the file passed a quick integrity check before writing
         if self._file is not None:
             _check_file(self._file, create=create)
+        if readonly is None:  # a file we may not write is opened read-only rather than refused
+            readonly = self._file is not None and self._file.exists() and not _writable(self._file)
+        if readonly and self._file is None:
+            raise StoreError("an in-memory store cannot be read-only")
+        self.readonly = bool(readonly)
         try:
-            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+            self._db = self._connect()
             self._db.execute("PRAGMA foreign_keys = ON")
             # Per-connection view of FTS5's term statistics (nothing is written to the file):
             # lets keyword search skip words that occur in a large share of all units.
             self._db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.units_vocab USING fts5vocab(main, units_fts, 'row')")
             self._init_schema()
         except sqlite3.DatabaseError as exc:
+            with contextlib.suppress(Exception):
+                self._db.close()
             raise StoreError(f"{self.path}: not a usable FORGE database ({exc})") from None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._db.close()
+            raise
         self._dim = int(self._setting("dim") or 0) or None
 
+    def _connect(self) -> sqlite3.Connection:
+        if not self.readonly:
+            return sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        uri = f"{Path(self.path).resolve().as_uri()}?mode=ro"
+        db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None, timeout=30)
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.OperationalError:
+            # A WAL database in a directory we cannot write has no -shm to share: read it as
+            # an immutable snapshot (nobody can be writing it, since nobody here may).
+            db.close()
+            db = sqlite3.connect(f"{Path(self.path).resolve().as_uri()}?immutable=1", uri=True,
+                                 check_same_thread=False, isolation_level=None, timeout=30)
+        return db
+
     # -- set-up ---------------------------------------------------------------------------
-    def _init_schema(self) -> None:
+    def _owner_check(self) -> int:
         app_id = self._db.execute("PRAGMA application_id").fetchone()[0]
         tables = self._db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
-        if app_id == 0 and tables:
+        if (app_id == 0 and tables) or app_id not in (0, APPLICATION_ID):
             raise StoreError(f"{self.path}: this SQLite file belongs to another application; refusing to touch it")
-        if app_id not in (0, APPLICATION_ID):
-            raise StoreError(f"{self.path}: this SQLite file belongs to another application; refusing to touch it")
-        if self._file is not None:
-            self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        if app_id == 0:
-            with self._tx() as db:
-                for stmt in _split_sql(_SCHEMA):
-                    db.execute(stmt)
-                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                db.execute("INSERT OR REPLACE INTO meta VALUES ('vseq', '0')")
+        return app_id
+
+    def _init_schema(self) -> None:
+        app_id = self._owner_check()
+        if self.readonly:
+            if app_id == 0:
+                raise StoreError(f"{self.path}: an empty file opened read-only is not a FORGE database yet")
         else:
-            version = int(self._setting("schema_version") or 0)
-            if version != SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path}: schema version {version} is not supported (this FORGE reads {SCHEMA_VERSION})"
-                )
+            if self._file is not None:
+                self._db.execute("PRAGMA journal_mode = WAL")
+            self._db.execute("PRAGMA synchronous = NORMAL")
+        if app_id == 0:
+            with self._tx(check=False) as db:
+                # Checked again under the write lock: several processes may open a new file at
+                # once, and only the first may create it (a second must not reset its counters).
+                if self._owner_check() == 0:
+                    for stmt in _split_sql(_SCHEMA):
+                        db.execute(stmt)
+                    db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                    db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                    db.execute("INSERT OR IGNORE INTO meta VALUES ('vseq', '0')")
+        version = int(self._setting("schema_version") or 0)
+        if version != SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: schema version {version} is not supported (this FORGE reads {SCHEMA_VERSION})"
+            )
+        if not self.readonly and self._setting("db_id") is None:
+            # Binds the vector index file to this database (see forge.store.vectors).
+            with self._tx(check=False) as db:
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('db_id', ?)", (os.urandom(8).hex(),))
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; rolled back whole on any error."""
-        with self._lock:
+    def transaction(self) -> Iterator[None]:
+        """Group several writes into one atomic transaction: all of them land, or none.
+
+        Writes made inside (``add``, ``update``, ``relate``, settings...) join it; nested
+        ``transaction()`` blocks are savepoints, so an inner block that fails is undone
+        alone and the outer one may go on. Other threads wait until it ends. Side effects
+        outside the file (the vector index) happen only once the outermost block commits.
+        """
+        with self._tx():
+            yield
+
+    def _on_commit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` now, or when the enclosing transaction commits (never if it rolls back)."""
+        if self._depth:
+            self._after_commit.append(fn)
+        else:
+            fn()
+
+    def _refuse_writes(self) -> None:
+        if self.readonly:
+            raise StoreError(f"{self.path}: opened read-only; writes are refused")
+        if self._corrupt is not None:
+            raise StoreError(f"{self.path}: {self._corrupt}; writes are refused (restore a backup, or export what is readable)")
+
+    def _integrity_check(self) -> None:
+        """Before a store's first write: a quick page check on files small enough for it."""
+        self._checked = True
+        if self._file is None or not self._file.exists() or self._file.stat().st_size > QUICK_CHECK_MAX_BYTES:
+            return
+        rows: list[tuple] = []
+        # quick_check first (cheaper); SQLite 3.40's quick_check misreads WITHOUT ROWID
+        # tables whose key order differs from their column order (unit_tags), so what it
+        # flags is confirmed by the full integrity_check.
+        for pragma in ("quick_check(1)", "integrity_check(1)"):
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
+                rows = self._db.execute(f"PRAGMA {pragma}").fetchall()
+            except sqlite3.DatabaseError as exc:
+                rows = [(str(exc),)]
+            if rows == [("ok",)]:
+                return
+        self._corrupt = f"the database is corrupt ({rows[0][0] if rows else 'integrity check failed'})"
+
+    def _seen_error(self, exc: sqlite3.DatabaseError) -> None:
+        if isinstance(exc, sqlite3.DatabaseError) and _is_corruption(exc):
+            self._corrupt = f"the database is corrupt ({exc})"
+
+    @contextmanager
+    def _tx(self, *, check: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction (a savepoint when nested); rolled back whole on any error."""
+        with self._lock:
+            if self._db is None:
+                raise StoreError(f"{self.path}: the store is closed")
+            if check:
+                if not self._checked and not self._depth:
+                    self._integrity_check()
+                self._refuse_writes()
+            depth = self._depth
+            try:
+                self._db.execute("BEGIN IMMEDIATE" if depth == 0 else f"SAVEPOINT forge_{depth}")
+            except sqlite3.DatabaseError as exc:
+                self._seen_error(exc)
                 raise StoreError(f"{self.path}: cannot start a write ({exc})") from None
+            self._depth = depth + 1
             try:
                 yield self._db
+            except sqlite3.DatabaseError as exc:
+                self._depth = depth
+                self._rollback(depth)
+                self._seen_error(exc)
+                raise StoreError(f"{self.path}: write failed ({exc})") from None
             except BaseException:
-                self._db.execute("ROLLBACK")
+                self._depth = depth
+                self._rollback(depth)
                 raise
-            else:
-                try:
-                    self._db.execute("COMMIT")
-                except sqlite3.DatabaseError as exc:
-                    self._db.execute("ROLLBACK")
-                    raise StoreError(f"{self.path}: commit failed ({exc})") from None
+            self._depth = depth
+            if depth:
+                self._db.execute(f"RELEASE forge_{depth}")
+                return
+            self._tx_vseq = None
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                self._seen_error(exc)
+                self._rollback(0)
+                raise StoreError(f"{self.path}: commit failed ({exc})") from None
+            done, self._after_commit = self._after_commit, []
+            for fn in done:
+                fn()
+
+    def _rollback(self, depth: int) -> None:
+        try:
+            if depth:
+                self._db.execute(f"ROLLBACK TO forge_{depth}")
+                self._db.execute(f"RELEASE forge_{depth}")
+                return
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+        except sqlite3.DatabaseError:
+            pass  # SQLite already rolled back (e.g. after a full disk or an I/O error)
+        if depth == 0:
+            self._after_commit.clear()
+            self._tx_vseq = None
+            # The dimension may have been fixed by a write that is now undone.
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'dim'").fetchone()
+            self._dim = int(row[0]) if row and row[0] else None
 
     def _q(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
+            if self._db is None:
+                raise StoreError(f"{self.path}: the store is closed")
             try:
                 return self._db.execute(sql, params).fetchall()
             except sqlite3.DatabaseError as exc:
+                self._seen_error(exc)
                 raise StoreError(f"{self.path}: query failed ({exc})") from None
 
     def _setting(self, key: str) -> str | None:
@@ -215,7 +355,8 @@ class SQLiteStore:
 
     @property
     def info(self) -> Mapping[str, Any]:
-        return {"backend": "sqlite", "path": self.path, "ann": "usearch", "fts": "fts5", "dim": self._dim}
+        return {"backend": "sqlite", "path": self.path, "ann": "usearch", "fts": "fts5", "dim": self._dim,
+                "readonly": self.readonly}
 
     def settings(self) -> dict[str, str]:
         return dict(self._q("SELECT key, value FROM meta"))
@@ -245,6 +386,8 @@ class SQLiteStore:
 
     def _next_vseq(self, db: sqlite3.Connection) -> int:
         seq = int(db.execute("SELECT value FROM meta WHERE key='vseq'").fetchone()[0]) + 1
+        if self._tx_vseq is None:
+            self._tx_vseq = seq - 1  # what is committed: the index may catch up to here
         db.execute("UPDATE meta SET value = ? WHERE key = 'vseq'", (str(seq),))
         return seq
 
@@ -260,10 +403,16 @@ class SQLiteStore:
         with self._tx() as db:
             self._fix_dim(db, vectors)
             self._insert_units(db, units, vectors, actor=actor, now=now)
-        if vectors is not None and self._dim is None:
-            self._dim = vectors.shape[1]
-        self._sync_index_after_write()
+            self._wrote(vectors)
         return ids
+
+    def _wrote(self, vectors: np.ndarray | None) -> None:
+        """Inside a write transaction that stored ``vectors``: fix the dimension now (later
+        writes in the same transaction are checked against it), update the index on commit."""
+        if vectors is not None:
+            if self._dim is None:
+                self._dim = vectors.shape[1]
+            self._on_commit(self._sync_index_after_write)
 
     def _insert_units(
         self,
@@ -279,6 +428,7 @@ class SQLiteStore:
         rows = []
         for i, u in enumerate(units):
             rows.append(_unit_row(u) + ((vectors[i].tobytes() if vectors is not None else None), seq))
+        db.execute("SAVEPOINT forge_insert")
         try:
             db.executemany(
                 f"INSERT INTO units ({_COLUMNS}, search_text, vector, vseq) "
@@ -286,13 +436,20 @@ class SQLiteStore:
                 rows,
             )
         except sqlite3.IntegrityError:
-            existing = [
-                r[0]
-                for r in db.execute(
-                    f"SELECT id FROM units WHERE id IN ({','.join('?' * len(units))})", [u.id for u in units]
+            # Undo the rows of this batch that went in, so the ids found are the ones that
+            # were there before (not this batch's own first rows).
+            db.execute("ROLLBACK TO forge_insert")
+            db.execute("RELEASE forge_insert")
+            existing: set[str] = set()
+            batch_ids = [u.id for u in units]
+            for chunk in _chunks(batch_ids, 500):
+                existing.update(
+                    r[0] for r in db.execute(f"SELECT id FROM units WHERE id IN ({','.join('?' * len(chunk))})", chunk)
                 )
-            ]
-            raise ValidationError(f"unit id already exists: {existing[0] if existing else '?'}") from None
+            first = next((i for i, uid in enumerate(batch_ids) if uid in existing), None)
+            where = f"unit {first + 1} of {len(units)}, id {batch_ids[first]}" if first is not None else "unknown unit"
+            raise ValidationError(f"unit id already exists: {where}") from None
+        db.execute("RELEASE forge_insert")
         tag_rows = [(u.id, t) for u in units for t in u.context.tags]
         if tag_rows:
             db.executemany(
@@ -332,9 +489,7 @@ class SQLiteStore:
                 "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'update', ?, ?, ?)",
                 (now, unit.id, actor, json.dumps(changes)),
             )
-        if vectors is not None and self._dim is None:
-            self._dim = vectors.shape[1]
-        self._sync_index_after_write()
+            self._wrote(vectors)
         return unit
 
     def set_status(self, unit_id: str, status: Status, *, reason: str, actor: str = "") -> None:
@@ -413,6 +568,9 @@ class SQLiteStore:
         return [out[i] for i in ids if i in out]
 
     def list(self, *, viewer: Viewer, filter: Filter = Filter(), limit: int = 100, offset: int = 0) -> list[Unit]:
+        limit, offset = _count_arg(limit, "limit"), _int_arg(offset, "offset")
+        if offset < 0:
+            raise ValidationError("offset cannot be negative")
         where, params = _where(viewer, filter)
         rows = self._q(
             f"SELECT {_COLUMNS} FROM units WHERE {where} ORDER BY created_at, rowid LIMIT ? OFFSET ?",
@@ -424,18 +582,42 @@ class SQLiteStore:
         where, params = _where(viewer, filter)
         return self._q(f"SELECT count(*) FROM units WHERE {where}", params)[0][0]
 
-    def vector(self, unit_id: str) -> np.ndarray | None:
-        row = self._q("SELECT vector FROM units WHERE id = ?", (unit_id,))
+    def vector(self, unit_id: str, *, viewer: Viewer) -> np.ndarray | None:
+        where, params = _where(viewer, ANY_STATUS)
+        row = self._q(f"SELECT vector FROM units WHERE id = ? AND {where}", (unit_id, *params))
         if not row:
             raise NotFoundError(f"no unit with id {unit_id}")
         return None if row[0][0] is None else np.frombuffer(row[0][0], dtype=np.float32).copy()
 
-    def relations(self, unit_id: str) -> list[Relation]:
+    def relations(self, unit_id: str, *, viewer: Viewer) -> list[Relation]:
+        """Relations of a unit whose both ends ``viewer`` may see (none if it may not see the unit)."""
+        sql = "SELECT r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r"
+        params: list[Any] = []
+        cond = ""
+        if not viewer.operator:
+            ws, ps = _where(viewer, ANY_STATUS, alias="s")
+            wd, pd = _where(viewer, ANY_STATUS, alias="d")
+            sql += " JOIN units s ON s.id = r.src JOIN units d ON d.id = r.dst"
+            cond = f" AND {ws} AND {wd}"
+            params = [*ps, *pd]
         rows = self._q(
-            "SELECT src, dst, type, weight, created_at, note FROM relations WHERE src = ? OR dst = ? ORDER BY created_at",
-            (unit_id, unit_id),
+            f"{sql} WHERE (r.src = ? OR r.dst = ?){cond} ORDER BY r.created_at",
+            (unit_id, unit_id, *params),
         )
         return [Relation(*r) for r in rows]
+
+    def _visible_ids(self, ids: Iterable[str], viewer: Viewer) -> set[str]:
+        """Which of ``ids`` name units ``viewer`` may see (any status)."""
+        ids = list(dict.fromkeys(ids))
+        if viewer.operator:
+            return set(ids)
+        where, params = _where(viewer, ANY_STATUS)
+        out: set[str] = set()
+        for chunk in _chunks(ids, 500):
+            out.update(
+                r[0] for r in self._q(f"SELECT id FROM units WHERE id IN ({','.join('?' * len(chunk))}) AND {where}", (*chunk, *params))
+            )
+        return out
 
     def get_episode(self, episode_id: str) -> Episode:
         row = self._q("SELECT body FROM episodes WHERE id = ?", (episode_id,))
@@ -443,14 +625,70 @@ class SQLiteStore:
             raise NotFoundError(f"no episode with id {episode_id}")
         return Episode.from_dict(json.loads(row[0][0]))
 
-    def events(self, *, since_seq: int = 0, unit_id: str | None = None, limit: int = 1000) -> list[Event]:
-        sql = "SELECT seq, ts, op, unit_id, actor, data FROM events WHERE seq > ?"
-        params: list[Any] = [since_seq]
-        if unit_id is not None:
-            sql += " AND unit_id = ?"
-            params.append(unit_id)
-        rows = self._q(sql + " ORDER BY seq LIMIT ?", (*params, limit))
-        return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+    def events(
+        self, *, viewer: Viewer, since_seq: int = 0, unit_id: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        """The change log, oldest first, as ``viewer`` may see it.
+
+        The operator sees every event. An agent sees the events of units it may see now,
+        and of each event only what it could see then: a unit that was private to another
+        agent before it was shared shows that it changed, not what it said before; an event
+        that names a unit the agent may not see (a relation to it) is left out.
+        """
+        limit = _count_arg(limit, "limit")
+        since_seq = _int_arg(since_seq, "since_seq")
+        if viewer.operator:
+            sql = "SELECT seq, ts, op, unit_id, actor, data FROM events WHERE seq > ?"
+            params: list[Any] = [since_seq]
+            if unit_id is not None:
+                sql += " AND unit_id = ?"
+                params.append(unit_id)
+            rows = self._q(sql + " ORDER BY seq LIMIT ?", (*params, limit))
+            return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+        where, wparams = _where(viewer, ANY_STATUS, alias="u")
+        sql = (
+            "SELECT e.seq, e.ts, e.op, e.unit_id, e.actor, e.data, u.scope, u.owner FROM events e "
+            f"JOIN units u ON u.id = e.unit_id WHERE e.seq > ?{' AND e.unit_id = ?' if unit_id is not None else ''} AND {where}"
+        )
+        params = [since_seq, *([unit_id] if unit_id is not None else []), *wparams]
+        rows = self._q(sql + " ORDER BY e.seq LIMIT ?", (*params, limit))
+        if not rows:
+            return []
+        # Scope and owner changes after each event, to know what the unit was at that time.
+        ids = sorted({r[3] for r in rows})
+        later: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        for chunk in _chunks(ids, 500):
+            for seq, uid, data in self._q(
+                f"SELECT seq, unit_id, data FROM events WHERE op = 'update' AND seq > ? AND unit_id IN ({','.join('?' * len(chunk))}) ORDER BY seq DESC",
+                (rows[0][0] - 1, *chunk),
+            ):
+                d = json.loads(data)
+                if "scope" in d or "owner" in d:
+                    later.setdefault(uid, []).append((seq, d))
+        named = {json.loads(r[5]).get(k) for r in rows if r[2] == "relate" for k in ("src", "dst")}
+        visible_named = self._visible_ids([n for n in named if isinstance(n, str)], viewer)
+        out = []
+        for seq, ts, op, uid, actor, data, scope, owner in rows:
+            d = json.loads(data)
+            after = (scope, owner)
+            for s_seq, change in later.get(uid, []):  # newest first: undo changes made after this event
+                if s_seq <= seq:
+                    break
+                after = _before(after, change)
+            before = _before(after, d) if op == "update" else after
+            see_after, see_before = _sees(viewer, *after), _sees(viewer, *before)
+            if op == "relate" and not {d.get("src"), d.get("dst")} <= visible_named:
+                continue  # it names a unit this viewer may not see
+            if op == "update":
+                d = {
+                    k: {"from": v.get("from") if see_before else _HIDDEN, "to": v.get("to") if see_after else _HIDDEN}
+                    if isinstance(v, Mapping) else _HIDDEN
+                    for k, v in d.items()
+                }
+            elif not see_after:
+                d = {"hidden": _HIDDEN}
+            out.append(Event(seq, ts, op, uid, actor, d))
+        return out
 
     # -- search ---------------------------------------------------------------------------
     def _sync_index_after_write(self) -> None:
@@ -463,24 +701,35 @@ class SQLiteStore:
         if self._index is None:
             path = Path(self.path + ".usearch") if self._file is not None else None
             index = VectorIndex(dim=self._dim, path=path)
-            index.load()
+            settings = self.settings()
+            index.load(
+                db_id=settings.get("db_id", ""),
+                gen=int(settings.get("vgen") or 0),
+                max_seq=int(settings.get("vseq") or 0),
+            )
             self._index = index
         self._catch_up()
         return self._index
 
     def _catch_up(self) -> None:
         index = self._index
+        if index is None:
+            return
         target = int(self._setting("vseq") or 0)
-        if index is None or index.seq >= target:
+        if self._depth and self._tx_vseq is not None:
+            # Inside a transaction the index takes only what is committed: rows written
+            # here may still be rolled back. It catches up with them after the commit.
+            target = min(target, self._tx_vseq)
+        if index.seq >= target:
             return
 
         def rows(after: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
             last_rowid = 0
             while True:
                 batch = self._q(
-                    "SELECT rowid, vector, vseq FROM units WHERE vseq > ? AND vector IS NOT NULL AND rowid > ? "
-                    "ORDER BY rowid LIMIT 20000",
-                    (after, last_rowid),
+                    "SELECT rowid, vector, vseq FROM units WHERE vseq > ? AND vseq <= ? AND vector IS NOT NULL "
+                    "AND rowid > ? ORDER BY rowid LIMIT 20000",
+                    (after, target, last_rowid),
                 )
                 if not batch:
                     return
@@ -492,7 +741,13 @@ class SQLiteStore:
         index.catch_up(rows, target=target)
 
     def vector_search(self, query: np.ndarray, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
-        query = np.asarray(query, dtype=np.float32).reshape(-1)
+        k = _count_arg(k, "k")
+        try:
+            query = np.asarray(query, dtype=np.float32).reshape(-1)
+        except (TypeError, ValueError):
+            raise ValidationError("a vector query must be a list of numbers") from None
+        if not np.isfinite(query).all():
+            raise ValidationError("the query vector contains NaN or infinite values")
         if self._dim is not None and query.shape[0] != self._dim:
             raise DimensionError(self._dim, query.shape[0])
         index = self._ensure_index()
@@ -540,6 +795,9 @@ class SQLiteStore:
         return [Hit(ids[r], s) for r, s in pairs if r in ids]
 
     def keyword_search(self, query: str, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
+        k = _count_arg(k, "k")
+        if not isinstance(query, str):
+            raise ValidationError(f"a keyword query must be a string, got {type(query).__name__}")
         words = query_words(query)
         if not words or k <= 0:
             return []
@@ -585,6 +843,8 @@ class SQLiteStore:
         types: Iterable[RelationType] = (),
         filter: Filter = Filter(),
     ) -> list[tuple[str, Relation]]:
+        # Seeds the viewer may not see have no neighbours for it: their relations are theirs.
+        ids = [i for i in dict.fromkeys(ids) if i in self._visible_ids(ids, viewer)] if not viewer.operator else list(ids)
         if not ids:
             return []
         types = [RelationType.parse(t).value for t in types]
@@ -600,13 +860,19 @@ class SQLiteStore:
         return [(r[0], Relation(*r[1:])) for r in rows]
 
     # -- bulk -----------------------------------------------------------------------------
-    def export_records(self) -> Iterator[dict[str, Any]]:
-        """Every unit (with its vector), relation and episode, as JSON-ready records."""
+    def export_records(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
+        """Every unit (with its vector), relation and episode ``viewer`` may see, as JSON-ready
+        records: the operator gets everything; an agent its visible units, the relations
+        between them, and its own episodes."""
         import base64
 
+        where, params = _where(viewer, ANY_STATUS)
         last = 0
         while True:
-            rows = self._q(f"SELECT rowid, {_COLUMNS}, vector FROM units WHERE rowid > ? ORDER BY rowid LIMIT 1000", (last,))
+            rows = self._q(
+                f"SELECT rowid, {_COLUMNS}, vector FROM units WHERE rowid > ? AND {where} ORDER BY rowid LIMIT 1000",
+                (last, *params),
+            )
             if not rows:
                 break
             for r in rows:
@@ -615,9 +881,18 @@ class SQLiteStore:
                     rec["vector"] = base64.b64encode(r[-1]).decode()
                 yield rec
             last = rows[-1][0]
-        for r in self._q("SELECT src, dst, type, weight, created_at, note FROM relations ORDER BY rowid"):
+        rel_sql = "SELECT r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r"
+        rel_params: list[Any] = []
+        ep_sql, ep_params = "SELECT body FROM episodes", []
+        if not viewer.operator:
+            ws, ps = _where(viewer, ANY_STATUS, alias="s")
+            wd, pd = _where(viewer, ANY_STATUS, alias="d")
+            rel_sql += f" JOIN units s ON s.id = r.src JOIN units d ON d.id = r.dst WHERE {ws} AND {wd}"
+            rel_params = [*ps, *pd]
+            ep_sql, ep_params = "SELECT body FROM episodes WHERE agent = ?", [viewer.agent or "\x00"]
+        for r in self._q(rel_sql + " ORDER BY r.rowid", rel_params):
             yield {"record": "relation", **Relation(*r).to_dict()}
-        for (body,) in self._q("SELECT body FROM episodes ORDER BY created_at, id"):
+        for (body,) in self._q(ep_sql + " ORDER BY created_at, id", ep_params):
             yield {"record": "episode", **json.loads(body)}
 
     def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
@@ -639,6 +914,8 @@ class SQLiteStore:
                     vec = rec.pop("vector", None)
                     units.append(Unit.from_dict(rec))
                     if vec is not None:
+                        if not isinstance(vec, str):
+                            raise ValidationError(f"vector must be a base64 string of float32 values, got {type(vec).__name__}")
                         try:
                             vecs.append(np.frombuffer(base64.b64decode(vec, validate=True), dtype=np.float32))
                         except ValueError:
@@ -653,6 +930,8 @@ class SQLiteStore:
                     raise ValidationError(f"unknown record {kind!r}; expected 'record' to be unit, relation or episode")
             except ValidationError as exc:
                 raise ValidationError(f"record {i}: {exc}") from None
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
+                raise ValidationError(f"record {i}: {type(exc).__name__}: {str(exc)[:200]}") from None
             n += 1
         with_vec = [v for v in vecs if v is not None]
         if with_vec and len(with_vec) != len(vecs):
@@ -687,9 +966,7 @@ class SQLiteStore:
                 "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'import', NULL, ?, ?)",
                 (now, actor, json.dumps({"units": len(units), "relations": len(relations), "episodes": len(episodes)})),
             )
-        if matrix is not None and self._dim is None:
-            self._dim = matrix.shape[1]
-        self._sync_index_after_write()
+            self._wrote(matrix)
         return n
 
     def stats(self) -> dict[str, Any]:
@@ -710,16 +987,34 @@ class SQLiteStore:
         }
 
     def flush(self) -> None:
-        """Persist the vector index now (it is also saved on close)."""
-        if self._index is not None:
-            self._index.save()
+        """Persist the vector index now (it is also saved on close).
+
+        The save bumps the database's index generation in the same write transaction, so
+        the file on disk and the database name each other; it is skipped for a read-only
+        or corrupt database, whose index lives in memory only.
+        """
+        index = self._index
+        if index is None or not index.dirty or index.path is None or self.readonly or self._corrupt:
+            return
+        with self._lock, self._tx(check=False) as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'vgen'").fetchone()
+            gen = int(row[0]) + 1 if row else 1
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('vgen', ?)", (str(gen),))
+            db_id = db.execute("SELECT value FROM meta WHERE key = 'db_id'").fetchone()
+            try:
+                index.save(db_id=db_id[0] if db_id else "", gen=gen)
+            except OSError as exc:
+                raise StoreError(f"{index.path}: cannot save the vector index ({exc})") from None
 
     def close(self) -> None:
         with self._lock:
             if self._db is None:
                 return
             try:
-                self.flush()
+                # The index is a cache: failing to save it costs a rebuild on the next open,
+                # never data, so closing does not fail for it.
+                with contextlib.suppress(StoreError, OSError):
+                    self.flush()
             finally:
                 self._db.close()
                 self._db = None  # type: ignore[assignment]
@@ -734,14 +1029,24 @@ class SQLiteStore:
 # -- helpers ------------------------------------------------------------------------------
 
 
+def _writable(path: Path) -> bool:
+    """Whether this process may write the file and create its -wal/-shm companions."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK | os.X_OK)
+
+
+def _is_corruption(exc: sqlite3.DatabaseError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None) or 0
+    return code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
 def _check_file(path: Path, *, create: bool) -> None:
     if path.is_dir():
-        raise StoreError(f"{path}: is a directory, not a database file")
+        raise ConfigError(f"{path}: is a directory, not a database file")
     if not path.exists():
         if not create:
             raise NotFoundError(f"{path}: no such database; create it with 'forge add' or 'forge import'")
         if not path.parent.exists():
-            raise StoreError(f"{path.parent}: directory does not exist")
+            raise ConfigError(f"{path.parent}: directory does not exist")
         return
     if path.stat().st_size == 0:
         return
@@ -749,6 +1054,44 @@ def _check_file(path: Path, *, create: bool) -> None:
         head = fh.read(16)
     if head != b"SQLite format 3\x00":
         raise StoreError(f"{path}: not a FORGE database (not an SQLite file, or corrupt)")
+
+
+_HIDDEN = "(hidden)"  # what an agent sees of a value it could not see when it was written
+
+
+def _sees(viewer: Viewer, scope: Any, owner: Any) -> bool:
+    """Whether ``viewer`` may see a unit with this scope and owner."""
+    if viewer.operator or scope == "global":
+        return True
+    if scope == "private":
+        return bool(owner) and owner == viewer.agent
+    return isinstance(scope, str) and scope.startswith("group:") and scope[6:] in viewer.groups
+
+
+def _before(state: tuple[Any, Any], change: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(scope, owner) before an update event whose diff is ``change``."""
+    scope, owner = state
+    if isinstance(change.get("scope"), Mapping):
+        scope = change["scope"].get("from")
+    if isinstance(change.get("owner"), Mapping):
+        owner = change["owner"].get("from")
+    return scope, owner
+
+
+def _int_arg(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"{name} must be an integer, got {type(value).__name__}")
+    if not -(2**63) <= value < 2**63:
+        raise ValidationError(f"{name} is out of range")
+    return value
+
+
+def _count_arg(value: Any, name: str, *, most: int = MAX_RESULTS) -> int:
+    """A result count: an integer from 0 to ``most``."""
+    value = _int_arg(value, name)
+    if not 0 <= value <= most:
+        raise ValidationError(f"{name} must be between 0 and {most}, got {value}")
+    return value
 
 
 def _split_sql(script: str) -> list[str]:

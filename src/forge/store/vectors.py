@@ -6,6 +6,14 @@ stamps the row with it; the index file is saved with the counter it has caught u
 open, a missing or unreadable file means a full rebuild and an older counter means
 replaying only the rows written since, so a crash costs a catch-up, never a wrong answer.
 
+The file is bound to its database: the database has a random id and an index generation
+(``db_id``, ``vgen`` in its meta table), bumped each time the index is saved, and the
+index's own meta file records both. An index whose id or generation does not match, or
+whose counter is ahead of the database's, belongs to another database (a file recreated
+under the same name, a backup restored beside a newer index) and is rebuilt. Saves write
+uniquely named temporary files and rename them into place, under the database's write
+lock, so processes saving one database's index at once do not trip over each other.
+
 Why usearch (bench/ann_choice.py, 100k clustered 384-d vectors, same HNSW M=16 / ef=128):
 all three libraries reach recall@10 >= 0.97 at ef_search 32 and 1.00 at 96; hnswlib built 2x
 faster and answered ~3x faster (0.43 vs 1.3 ms p50 at ef 96), faiss similar to hnswlib. We
@@ -16,6 +24,7 @@ at 100k units, where SQLite dominates. Swapping libraries touches only this modu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -60,35 +69,56 @@ class VectorIndex:
     def _meta_path(self) -> Path | None:
         return self.path.with_name(self.path.name + ".json") if self.path else None
 
-    def load(self) -> bool:
-        """Load the saved index if it exists and is readable; False means rebuild it."""
+    @property
+    def dirty(self) -> bool:
+        """Whether the index changed since it was loaded or saved."""
+        return self._dirty
+
+    def load(self, *, db_id: str | None = None, gen: int = 0, max_seq: int | None = None) -> bool:
+        """Load the saved index if it is readable and belongs to this database state.
+
+        ``db_id`` and ``gen`` are the database's; ``max_seq`` its vector counter. False
+        means: rebuild it from the database.
+        """
         if not self.path or not self.path.exists() or not self._meta_path.exists():
             return False
         try:
             meta = json.loads(self._meta_path.read_text())
             if meta.get("dim") != self.dim:
                 return False
+            if db_id is not None and (meta.get("db_id") != db_id or int(meta.get("gen", -1)) != gen):
+                return False  # another database's index, or an older/newer one of this database
+            seq = int(meta["seq"])
+            if max_seq is not None and seq > max_seq:
+                return False  # ahead of the database: it reflects writes this file never had
             self._index.load(str(self.path))
             if len(self._index) != meta.get("count"):
                 raise ValueError("count mismatch")
-            self.seq = int(meta["seq"])
+            self.seq = seq
         except Exception:  # any unreadable index is just rebuilt from the database
             self._index.reset()
             self.seq = 0
             return False
         return True
 
-    def save(self) -> None:
-        """Write the index atomically (temp file + rename), then its counter."""
-        if not self.path or not self._dirty:
+    def save(self, *, db_id: str | None = None, gen: int = 0) -> None:
+        """Write the index and its meta atomically (unique temp files + rename)."""
+        if not self.path:
             return
         with self._lock:
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            self._index.save(str(tmp))
-            os.replace(tmp, self.path)
-            meta_tmp = self._meta_path.with_name(self._meta_path.name + ".tmp")
-            meta_tmp.write_text(json.dumps({"seq": self.seq, "dim": self.dim, "count": len(self._index)}))
-            os.replace(meta_tmp, self._meta_path)
+            tag = f".{os.getpid()}.{os.urandom(4).hex()}.tmp"
+            tmp = self.path.with_name(self.path.name + tag)
+            meta_tmp = self._meta_path.with_name(self._meta_path.name + tag)
+            try:
+                self._index.save(str(tmp))
+                meta = {"seq": self.seq, "dim": self.dim, "count": len(self._index), "db_id": db_id, "gen": gen}
+                meta_tmp.write_text(json.dumps(meta))
+                os.replace(tmp, self.path)
+                os.replace(meta_tmp, self._meta_path)
+            finally:
+                for leftover in (tmp, meta_tmp):
+                    with contextlib.suppress(OSError):
+                        leftover.unlink()
             self._dirty = False
 
     # -- updates ----------------------------------------------------------------------
