@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -346,3 +347,93 @@ def test_store_reads_validate_counts(memory):
     ):
         with pytest.raises(ValidationError):
             call()
+
+
+# -- damaged and read-only database files ---------------------------------------------------
+
+
+def _filled(path, n: int = 400) -> list[Unit]:
+    units = [Unit(f"unit number {i} " + "padding " * 40) for i in range(n)]
+    with SQLiteStore(path) as s:
+        s.add(units, np.random.default_rng(0).normal(size=(n, 16)).astype(np.float32))
+    return units
+
+
+def test_a_database_with_corrupt_pages_refuses_writes(tmp_path):
+    import os
+
+    db = tmp_path / "x.db"
+    _filled(db)
+    size = db.stat().st_size
+    with db.open("r+b") as fh:  # a torn page in the middle of the file
+        fh.seek(4096 * (size // 4096 // 2))
+        fh.write(os.urandom(4096))
+    s = SQLiteStore(db)
+    with pytest.raises(StoreError, match="corrupt"):
+        s.add([Unit("new")], np.ones((1, 16), dtype=np.float32))
+    with pytest.raises(StoreError, match="corrupt"):
+        s.import_records([{"record": "unit", "content": "also new"}])
+    s.close()
+
+
+def test_corruption_met_by_a_read_stops_writes(tmp_path, monkeypatch):
+    import sqlite3
+
+    db = tmp_path / "x.db"
+    _filled(db, 5)
+    s = SQLiteStore(db)
+    s.add([Unit("fine")], np.ones((1, 16), dtype=np.float32))  # passed its check
+    err = sqlite3.DatabaseError("database disk image is malformed")
+    err.sqlite_errorcode = sqlite3.SQLITE_CORRUPT
+    s._seen_error(err)  # what _q does when a query hits a bad page
+    with pytest.raises(StoreError, match="corrupt"):
+        s.add([Unit("refused")], np.ones((1, 16), dtype=np.float32))
+    s.close()
+
+
+def test_a_read_only_database_can_be_read(tmp_path, monkeypatch):
+    db = tmp_path / "ro.db"
+    units = _filled(db, 20)
+    monkeypatch.setattr("forge.store.sqlite._writable", lambda path: False)  # as for a non-root user
+    mem = Memory(SQLiteStore(db), HashingEmbedder(16))
+    assert mem.store.readonly
+    assert mem.store.count(viewer=ADMIN) == 20
+    assert mem.store.vector_search(np.random.default_rng(0).normal(size=(20, 16))[3], k=1, viewer=ADMIN)[0].id == units[3].id
+    assert mem.recall("unit number 7", viewer=ADMIN)  # touch() is skipped, not an error
+    with pytest.raises(StoreError, match="read-only"):
+        mem.store.add([Unit("no")], np.ones((1, 16), dtype=np.float32))
+    mem.close()
+
+
+def test_a_database_on_a_read_only_file_system_can_be_read(tmp_path):
+    """For real: no write to the file or its directory (the WAL's -shm cannot be made)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to mount a read-only file system")
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    _filled(src / "ro.db", 10)
+    script = (
+        "from forge.embed import HashingEmbedder\nfrom forge.memory import Memory\n"
+        "from forge.store import SQLiteStore\nfrom forge.model import Viewer\n"
+        f"m = Memory(SQLiteStore({str(mnt / 'ro.db')!r}), HashingEmbedder(16))\n"
+        "hits = m.recall('unit number 3', viewer=Viewer.admin(), k=1)\n"
+        "print(m.store.readonly, m.store.count(viewer=Viewer.admin()), len(hits)); m.close()\n"
+    )
+    shell = (
+        f"mount --bind {src} {mnt} && mount -o remount,bind,ro {mnt} && "
+        f"exec {sys.executable} -c \"$FORGE_SCRIPT\""
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "FORGE_SCRIPT": script}
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("this machine does not allow a private mount namespace")
+    out = subprocess.run(["unshare", "-m", "sh", "-c", shell], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert out.stdout.split() == ["True", "10", "1"]
+    assert sorted(p.name for p in src.iterdir()) == ["ro.db"]  # nothing was written beside it

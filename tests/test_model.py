@@ -79,3 +79,87 @@ def test_episode_round_trip():
                  outcome={"success": False})
     assert ep.total_reward == -1.0
     assert Episode.from_dict(ep.to_dict()) == ep
+
+
+# -- types and sizes at the model edge (issue 9) ---------------------------------------------
+
+
+from forge.model import MAX_FIELD_CHARS, MAX_META_BYTES, MAX_TAGS  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"content": "x", "owner": 7}, "owner must be a string"),
+        ({"content": "x", "owner": ["a"]}, "owner must be a string"),
+        ({"content": "x", "created_at": "yesterday"}, "created_at must be a finite number"),
+        ({"content": "x", "updated_at": "now"}, "updated_at"),
+        ({"content": "x", "last_access": float("inf")}, "last_access"),
+        ({"content": "x", "confidence": "high"}, "confidence"),
+        ({"content": "x", "access_count": True}, "access_count"),
+        ({"content": 5}, "content must be a string"),
+        ({"content": "bad \ud800 text"}, "surrogate"),
+        ({"content": "x", "id": 5}, "unit id"),
+        ({"content": "x", "meta": {"blob": "y" * (MAX_META_BYTES + 1)}}, "limit"),
+        ({"content": "x", "meta": {"f": object()}}, "not JSON"),
+        ({"content": "x", "meta": [1]}, "JSON object"),
+        ({"content": "x", "context": {"domain": "d"}}, "must be a Context"),
+        ({"content": "x", "scope": 5}, "scope must be a string"),
+        ({"content": "x", "scope": "group:" + "g" * 300}, "limit"),
+    ],
+)
+def test_unit_types_and_sizes(kwargs, message):
+    with pytest.raises(ValidationError, match=message):
+        Unit(**kwargs)
+
+
+def test_context_and_provenance_limits():
+    with pytest.raises(ValidationError, match="tags"):
+        Context(tags=tuple(f"t{i}" for i in range(MAX_TAGS + 1)))
+    with pytest.raises(ValidationError, match="context.domain"):
+        Context(domain="d" * (MAX_FIELD_CHARS + 1))
+    with pytest.raises(ValidationError, match="context.task"):
+        Context(task=5)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="context tag"):
+        Context(tags=("t" * (MAX_FIELD_CHARS + 1),))
+    assert len(Context(tags=tuple(f"t{i}" for i in range(MAX_TAGS))).tags) == MAX_TAGS
+    from forge.model import Provenance
+
+    with pytest.raises(ValidationError, match="provenance.episodes"):
+        Provenance(episodes=("e",) * 1001)
+    with pytest.raises(ValidationError, match="provenance.source"):
+        Provenance(source=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"id": None}, "episode id"),
+        ({"id": ""}, "episode id"),
+        ({"steps": 5}, "steps"),
+        ({"steps": [5]}, "step must be"),
+        ({"steps": [{"reward": "lots"}]}, "reward"),
+        ({"steps": [{"action": 3}]}, "action"),
+        ({"created_at": "yesterday"}, "created_at"),
+        ({"outcome": [1]}, "outcome"),
+        ({"agent": 7}, "agent"),
+    ],
+)
+def test_episode_types(data, message):
+    with pytest.raises(ValidationError, match=message):
+        Episode.from_dict({"id": "e1", **data})
+
+
+def test_relation_types():
+    with pytest.raises(ValidationError, match="note"):
+        Relation.from_dict({"src": "a", "dst": "b", "note": {}})
+    with pytest.raises(ValidationError, match="weight"):
+        Relation("a", "b", weight="heavy")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        Relation.from_dict({"src": ["a"], "dst": "b"})
+
+
+def test_limits_accept_what_they_document():
+    meta = {"blob": "y" * (MAX_META_BYTES - 20)}
+    u = Unit("x" * MAX_CONTENT_CHARS, owner="o" * MAX_FIELD_CHARS, meta=meta)
+    assert Unit.from_dict(u.to_dict()) == u

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from forge.model import Unit, Viewer
 from forge.store import SQLiteStore
@@ -107,3 +109,169 @@ def test_writes_from_another_process_are_seen(tmp_path):
     assert _top(reader, v[2]) == "w2"
     writer.close()
     reader.close()
+
+
+# -- the index is bound to its database (issue 9) ------------------------------------------
+
+
+def _remove_db(db: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        p = Path(str(db) + suffix)
+        if p.exists():
+            p.unlink()
+
+
+def test_an_index_left_by_a_recreated_database_is_rebuilt(tmp_path):
+    db = tmp_path / "x.db"
+    s = SQLiteStore(db)
+    s.add([Unit(f"old {i}") for i in range(40)], _vecs(40, seed=1))
+    s.vector_search(_vecs(1)[0], k=1, viewer=ADMIN)
+    s.close()  # the old database's index stays beside the path
+    assert Path(str(db) + ".usearch").exists()
+    _remove_db(db)
+    s = SQLiteStore(db)  # same name, new database (same vseq after one add)
+    new = [Unit(f"new {i}") for i in range(40)]
+    v = _vecs(40, seed=2)
+    s.add(new, v)
+    hits = s.vector_search(v[7], k=1, viewer=ADMIN)
+    assert hits[0].id == new[7].id and hits[0].score == pytest.approx(1.0, abs=1e-4)
+    s.close()
+
+
+def test_an_index_newer_than_a_restored_backup_is_rebuilt(tmp_path):
+    db = tmp_path / "x.db"
+    s = SQLiteStore(db)
+    first = [Unit(f"first {i}") for i in range(30)]
+    s.add(first, _vecs(30, seed=1))
+    s.vector_search(_vecs(1)[0], k=1, viewer=ADMIN)
+    s.close()
+    backup = tmp_path / "backup.db"
+    shutil.copy(db, backup)
+    s = SQLiteStore(db)
+    s.add([Unit(f"later {i}") for i in range(30)], _vecs(30, seed=2))
+    s.vector_search(_vecs(1)[0], k=1, viewer=ADMIN)
+    s.close()  # the index now reflects rows the backup never had
+    _remove_db(db)
+    shutil.copy(backup, db)
+    s = SQLiteStore(db)
+    other = [Unit(f"other {i}") for i in range(30)]  # the restored file diverges from the index
+    v = _vecs(30, seed=3)
+    s.add(other, v)
+    for i in (0, 11, 29):
+        hit = s.vector_search(v[i], k=1, viewer=ADMIN)[0]
+        assert hit.id == other[i].id and hit.score == pytest.approx(1.0, abs=1e-4)
+    assert len(s._index) == 60
+    s.close()
+
+
+def test_a_second_opener_of_a_new_file_does_not_reset_the_counter(tmp_path, monkeypatch):
+    """Two processes open a new file at once: both see it empty, one creates it and writes;
+    the other must not then reset the vector counter (its units would never be indexed)."""
+    db = tmp_path / "race.db"
+    first = SQLiteStore(db)
+    real = SQLiteStore._owner_check
+    calls = {"n": 0}
+
+    def stale_first_look(self):
+        calls["n"] += 1
+        return 0 if calls["n"] == 1 else real(self)  # what it saw before the other's commit
+
+    first.add([Unit("a")], _vecs(1, seed=1))
+    monkeypatch.setattr(SQLiteStore, "_owner_check", stale_first_look)
+    second = SQLiteStore(db)
+    monkeypatch.undo()
+    assert second.settings()["vseq"] == "1"
+    v = _vecs(3, seed=4)
+    second.add([Unit(f"b{i}", id=f"b{i}") for i in range(3)], v)
+    assert _top(first, v[1]) == "b1"
+    first.close()
+    second.close()
+
+
+_OPEN_AND_ADD = textwrap.dedent(
+    """
+    import sys, time, numpy as np
+    from forge.model import Unit, Viewer
+    from forge.store import SQLiteStore
+    path, me, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    while time.time() < start:
+        time.sleep(0.001)
+    s = SQLiteStore(path)
+    v = np.random.default_rng(int(me)).normal(size=(5, 16)).astype(np.float32)
+    s.add([Unit(f"p{me}-{i}", id=f"p{me}-{i}") for i in range(5)], v)
+    s.vector_search(v[0], k=1, viewer=Viewer.admin())
+    s.close()
+    """
+)
+
+
+def test_processes_opening_a_new_file_at_once_all_get_indexed(tmp_path):
+    import time
+
+    for trial in range(3):
+        db = tmp_path / f"new{trial}.db"
+        start = time.time() + 1.0
+        procs = [
+            subprocess.Popen([sys.executable, "-c", _OPEN_AND_ADD, str(db), str(me), str(start)])
+            for me in range(6)
+        ]
+        assert all(p.wait(timeout=120) == 0 for p in procs)
+        s = SQLiteStore(db)
+        for me in range(6):
+            v = np.random.default_rng(me).normal(size=(5, 16)).astype(np.float32)
+            assert _top(s, v[3]) == f"p{me}-3"
+        assert s.settings()["vseq"] == "6"
+        s.close()
+
+
+def test_two_stores_saving_one_index_do_not_collide(tmp_path):
+    """Both flush the same database's index at once: no shared temp file, no crash."""
+    import threading
+
+    db = tmp_path / "m.db"
+    stores = [SQLiteStore(db), SQLiteStore(db)]
+    errors: list[BaseException] = []
+
+    def work(s: SQLiteStore, seed: int) -> None:
+        try:
+            for i in range(15):
+                s.add([Unit(f"s{seed}-{i}")], _vecs(1, seed=seed * 100 + i))
+                s.vector_search(_vecs(1)[0], k=1, viewer=ADMIN)
+                s.flush()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s, n)) for n, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert errors == []
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    s = SQLiteStore(db)
+    assert s.count(viewer=ADMIN) == 30
+    [target] = [u.id for u in s.list(viewer=ADMIN) if u.content == "s1-7"]
+    assert _top(s, _vecs(1, seed=107)[0]) == target
+    s.close()
+
+
+def test_small_stores_search_exactly(tmp_path):
+    """HNSW misses some exact matches on clustered data whatever its ef (issue 9): a store of
+    up to EXACT_MAX vectors answers exactly, matching brute force on every query."""
+    g = np.random.default_rng(0)
+    centres = g.normal(size=(20, 64))
+    x = centres[g.integers(0, 20, 3000)] + 0.05 * g.normal(size=(3000, 64))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    s = SQLiteStore(tmp_path / "m.db")
+    units = [Unit(f"u{i}", id=f"u{i}") for i in range(len(x))]
+    s.add(units, x)
+    queries = x[:300]
+    sims = queries @ x.T
+    for i, q in enumerate(queries):
+        hits = s.vector_search(q, k=10, viewer=ADMIN)
+        assert hits[0].id == f"u{i}"  # the exact match, always
+        tenth = np.sort(sims[i])[-10]  # and no better neighbour left out (ties aside)
+        assert min(h.score for h in hits) >= tenth - 1e-5
+    s.close()

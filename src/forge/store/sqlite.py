@@ -268,7 +268,8 @@ class SQLiteStore:
                 rows = [(str(exc),)]
             if rows == [("ok",)]:
                 return
-        self._corrupt = f"the database is corrupt ({rows[0][0] if rows else 'integrity check failed'})"
+        detail = " ".join(str(rows[0][0]).split()) if rows else "integrity check failed"
+        self._corrupt = f"the database is corrupt ({detail[:200]})"
 
     def _seen_error(self, exc: sqlite3.DatabaseError) -> None:
         if isinstance(exc, sqlite3.DatabaseError) and _is_corruption(exc):
@@ -506,7 +507,7 @@ class SQLiteStore:
             )
 
     def touch(self, ids: Sequence[str], *, at: float | None = None) -> None:
-        if not ids:
+        if not ids or self.readonly:  # access statistics are best effort: reading never fails for them
             return
         at = time.time() if at is None else at
         with self._tx() as db:

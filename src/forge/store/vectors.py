@@ -42,6 +42,12 @@ __all__ = ["VectorIndex"]
 CONNECTIVITY = 16
 EXPANSION_ADD = 128
 EXPANSION_SEARCH = 128
+# Up to this many vectors, search is exact (usearch's brute force over the same index):
+# about as fast as HNSW there (7.4k clustered 384-d: 6.3 vs 6.1 ms per query on a loaded
+# 2-core box, 20k: 14 vs 8 ms) and never misses. HNSW missed the exact match in 3-10 of
+# 7,400 self-queries on clustered data at every ef_search tried (128, 256, 512, 1024): the
+# misses are nodes the graph does not reach, which a wider beam does not fix.
+EXACT_MAX = 10_000
 
 
 class VectorIndex:
@@ -151,7 +157,8 @@ class VectorIndex:
         if not len(self._index) or k <= 0:
             return []
         k = min(k, len(self._index))
-        matches = self._index.search(np.asarray(query, dtype=np.float32), k)
+        exact = len(self._index) <= EXACT_MAX
+        matches = self._index.search(np.asarray(query, dtype=np.float32), k, exact=exact)
         return [(int(key), 1.0 - float(d)) for key, d in zip(matches.keys, matches.distances, strict=True)]
 
     def search_exact_among(self, query: np.ndarray, keys: list[int], k: int) -> list[tuple[int, float]]:
