@@ -125,16 +125,17 @@ def _text(value: Any, name: str, limit: int) -> str:
         raise ValidationError(f"{name} must be a string, got {_kind_of(value)}")
     if len(value) > limit:
         raise ValidationError(f"{name} is {len(value)} characters; the limit is {limit}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValidationError(f"{name} is not valid Unicode text (it contains a lone surrogate)") from None
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationError(f"{name} is not valid Unicode text (it contains a lone surrogate)") from None
     return value
 
 
 def _json_object(value: Any, name: str) -> None:
     """A JSON object (string keys, JSON values) of at most MAX_META_BYTES as UTF-8."""
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise ValidationError(f"{name} must be a JSON object, got {_kind_of(value)}")
     if not value:
         return
@@ -164,6 +165,10 @@ def _strs(values: Any, name: str) -> list[str]:
 
 
 def _float(value: Any, name: str) -> float:
+    if type(value) is float:  # the common case, without the ABC check
+        if math.isfinite(value):
+            return value
+        raise ValidationError(f"{name} must be a finite number, got {value}")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValidationError(f"{name} must be a finite number, got {_kind_of(value)}")
     try:
@@ -326,9 +331,10 @@ class Context:
         for name in ("domain", "task", "role"):
             _text(getattr(self, name), f"context.{name}", MAX_FIELD_CHARS)
         tags = self.tags
-        if isinstance(tags, str | bytes | Mapping) or not isinstance(tags, Iterable):
-            raise ValidationError("context tags must be a list of strings")
-        tags = tuple(tags)
+        if type(tags) is not tuple:
+            if isinstance(tags, str | bytes | Mapping) or not isinstance(tags, Iterable):
+                raise ValidationError("context tags must be a list of strings")
+            tags = tuple(tags)
         if not all(isinstance(t, str) for t in tags):
             raise ValidationError("context tags must be a list of strings")
         cleaned = tuple(dict.fromkeys(t.strip() for t in tags if t.strip()))
@@ -364,7 +370,11 @@ class Provenance:
     def __post_init__(self) -> None:
         _text(self.source, "provenance.source", MAX_FIELD_CHARS)
         for name in ("episodes", "derived_from"):
-            ids = tuple(_strs(getattr(self, name), f"provenance.{name}"))
+            ids = getattr(self, name)
+            if type(ids) in (tuple, list) and not ids:
+                object.__setattr__(self, name, ())
+                continue
+            ids = tuple(_strs(ids, f"provenance.{name}"))
             if len(ids) > MAX_REFS:
                 raise ValidationError(f"provenance.{name} has {len(ids)} ids; the limit is {MAX_REFS}")
             for i in ids:
