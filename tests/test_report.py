@@ -36,7 +36,7 @@ def test_report_side_by_side(runs, tmp_path):
         assert name.lower() in page.lower()
     assert "http" not in page.replace("http-equiv", "")  # self-contained: nothing fetched
     md = paths["markdown"].read_text()
-    assert "### Rules" in md and "### Examples" in md and "then do not" in md
+    assert "### Rules" in md and "### Examples" in md and "do not" in md
 
 
 def test_same_condition_twice_gets_distinct_labels(runs, tmp_path):

@@ -45,27 +45,38 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def memory_markdown(memory: Sequence[Mapping[str, Any]], *, title: str = "Champion memory") -> str:
-    """Rules and examples, grouped by role, numbered as the agent saw them."""
+    """Rules and examples (unit records), grouped by role, with their provenance and record:
+    how often each was shown to the model and how the episodes that showed it ended."""
     lines = [f"# {title}", ""]
     if not memory:
         return "\n".join([*lines, "_(empty memory)_", ""])
-    roles = list(dict.fromkeys(m["role"] for m in memory))
-    for role in roles:
+
+    def role_of(m: Mapping[str, Any]) -> str:
+        return (m.get("context") or {}).get("role") or "any role"
+
+    def record(m: Mapping[str, Any]) -> str:
+        meta = m.get("meta", {})
+        prov = m.get("provenance") or {}
+        uses = int(meta.get("uses", 0))
+        used = f"; shown {uses}x, {meta.get('successes', 0)} successes, validation {m.get('validation', 0.5):.2f}" if uses else ""
+        return f"source: {prov.get('source', '')}, stage {meta.get('stage', 0)}{used}"
+
+    for role in dict.fromkeys(role_of(m) for m in memory):
         lines.append(f"## Role: {role}")
-        rules = [m for m in memory if m["role"] == role and m["kind"] == "rule"]
-        examples = [m for m in memory if m["role"] == role and m["kind"] == "example"]
+        rules = [m for m in memory if role_of(m) == role and m["kind"] in ("rule", "lesson")]
+        examples = [m for m in memory if role_of(m) == role and m["kind"] == "example"]
         if rules:
             lines += ["", "### Rules", ""]
             for i, m in enumerate(rules):
                 tag = " _(fallback)_" if m.get("meta", {}).get("fallback") else ""
-                lines.append(f"{i}. {m['content']}  \n   source: {m.get('source', '')}, stage {m.get('stage', 0)}{tag}")
+                lines.append(f"{i}. {m['content']}  \n   {record(m)}{tag}")
         if examples:
             lines += ["", "### Examples", ""]
             for m in examples:
                 meta = m.get("meta", {})
                 tag = " _(fallback)_" if meta.get("fallback") else ""
                 lines.append(f"**{meta.get('name', 'example')}**: {meta.get('description', '')}{tag}  ")
-                lines.append(f"source: {m.get('source', '')}, stage {m.get('stage', 0)}")
+                lines.append(record(m))
                 lines.append("")
                 for s in meta.get("steps", []):
                     thought = f" _{s.get('thought')}_" if s.get("thought") else ""

@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import secrets as _secrets
 import signal
 import subprocess
@@ -42,8 +41,7 @@ from typing import Any
 import click
 
 from forge.errors import BusError, ConfigError, ForgeError, UserError
-from forge.llm.base import Completion, Request
-from forge.llm.testing import count_words, example_for_schema
+from forge.llm.testing import WalkerLLM
 
 __all__ = [
     "SECRET_ENV",
@@ -61,58 +59,6 @@ SECRET_ENV = "FORGE_SWARM_SECRET"
 TOPOLOGIES = ("full", "ring", "star", "similarity", "hierarchical")
 _DONE = ("lingering", "done", "stopped", "error")  # states after an agent's last episode
 _COLUMNS = ("episodes", "mean_return", "learned", "sent", "received", "accepted", "corroborated", "quarantined", "rejected", "conflicts", "help_asked", "help_answered", "units")
-
-
-# -- the test policy ---------------------------------------------------------------------------
-
-_RULE = re.compile(r"when (?P<when>.+?),? then do not (?P<action>[\w-]+)", re.IGNORECASE)
-_WHEN = re.compile(r"when (?P<when>.+?),? then ", re.IGNORECASE)
-_LEAN = {"down": 3.0, "right": 3.0}  # FrozenLake's goal is bottom-right: a walk that gets there sometimes
-
-
-class WalkerLLM:
-    """A deterministic stand-in model for swarms: a seeded walk that obeys its prompt's rules.
-
-    For an action choice it removes the actions that a "when <situation>, then do not
-    <action>" rule in the system prompt forbids in the current situation, then picks among
-    the rest at random, seeded by ``seed`` and the prompt (so the same agent in the same
-    state with the same memory does the same thing). Reflection requests get a minimal
-    schema answer, which makes reflection fall back to the rule derived from the trajectory.
-    """
-
-    capabilities = frozenset({"choices", "json_schema"})
-
-    def __init__(self, *, seed: int = 0, lean: Mapping[str, float] = _LEAN) -> None:
-        self.seed = seed
-        self.lean = dict(lean)
-        self.name = f"walker:{seed}"
-
-    def complete(self, request: Request) -> Completion:
-        if request.choices:
-            text = self._choose(request)
-        elif request.json_schema is not None:
-            text = json.dumps(example_for_schema(request.json_schema))
-        else:
-            text = "Keep going."
-        prompt = sum(count_words(m.content) for m in request.messages)
-        return Completion(text=text, prompt_tokens=prompt, completion_tokens=count_words(text), model=self.name)
-
-    def _choose(self, request: Request) -> str:
-        from forge.policy import summarize_observation
-
-        user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
-        system = "\n".join(m.content for m in request.messages if m.role == "system")
-        situation = " ".join(summarize_observation(user).lower().split())
-        banned = {m["action"].lower() for m in _RULE.finditer(system) if " ".join(m["when"].lower().split()).rstrip(".") == situation}
-        options = [c for c in request.choices or () if c.lower() not in banned] or list(request.choices or ())
-        rng = random.Random(f"{self.seed}|{user}")
-        return rng.choices(options, weights=[self.lean.get(o, 1.0) for o in options])[0]
-
-    def count_tokens(self, text: str) -> int:
-        return count_words(text)
-
-    def close(self) -> None:
-        return None
 
 
 # -- the stats board ---------------------------------------------------------------------------
@@ -188,19 +134,6 @@ def _check_parent(spec: Mapping[str, Any]) -> None:
         raise _Stop(0)
 
 
-def _used_ids(memory: Any, observations: Sequence[str]) -> list[str]:
-    """Memory items that spoke to a situation the episode passed through: the ones it used."""
-    from forge.policy import summarize_observation
-
-    seen = {" ".join(summarize_observation(o).lower().split()) for o in observations}
-    out = []
-    for item in memory.items:
-        m = _WHEN.match(item.content.strip())
-        if m and " ".join(m["when"].lower().split()).rstrip(".") in seen:
-            out.append(item.id)
-    return out
-
-
 def _poison(agent: str, n: int) -> list[Any]:
     """What an adversarial insider sends: an injection and a leaked secret, validly signed."""
     from forge.model import Kind, Unit
@@ -223,7 +156,6 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
     from forge.envs import make_env
     from forge.llm import MeteredLLM, TokenLedger
     from forge.policy import make_policy
-    from forge.protocols.episode import play
 
     aid, index = str(spec["agent"]), int(spec["index"])
     board = _Board(spec["bus"], spec["prefix"])
@@ -270,12 +202,8 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
             _check_parent(spec)
             agent.drain()
             seed = int(spec["seed"]) * 1_000_003 + index * 1000 + n
-            shown = agent.prompt_memory()
-            traj = play(env, policy, shown, seed=seed, tau=env.spec.tau, abort=True, max_steps=env.spec.max_steps)
-            used = _used_ids(shown, traj.observations)
-            if used:
-                agent.record_outcome(used, success=traj.total >= env.spec.success_return)
-            agent.learn(traj, env=env, seed=seed, shown=shown)
+            traj = agent.play(env, policy, seed=seed)
+            agent.learn(traj, env=env, seed=seed, policy=policy)
             failures = failures + 1 if traj.total < env.spec.success_return else 0
             if failures == 2:  # stuck twice in a row: ask the neighbours what they know
                 agent.ask_help(f"{env.spec.name}: {summarize_observation(traj.observations[-1]) if traj.observations else env.spec.description}")
