@@ -66,6 +66,7 @@ def make(
     **kw,
 ) -> Capsule:
     origin = origin or sender
+    kw.setdefault("to", ("me",))  # the receiving exchange's agent: recipients are signed
     unit = Unit(text, kind=kind, owner=origin, scope="private", confidence=confidence, meta=kw.pop("meta", {}))
     cap = Capsule(unit=unit, sender=sender, origin=origin, confidence=confidence, sent_at=clock.t if clock else 1_000_000.0, **kw)
     return keyring.sign(cap) if keyring else cap
@@ -385,7 +386,7 @@ def test_llm_assessor_and_its_fallback(memory: Memory, keyring: Keyring, clock: 
     assert ex.receive(make(keyring, clock=clock)).outcome == "accepted"
     assert "doors and keys" in llm.requests[-1].messages[-1].content
     broken = Exchange(memory, "me2", keyring, clock=clock, assessor=LLMAssessor(ScriptedLLM(["no json"] * 3)))
-    d = broken.receive(make(keyring, text="When the bell rings twice, open gate 2.", clock=clock))
+    d = broken.receive(make(keyring, text="When the bell rings twice, open gate 2.", clock=clock, to=("me2",)))
     assert d.outcome == "accepted" and "llm failed" in d.detail
 
 
