@@ -208,8 +208,8 @@ _LEET = str.maketrans({"0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t
 
 #: Cyrillic and Greek letters that look like Latin ones (NFKC leaves them alone).
 _CONFUSABLES = str.maketrans(
-    "АВЕКМНОРСТХУаеорсухіјѕԁӏɡΑΒΕΖΗΙΚΜΝΟΡΤΥΧαοριυνκτ",
-    "ABEKMHOPCTXYaeopcyxijsdlgABEZHIKMNOPTYXaopiuvkt",
+    "АВЕКМНОРСТХУаеорсухіјѕԁӏɡІЈЅӀԚԜһԛԝΑΒΕΖΗΙΚΜΝΟΡΤΥΧαοριυνκτ",
+    "ABEKMHOPCTXYaeopcyxijsdlgIJSIQWhqwABEZHIKMNOPTYXaopiuvkt",
 )
 
 # Phrases searched in the squeezed view (letters only, lower case, de-leeted): what split
@@ -636,7 +636,7 @@ class Screen:
             if any(c == "injection" for c, _, _ in encoded_finds):
                 add("injection", "encoded_payload", "instructions hidden in an encoding")
         for name in ("folded", "markup", "deleet"):
-            if name in v:
+            if name in v and not (name == "markup" and v["markup"] == v["folded"]):
                 for category, rule, excerpt in self._patterns(v[name], injection_only=name == "deleet"):
                     add(category, rule, excerpt)
         squeezed = _split_tokens(v.get("deleet", v["markup"]))
