@@ -255,7 +255,7 @@ _SECRETS_SRC: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("password_pair", re.compile(r"\b(?:creds|credentials|login|logins?|account)\s*(?:[:=]|\bare\b|\bis\b)\s*['\"]?[\w.@+-]{2,64}\s*(?:/|:|\s)\s*[^\s'\"]*[\d!@#$%^&*][^\s'\"]*", re.IGNORECASE)),
     ("assigned_secret", re.compile(
         r"\b(?:password|passwd|pwd|passcode|passphrase|secret(?:[_-]?key)?|api[_-]?key|access[_-]?key|auth[_-]?token|access[_-]?token|client[_-]?secret|private[_-]?key|token|pin\s*(?:code)?|kennwort|contraseña|senha|пароль)"
-        r"(?:\s+(?:for|to|of|on|für|para|pour|del?|du)\s+[\w.@-]+(?:\s+[\w.@-]+)?)?\s*(?:[:=]|\bis\b|\bwas\b|\bare\b|\bist\b|\bes\b|\best\b|\be\b|\bé\b|\bэто\b|是|=>|->|\bset\s+to\b|\bchanged\s+to\b)\s*['\"`]?([^\s'\"`,;]{4,})",
+        r"(?:\s+(?:for|to|of|on|für|para|pour|del?|du)\s+[\w.@-]+(?:\s+[\w.@-]+)?)?\s*(?:[:=]|\bis\b|\bwas\b|\bare\b|\bist\b|\bes\b|\best\b|\be\b|\bé\b|\bэто\b|是|=>|->|\bset\s+to\b|\bchanged\s+to\b)\s*['\"`]?([^\s'\"`,;]{4,128})",
         re.IGNORECASE,
     )),
 )
@@ -270,7 +270,11 @@ _SECRETS = _folded_patterns(_SECRETS_SRC)
 
 #: An "assigned secret" whose value is an ordinary word is a sentence ("the secret is
 #: consistency"), not a credential: a value must look made up (digit, symbol, mixed case).
-_SECRETISH = re.compile(r"(?=.*[0-9!@#$%^&*_+=?<>~])|(?=.*[a-z].*[A-Z].*[a-z])")
+def _secretish(value: str) -> bool:
+    return any(c.isdigit() or c in "!@#$%^&*_+=?<>~" for c in value) or (
+        any(c.islower() for c in value[1:]) and any(c.isupper() for c in value[1:])
+    )
+
 _PLACEHOLDER = re.compile(r"^(?:\[redacted[:\w]*\]|redacted|\*+|x+|<[^>]*>|\{[^}]*\}|\$\{?\w+\}?|%\w+%|null|none|empty|unset|required|optional|changeme|example|n/?a)$", re.IGNORECASE)
 
 
@@ -278,7 +282,7 @@ _PLACEHOLDER = re.compile(r"^(?:\[redacted[:\w]*\]|redacted|\*+|x+|<[^>]*>|\{[^}
 # Personal data
 
 
-_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
+_EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63}){0,8}\.[A-Za-z]{2,24}\b")
 _US_PHONE = re.compile(r"(?<![\w.])(?:\+?1[\s.-]?)?\(?\d{3}\)?[\s.-]\d{3}[\s.-]\d{4}(?![\w.])")
 _INTL_PHONE = re.compile(r"(?<![\w.+])\+\d{1,3}(?:[\s.-]?\(?\d{1,5}\)?){1,5}(?:[\s.-]?\d{2,5})(?![\w.])")
 _NATIONAL_PHONE = re.compile(r"(?<![\w.])\(?0\d{2,4}\)?[\s-]?\d{3,4}[\s-]?\d{3,4}(?![\w.])")
@@ -345,8 +349,8 @@ def _mask(secret: str) -> str:
 
 
 _MARKUP_HIDDEN = re.compile(
-    r"<!--(.*?)-->"
-    r"|<(\w+)[^>]*(?:display\s*:\s*none|visibility\s*:\s*hidden|font-size\s*:\s*0|opacity\s*:\s*0(?:\.0+)?\b|color\s*:\s*(?:white|#fff(?:fff)?\b|transparent)|\bhidden\b|aria-hidden)[^>]*>(.*?)</\2\s*>",
+    r"<!--(.{0,2000}?)-->"
+    r"|<(\w+)[^>]{0,400}?(?:display\s*:\s*none|visibility\s*:\s*hidden|font-size\s*:\s*0|opacity\s*:\s*0(?:\.0+)?\b|color\s*:\s*(?:white|#fff(?:fff)?\b|transparent)|\bhidden\b|aria-hidden)[^>]{0,400}>(.{0,2000}?)</\2\s*>",
     re.IGNORECASE | re.DOTALL,
 )
 _ATTR_TEXT = re.compile(r"\b(?:alt|title|aria-label|data-[\w-]+|content)\s*=\s*(['\"])(.*?)\1", re.IGNORECASE | re.DOTALL)
@@ -439,11 +443,12 @@ def _join_spaced(text: str) -> str:
 
 
 _OBF_EMAIL = re.compile(
-    r"([\w+-]+(?:(?:\s*[\[\(\{<]\s*dot\s*[\]\)\}>]\s*|\s+dot\s+|\.)[\w+-]+)*)"
+    r"([\w+-]{1,64}(?:(?:\s*[\[\(\{<]\s*dot\s*[\]\)\}>]\s*|\s+dot\s+|\.)[\w+-]{1,64}){0,6})"
     r"(?:\s*[\[\(\{<]\s*(?:at|@)\s*[\]\)\}>]\s*|\s+at\s+|\s*＠\s*|\s+@\s*|\s*@\s+)"
-    r"([\w-]+(?:(?:\s*[\[\(\{<]\s*dot\s*[\]\)\}>]\s*|\s+dot\s+|\s*\.\s*)[\w-]+)+)",
+    r"([\w-]{1,63}(?:(?:\s*[\[\(\{<]\s*dot\s*[\]\)\}>]\s*|\s+dot\s+|\s*\.\s*)[\w-]{1,63}){1,8})",
     re.IGNORECASE,
 )
+_AT_HINT = re.compile(r"[@＠]|[\[\(\{<]\s*at\s*[\]\)\}>]|\sat\s", re.IGNORECASE)
 _DOTS = re.compile(r"\s*[\[\(\{<]\s*dot\s*[\]\)\}>]\s*|\s+dot\s+|\s*\.\s*", re.IGNORECASE)
 
 
@@ -463,6 +468,8 @@ def _pii_view(text: str) -> str:
             return m.group(0)
         return f"{_DOTS.sub('.', m.group(1))}@{domain}"
 
+    if not _AT_HINT.search(text):
+        return text
     return _OBF_EMAIL.sub(join, text)
 
 
@@ -623,8 +630,10 @@ class Screen:
             add("malformed", "encoded_blob", "a long base64-like run")
         if _repetitive(text):
             add("malformed", "repetitive", "mostly one repeated token")
-        if len(text) > 4 * self.max_chars:
-            text = text[: 4 * self.max_chars]  # bound the work on what is quarantined anyway
+        # Bound the work: text past the limit is quarantined as oversized anyway, and the
+        # normalising views cost time in proportion to what they read.
+        limit = self.max_chars if "oversized" in self.categories else 4 * self.max_chars
+        text = text[:limit]
 
         v = views(text)
         if _MARKUP_HIDDEN.search(v["folded"]) and re.search(r"[A-Za-z]{3}", " ".join(g or "" for m in _MARKUP_HIDDEN.finditer(v["folded"]) for g in (m.group(1), m.group(3)))):
@@ -668,7 +677,7 @@ class Screen:
             for m in rx.finditer(text):
                 if rule == "assigned_secret":
                     value = m.group(1).rstrip(".!?)")
-                    if len(value) < 4 or not _SECRETISH.match(value) or _PLACEHOLDER.match(value) or "[REDACTED" in m.group(0):
+                    if len(value) < 4 or not _secretish(value) or _PLACEHOLDER.match(value) or "[REDACTED" in m.group(0):
                         continue
                 if "[REDACTED" in m.group(0):
                     continue
@@ -722,7 +731,7 @@ class Screen:
         out = unicodedata.normalize("NFKC", _HIDDEN.sub("", _TAGS.sub("", text)))
         for rule, rx in _SECRETS:
             if rule == "assigned_secret":
-                out = rx.sub(lambda m: m.group(0) if not _SECRETISH.match(m.group(1)) else m.group(0)[: m.start(1) - m.start(0)] + "[REDACTED:assigned_secret]", out)
+                out = rx.sub(lambda m: m.group(0) if not _secretish(m.group(1)) else m.group(0)[: m.start(1) - m.start(0)] + "[REDACTED:assigned_secret]", out)
             else:
                 out = rx.sub(f"[REDACTED:{rule}]", out)
         out = _EMAIL.sub("[REDACTED:email]", _pii_view(out))
