@@ -82,6 +82,8 @@ def _rx(pattern: str) -> re.Pattern[str]:
 
 def _strip_accents(text: str) -> str:
     """Accents off Latin letters only (``précédentes`` -> ``precedentes``); other scripts kept."""
+    if text.isascii():
+        return text
     out: list[str] = []
     for c in unicodedata.normalize("NFKD", text):
         if unicodedata.combining(c) and out and out[-1].isascii():
@@ -360,10 +362,15 @@ _HEX_RUN = re.compile(r"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}){12,}(?![0-9A-Fa-f])")
 _ESCAPES = re.compile(r"(?:\\x[0-9A-Fa-f]{2}|\\u[0-9A-Fa-f]{4}){3,}")
 
 
+_LOOKALIKE_SCRIPT = re.compile(r"[\u0370-\u03ff\u0400-\u04ff\u0500-\u052f]")
+_LATIN = re.compile(r"[A-Za-z]")
+_WORD = re.compile(r"\w+")
+
+
 def _unconfuse(m: re.Match[str]) -> str:
     word = m.group(0)
     # Only a word that mixes Latin with look-alikes is a disguise; Russian or Greek is not.
-    if re.search(r"[A-Za-z]", word) and re.search(r"[\u0370-\u03ff\u0400-\u04ff\u0500-\u052f]", word):
+    if _LATIN.search(word) and _LOOKALIKE_SCRIPT.search(word):
         return word.translate(_CONFUSABLES)
     return word
 
@@ -371,7 +378,8 @@ def _unconfuse(m: re.Match[str]) -> str:
 def _fold(text: str) -> str:
     """NFKC, invisible characters out, look-alike letters to Latin, accents dropped."""
     t = unicodedata.normalize("NFKC", _HIDDEN.sub("", _TAGS.sub("", text)))
-    t = re.sub(r"\w+", _unconfuse, t)
+    if _LOOKALIKE_SCRIPT.search(t):
+        t = _WORD.sub(_unconfuse, t)
     return _strip_accents(t)
 
 
@@ -421,16 +429,23 @@ def _split_tokens(text: str) -> str:
     return re.sub(r"[^a-z]", "", text.lower().translate(_LEET))
 
 
+_LEET_HINT = re.compile(r"[A-Za-z][0-9@$!|+€]|[0-9@$!|+€][A-Za-z]")
+_LEET_TOKEN = re.compile(r"[\w@$!|+€]+")
+_NUMBERISH = re.compile(r"[\d.,:/-]+\w{0,2}")
+
+
 def _deleet(text: str) -> str:
     """Undo digit/symbol-for-letter swaps inside words that mix both (``1gn0r3``)."""
 
     def fix(m: re.Match[str]) -> str:
         w = m.group(0)
-        if any(c.isalpha() for c in w) and any(not c.isalpha() for c in w) and not re.fullmatch(r"[\d.,:/-]+\w{0,2}", w):
+        if any(c.isalpha() for c in w) and any(not c.isalpha() for c in w) and not _NUMBERISH.fullmatch(w):
             return w.translate(_LEET)
         return w
 
-    return re.sub(r"[\w@$!|+€]+", fix, text)
+    if not _LEET_HINT.search(text):
+        return text
+    return _LEET_TOKEN.sub(fix, text)
 
 
 def _join_spaced(text: str) -> str:
