@@ -111,6 +111,7 @@ class Agent:
         topology: str | Topology = "full",
         agents: Sequence[str] | None = None,
         secret: str | bytes | None = None,
+        keyring: Keyring | None = None,
         llm: str | LLM | None = None,
         threads: int | None = None,
         profile: str = "",
@@ -118,16 +119,18 @@ class Agent:
     ) -> Agent:
         """Build an agent from strings; what it builds here it closes in :meth:`close`.
 
-        ``secret`` is the population's master secret (every agent's signing key derives
-        from it); without one a random keyring is made, which only an agent alone on an
-        in-process bus can use. ``profile`` describes the agent's work to the usefulness
+        ``keyring`` holds this agent's own Ed25519 key and its peers' public keys
+        (:meth:`Keyring.load`): no agent can sign as another. ``secret`` is the legacy
+        alternative, one master secret every agent's HMAC key derives from (any holder can
+        sign as anyone). With neither, a random in-process keyring is made, which only an
+        agent alone on an in-process bus can use. ``profile`` describes the agent's work to the usefulness
         assessor. ``threads`` caps a local LLM's CPU threads.
         """
         agents = list(agents) if agents is not None else [agent_id]
         if agent_id not in agents:
             raise ConfigError(f"agent {agent_id!r} is not among the topology's agents {agents}")
-        if secret is None and isinstance(bus, str) and not bus.startswith("memory://"):
-            raise ConfigError("agents on a shared bus need the population's master secret (secret=...)")
+        if secret is None and keyring is None and isinstance(bus, str) and not bus.startswith("memory://"):
+            raise ConfigError("agents on a shared bus need a keyring (keyring=Keyring.load(...)) or the population's master secret (secret=...)")
         owned: list[Any] = []
         try:
             emb = open_embedder(embedder) if isinstance(embedder, str) else embedder
@@ -142,7 +145,8 @@ class Agent:
                     vecs = emb.embed([f"{a} {profile}" for a in agents])
                     profiles = {a: vecs[i] for i, a in enumerate(agents)}
                 topology = open_topology(topology, agents=agents, profiles=profiles)
-            keyring = Keyring.from_secret(secret) if secret is not None else Keyring.random()
+            if keyring is None:
+                keyring = Keyring.from_secret(secret) if secret is not None else Keyring.random()
             network = Network(bus, topology, keyring=keyring)
             if isinstance(llm, str):
                 from forge.llm import open_llm

@@ -45,8 +45,9 @@ class Rejection:
 class CapsuleInbox:
     """A subscription that decodes and verifies capsules at the boundary.
 
-    With a keyring, unsigned, tampered, unknown-sender and expired capsules are rejected;
-    without one, capsules are only decoded (for transports already trusted end to end).
+    With a keyring, unsigned, tampered, unknown-sender, forged-origin and expired capsules
+    are rejected, and so are capsules not addressed to ``recipient`` (the inbox's agent);
+    without a keyring, capsules are only decoded (for transports already trusted end to end).
     """
 
     def __init__(
@@ -54,11 +55,13 @@ class CapsuleInbox:
         subscription: Subscription,
         *,
         keyring: Keyring | None,
+        recipient: str | None = None,
         clock: Callable[[], float] = time.time,
         keep: int = 256,
     ) -> None:
         self.subscription = subscription
         self.keyring = keyring
+        self.recipient = recipient
         self.clock = clock
         self.rejected: Counter[str] = Counter()
         self.rejections: deque[Rejection] = deque(maxlen=keep)  # the most recent, for inspection
@@ -70,7 +73,7 @@ class CapsuleInbox:
             try:
                 capsule = Capsule.from_json(m.payload)
                 sender = capsule.sender
-                reason = self.keyring.verify(capsule) if self.keyring is not None else None
+                reason = self.keyring.verify(capsule, recipient=self.recipient) if self.keyring is not None else None
                 if reason is None and capsule.expired(self.clock()):
                     reason = "expired"
                 detail = reason
@@ -117,11 +120,15 @@ class Network:
         return f"{self.topic_prefix}{agent}"
 
     def send_to(self, capsule: Capsule, recipients: Iterable[str]) -> dict[str, str]:
-        """Sign (as ``capsule.sender``) and publish to each recipient's inbox; returns ids."""
-        signed = capsule if capsule.signature else self.keyring.sign(capsule)
+        """Address to the recipients, sign as ``capsule.sender`` and publish; returns ids.
+
+        The recipients are signed into the capsule, so one inbox's copy is refused by any
+        other inbox. A capsule already signed for exactly these recipients goes as it is.
+        """
         agents = sorted(set(recipients) - {capsule.sender})
         if not agents:
             return {}
+        signed = capsule if capsule.signature and capsule.to == tuple(agents) else self.keyring.sign(capsule.addressed(agents))
         ids = self.bus.publish_to([self.topic(a) for a in agents], signed)
         self.sent[capsule.sender] += len(agents)
         return dict(zip(agents, ids, strict=True))
@@ -139,7 +146,7 @@ class Network:
 
     def inbox(self, agent: str, *, verify: bool = True, start: str = "earliest") -> CapsuleInbox:
         sub = self.bus.subscribe(self.topic(agent), consumer=agent, start=start)
-        return CapsuleInbox(sub, keyring=self.keyring if verify else None)
+        return CapsuleInbox(sub, keyring=self.keyring if verify else None, recipient=agent)
 
     def pump(
         self,
