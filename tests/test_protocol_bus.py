@@ -122,5 +122,5 @@ class _SplitKeyring:
     def sign(self, capsule):
         return self._sign.sign(capsule)
 
-    def verify(self, capsule):
-        return self._verify.verify(capsule)
+    def verify(self, capsule, *, recipient=None):
+        return self._verify.verify(capsule, recipient=recipient)

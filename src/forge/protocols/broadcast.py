@@ -54,7 +54,7 @@ class BusDelivery:
         exchange = Exchange(inbox, f"inst-{receiver}", self.keyring)
         try:
             capsules = [
-                self.keyring.sign(Capsule.of(u.replace(owner=sender), sender=sender, reply_to=batch))
+                self.keyring.sign(Capsule.of(u.replace(owner=sender), sender=sender, reply_to=batch).addressed([f"inst-{receiver}"]))
                 for u in units
             ]
             if capsules:
