@@ -87,6 +87,36 @@ def memory_markdown(memory: Sequence[Mapping[str, Any]], *, title: str = "Champi
     return "\n".join(lines)
 
 
+def decisions(run: Mapping[str, Any], *, limit: int = 40) -> list[dict[str, Any]]:
+    """Which memories drove which actions: the champion's evaluation steps, each with the
+    units that named its situation (read from the run's eval results and final memory)."""
+    from forge.policy import summarize_observation
+
+    champ = run["champion"]["instance"]
+    path = Path(run["run_dir"]) / "checkpoints" / "eval" / f"inst-{champ:02d}.json"
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    content = {m["id"]: m["content"] for m in run["champion"]["memory"]}
+    rows: list[dict[str, Any]] = []
+    for ep in result.get("episodes", [])[:2]:
+        for step in ep.get("steps", []):
+            info = step.get("info") or {}
+            if "now" not in info:
+                continue  # a non-acting role's step
+            rows.append({
+                "seed": ep.get("meta", {}).get("seed"),
+                "t": info.get("t"),
+                "situation": summarize_observation(step.get("observation", "")),
+                "action": step.get("action", ""),
+                "reward": step.get("reward", 0.0),
+                "memory": [content.get(i, i) for i in info.get("now", [])],
+                "shown": len(info.get("shown", [])),
+            })
+    return rows[:limit]
+
+
 def _summary_row(run: Mapping[str, Any]) -> dict[str, Any]:
     ev = run["evaluation"]
     tok = run["tokens"]
@@ -187,7 +217,19 @@ th{background:#f3f3f3}td:first-child{text-align:left}.figs{display:flex;flex-wra
 pre{background:#f8f8f8;padding:1em;overflow-x:auto;white-space:pre-wrap}"""
 
 
-def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: Mapping[str, str]) -> str:
+def _decisions_html(label: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return ""
+    body = "".join(
+        f"<tr><td>{html.escape(str(r['seed']))}/{r['t']}</td><td>{html.escape(r['situation'])}</td><td>{html.escape(r['action'])}</td>"
+        f"<td>{r['reward']:g}</td><td>{r['shown']}</td><td style='text-align:left'>{'<br>'.join(html.escape(m) for m in r['memory']) or '-'}</td></tr>"
+        for r in rows
+    )
+    return (f"<h3>{html.escape(label)}</h3><table><tr><th>seed/step</th><th>situation</th><th>action</th><th>reward</th>"
+            f"<th>units shown</th><th>memory for this situation</th></tr>{body}</table>")
+
+
+def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: Mapping[str, str], drove: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> str:
     cols = [
         ("run", "label"),
         ("mean return", "mean_return"),
@@ -220,7 +262,9 @@ def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: 
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>FORGE report</title><style>{REPORT_CSS}</style></head><body>"
         f"<h1>FORGE report</h1><ul>{settings}</ul><table><tr>{head}</tr>{body}</table>"
-        f"<h2>Figures</h2><div class='figs'>{images}</div><h2>Final champion memory</h2>{mem}</body></html>"
+        f"<h2>Figures</h2><div class='figs'>{images}</div><h2>Final champion memory</h2>{mem}"
+        f"<h2>Which memories drove which actions (champion's evaluation)</h2>"
+        f"{''.join(_decisions_html(k, v) for k, v in (drove or {}).items()) or '<p>(no recorded decisions)</p>'}</body></html>"
     )
 
 
@@ -248,11 +292,12 @@ def build_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "summary.json", "html": out / "report.html", "markdown": out / "memory.md"}
-    summary = {"runs": rows}
+    drove = {r["label"]: decisions(r) for r in runs}
+    summary: dict[str, Any] = {"runs": rows, "decisions": drove}
     if len(rows) > 1:
         summary["ratios"] = _ratios(rows)
     paths["json"].write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    paths["html"].write_text(_html(rows, figs, memories), encoding="utf-8")
+    paths["html"].write_text(_html(rows, figs, memories, drove), encoding="utf-8")
     paths["markdown"].write_text("\n\n".join(memories.values()), encoding="utf-8")
     return paths
 
