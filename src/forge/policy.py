@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from forge.envs.base import EnvSpec
 from forge.errors import ConfigError
@@ -119,9 +119,21 @@ class Policy(Protocol):
 RoleLLM = Callable[[str], LLM]
 
 
-def _system(role_prompt: str, spec: EnvSpec, memory_block: str) -> str:
+def _system(role_prompt: str, spec: EnvSpec, memory_block: str, actions: Sequence[str] = ()) -> str:
+    """Role, task, the action list and memory: everything that is the same at every step, so
+    it forms the prompt prefix llama.cpp keeps cached (an option list after the observation
+    would be re-read at every step)."""
     text = f"{role_prompt}\nTask ({spec.name}): {spec.description}"
+    if actions:
+        text += f"\nValid actions: {', '.join(actions)}. Answer with exactly one of them."
     return f"{text}\n\n{memory_block}" if memory_block else text
+
+
+def _choose(llm: LLM, system: str, user: str, options: Sequence[str], *, listed: bool, **kw: Any) -> str:
+    """Constrained choice; the options are only restated after the question when the system
+    prompt does not list them or the backend cannot enforce them with a grammar."""
+    instruct = not listed or "choices" not in getattr(llm, "capabilities", ())
+    return choose(llm, [Message("system", system), Message("user", user)], options, fallback=options[0], instruct=instruct, **kw)
 
 
 def _history_line(history: Sequence[str]) -> str:
@@ -185,7 +197,7 @@ class FlatPolicy:
         llm = self._llm("actor")
         rec = _recollection(memory, "actor")
         situation = summarize_observation(observation)
-        system = _system("You are an agent acting in an environment.", self.spec, rec.block)
+        system = _system("You are an agent acting in an environment.", self.spec, rec.block, valid_actions)
         shown = observation if self.show_map else strip_map(observation)
         now_text, now_ids = rec.now_text(situation)
         user = f"{shown}{_history_line(history)}" + (f"\n\n{now_text}" if now_text else "")
@@ -199,13 +211,9 @@ class FlatPolicy:
         if self.rule_guard:
             banned = rec.forbidden(situation)
             options = [o for o in options if o not in banned] or list(valid_actions)
-        action = choose(
-            llm,
-            [Message("system", system), Message("user", user + "\nWhich action next?")],
-            options,
-            fallback=options[0],
-            temperature=self.sampling.temperature,
-            seed=self.sampling.next_seed(),
+        action = _choose(
+            llm, system, user + "\nWhich action next?", options, listed=options == list(valid_actions),
+            temperature=self.sampling.temperature, seed=self.sampling.next_seed(),
         )
         step = Step(observation=observation, thought=thought, action=action, role="actor")
         return ActionChoice(action, (step,), tuple(rec.ids), tuple(now_ids))

@@ -25,9 +25,9 @@ __all__ = ["QUICK_DEMO", "evolve_command", "report_command"]
 QUICK_DEMO: dict[str, Any] = {
     "env": "frozenlake-4x4",
     "instances": 3,
-    "stages": 3,
+    "stages": 2,
     "attempts": 2,
-    "eval_episodes": 2,
+    "eval_episodes": 1,
     "max_steps": 10,
     "representation": "rules",
 }
