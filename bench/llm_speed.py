@@ -231,32 +231,35 @@ def _system(situation: Situation, with_rules: bool, index: int) -> str:
     return text + "\n\nRules learned from earlier episodes:\n" + "\n".join(f"- {r}" for r in rules)
 
 
-def probe(llm: Any, *, verbose: bool = False) -> dict[str, Any]:
-    """Right actions with the rules in the prompt vs without, over the 12 situations."""
+VARIANTS = ("with", "without", "near")
+
+
+def _messages(s: Situation, variant: str, index: int) -> list[Message]:
+    """``with``: the 4 rules in the system prompt; ``without``: none; ``near``: the 4 rules
+    and, as forge.prompt does at each step, the matching rule repeated before the question."""
+    system = Message("system", _system(s, variant != "without", index))
+    if variant == "near":
+        return [system, Message("user", f"Memory for this situation: {s.rule}\n\n{s.observation}")]
+    return [system, Message("user", s.observation)]
+
+
+def probe(
+    llm: Any, *, variants: tuple[str, ...] = VARIANTS, verbose: bool = False
+) -> dict[str, Any]:
+    """Right actions per prompt variant over the 12 situations (see :func:`_messages`)."""
     rows = []
     for i, s in enumerate(SITUATIONS):
-        picks = {}
-        for with_rules in (True, False):
-            messages = [
-                Message("system", _system(s, with_rules, i)),
-                Message("user", s.observation),
-            ]
-            picks[with_rules] = choose(llm, messages, s.options)
-        rows.append(
-            {"situation": s.name, "right": s.right, "with": picks[True], "without": picks[False]}
-        )
+        row = {"situation": s.name, "right": s.right}
+        for variant in variants:
+            row[variant] = choose(llm, _messages(s, variant, i), s.options)
+        rows.append(row)
         if verbose:
-            print(
-                f"  {s.name:<20} right={s.right!r:<28} with={picks[True]!r:<28} "
-                f"without={picks[False]!r}",
-                file=sys.stderr,
-            )
-    return {
-        "followed": sum(r["with"] == r["right"] for r in rows),
-        "without": sum(r["without"] == r["right"] for r in rows),
-        "n": len(rows),
-        "rows": rows,
-    }
+            picks = " ".join(f"{v}={row[v]!r}" for v in variants)
+            print(f"  {s.name:<20} right={s.right!r:<28} {picks}", file=sys.stderr)
+    out: dict[str, Any] = {"n": len(rows), "rows": rows}
+    for variant in variants:
+        out[variant] = sum(r[variant] == r["right"] for r in rows)
+    return out
 
 
 def _memory_block(n_rules: int) -> str:
@@ -319,34 +322,41 @@ def measure(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         load_s = time.perf_counter() - t0
         if args.verbose:
             print(f"{llm.name}: loaded in {load_s:.1f} s", file=sys.stderr)
-        latency = choice_latency(llm, args.runs, args.memory_rules)
-        rate = generation_rate(llm, args.runs, args.tokens)
-        rules = probe(llm, verbose=args.verbose)
-        return {
+        result: dict[str, Any] = {
             "model": llm.name,
             "threads": llm.n_threads,
             "load_s": round(load_s, 1),
-            **latency,
-            "gen_tokens_per_s": rate,
-            "probe_followed": rules["followed"],
-            "probe_without": rules["without"],
-            "probe_n": rules["n"],
-            "probe_rows": rules["rows"],
         }
+        if not args.probe_only:
+            result.update(choice_latency(llm, args.runs, args.memory_rules))
+            result["gen_tokens_per_s"] = generation_rate(llm, args.runs, args.tokens)
+        variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+        rules = probe(llm, variants=variants, verbose=args.verbose)
+        result["probe_n"] = rules["n"]
+        result.update({f"probe_{v}": rules[v] for v in variants})
+        result["probe_rows"] = rules["rows"]
+        return result
     finally:
         llm.close()
 
 
 def table(results: list[dict[str, Any]]) -> str:
+    def get(key: str, fmt: str = "{}") -> Any:
+        return lambda r: fmt.format(r[key]) if key in r else "-"
+
+    def score(key: str) -> Any:
+        return lambda r: f"{r[key]}/{r['probe_n']}" if key in r else "-"
+
     rows = [
-        ("threads", lambda r: str(r["threads"])),
-        ("load (s)", lambda r: f"{r['load_s']:.1f}"),
-        ("system prompt (tokens)", lambda r: str(r["system_prompt_tokens"])),
-        ("choice, fresh prefix (ms)", lambda r: str(r["fresh_ms"])),
-        ("choice, cached prefix (ms)", lambda r: str(r["cached_ms"])),
-        ("generation (tokens/s)", lambda r: f"{r['gen_tokens_per_s']:.1f}"),
-        ("probe: followed the rule", lambda r: f"{r['probe_followed']}/{r['probe_n']}"),
-        ("probe: right without rules", lambda r: f"{r['probe_without']}/{r['probe_n']}"),
+        ("threads", get("threads")),
+        ("load (s)", get("load_s", "{:.1f}")),
+        ("system prompt (tokens)", get("system_prompt_tokens")),
+        ("choice, fresh prefix (ms)", get("fresh_ms")),
+        ("choice, cached prefix (ms)", get("cached_ms")),
+        ("generation (tokens/s)", get("gen_tokens_per_s", "{:.1f}")),
+        ("probe: followed the rule (rules in system prompt)", score("probe_with")),
+        ("probe: followed, rule also repeated before the question", score("probe_near")),
+        ("probe: right without rules", score("probe_without")),
     ]
     head = ["", *(r["model"] for r in results)]
     body = [[label, *(fmt(r) for r in results)] for label, fmt in rows]
@@ -371,6 +381,12 @@ def main() -> None:
         default=24,
         help="rules in the memory block of the latency prompt",
     )
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="probe prompt variants: with, without, near (default: all)",
+    )
+    parser.add_argument("--probe-only", action="store_true", help="skip the timings")
     parser.add_argument("--verbose", action="store_true", help="per-situation picks on stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()

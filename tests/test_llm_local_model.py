@@ -280,15 +280,16 @@ def test_the_speed_bench_probe_is_well_formed():
         "model": "m",
         "threads": 2,
         "load_s": 1.0,
-        "system_prompt_tokens": 9,
-        "fresh_ms": 5,
-        "cached_ms": 1,
-        "gen_tokens_per_s": 3.0,
-        "probe_followed": 10,
-        "probe_without": 5,
         "probe_n": 12,
+        "probe_with": 10,
+        "probe_without": 5,
     }
-    assert "| probe: followed the rule | 10/12 |" in llm_speed.table([fake])
+    text = llm_speed.table([fake])
+    assert "| probe: followed the rule (rules in system prompt) | 10/12 |" in text
+    assert "| probe: right without rules | 5/12 |" in text
+    assert "| choice, fresh prefix (ms) | - |" in text  # --probe-only leaves timings out
+    messages = llm_speed._messages(llm_speed.SITUATIONS[0], "near", 0)
+    assert messages[1].content.startswith("Memory for this situation: When")
 
 
 needs_llama = pytest.mark.skipif(
