@@ -91,7 +91,7 @@ def _line(stats: Mapping[str, Mapping[str, Any]], elapsed: float) -> str:
 @click.option("--agents", "-n", type=int, default=3, show_default=True, help="How many agent processes.")
 @click.option("--episodes", "-e", type=int, default=5, show_default=True, help="Episodes each agent plays.")
 @click.option("--env", default="frozenlake-4x4", show_default=True, help="Environment each agent plays (see forge.envs.available_envs).")
-@click.option("--llm", default="local", show_default=True, help="local (embedded SmolLM2, 1 thread per agent), openai:MODEL, local:/path.gguf, or test (scripted, instant).")
+@click.option("--llm", default="local", show_default=True, help="local (embedded Qwen2.5-Coder-1.5B), local:smollm2 (tiny, fast), openai:MODEL, local:/path.gguf, or test (scripted, instant).")
 @click.option("--topology", type=click.Choice(TOPOLOGIES), default="full", show_default=True, help="Who hears whom.")
 @click.option("--embedder", type=click.Choice(["hash", "local"]), default="hash", show_default=True, help="Embedder of every agent's store.")
 @click.option("--bus", default="redis://127.0.0.1:6379/0", show_default=True, help="The Redis the agents share.")
