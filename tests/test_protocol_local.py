@@ -22,7 +22,7 @@ pytestmark = [
     ),
 ]
 
-TINY = dict(env="frozenlake-4x4", llm="local", instances=2, stages=1, attempts=1, eval_episodes=1, max_steps=3)
+TINY = dict(env="frozenlake-4x4", llm="local:smollm2", instances=2, stages=1, attempts=1, eval_episodes=1, max_steps=3)
 
 
 def test_forge_on_the_local_model_end_to_end(tmp_path):

@@ -1,7 +1,7 @@
 """A deterministic toy "model" for protocol tests, and checks that it behaves as designed.
 
 It plays FrozenLake greedily (down until the last row, then right) and obeys rules of the
-form "when <situation>, then do not <action>" found in its prompt, so memory written by
+form "when <situation>, do not <action>" found in its prompt (parsed by forge.rules), so memory written by
 reflection really changes its behaviour. Reflection requests get ``reflection`` (garbage by
 default, so the fallback path is exercised). Module-level and picklable: worker processes
 and subprocess runs import it by name.
@@ -13,11 +13,11 @@ import functools
 import json
 import re
 
+from forge import rules
 from forge.llm.base import Request
 from forge.llm.testing import ScriptedLLM
 from forge.policy import summarize_observation
 
-RULE = re.compile(r"when (?P<when>.+?),? then do not (?P<action>\w+)", re.IGNORECASE)
 MOVES = ("left", "down", "right", "up")
 
 
@@ -29,9 +29,13 @@ def _situation(request: Request) -> str:
 
 
 def _banned(request: Request, situation: str) -> set[str]:
-    system = "\n".join(m.content for m in request.messages if m.role == "system")
-    norm = " ".join(situation.lower().split())
-    return {m["action"].lower() for m in RULE.finditer(system) if " ".join(m["when"].lower().split()) == norm}
+    out: set[str] = set()
+    for m in request.messages:
+        for line in m.content.splitlines():
+            parsed = rules.parse(line.lstrip("-*0123456789[]. ").strip(), MOVES)
+            if parsed is not None and rules.applies(parsed, situation):
+                out.update(parsed.avoid)
+    return out
 
 
 def answer(request: Request, *, reflection: str = "I think you should be careful.") -> str:

@@ -8,8 +8,7 @@ import pytest
 
 from forge.errors import ValidationError
 from forge.llm.testing import ScriptedLLM
-from forge.model import Step
-from forge.policy import MemoryItem, PromptMemory
+from forge.model import Kind, Step, Unit
 from forge.reflect import (
     Reflection,
     RuleEdit,
@@ -24,11 +23,21 @@ ACTIONS = ("left", "down", "right", "up")
 OBS = "Step 2 of 20.\nYou are at row 2, col 0 (rows 0-3), on a frozen (safe) tile. The goal is at row 3, col 3."
 
 
-def rules(*texts: str, role: str = "actor") -> list[MemoryItem]:
-    return [MemoryItem("rule", role, t) for t in texts]
+def rules(*texts: str, role: str = "actor") -> list[Unit]:
+    return [Unit(t, kind=Kind.RULE, scope="private", owner="a", context=_ctx(role), created_at=1000.0 + i) for i, t in enumerate(texts)]
 
 
-def snapshot(memory: PromptMemory | None = None, safe: tuple[str, ...] = ("right",)) -> Snapshot:
+def _ctx(role: str):
+    from forge.model import Context
+
+    return Context(role=role)
+
+
+def texts(units) -> list[str]:
+    return [u.content for u in units if u.kind is Kind.RULE]
+
+
+def snapshot(shown: list[Unit] | None = None, safe: tuple[str, ...] = ("right",)) -> Snapshot:
     steps = tuple(Step(observation=OBS, action="down", reward=r, role="actor") for r in (0.0, 0.0, -1.0))
     return Snapshot(
         env="frozenlake-4x4",
@@ -42,28 +51,33 @@ def snapshot(memory: PromptMemory | None = None, safe: tuple[str, ...] = ("right
         failing_reward=-1.0,
         failing_observation=OBS,
         tau=-0.5,
-        memory=memory or PromptMemory(),
+        shown={"actor": tuple(shown or ())},
         safe_actions=safe,
         known_names=("read_observation",),
     )
 
 
 def test_delete_indices_then_add():
-    mem = PromptMemory(tuple(rules("when a, then left", "when b, then down", "when c, then up")))
+    mem = rules("when a, then left", "when b, then down", "when c, then up")
     edit = RuleEdit("actor", delete=(0, 2), add=("when d, then right",))
-    applied = apply_reflection(mem, Reflection(edits=(edit,)))
-    assert applied.memory.rules("actor") == ["when b, then down", "when d, then right"]
-    assert [i.content for i, _ in applied.removed] == ["when a, then left", "when c, then up"]
+    applied = apply_reflection(mem, Reflection(edits=(edit,)), owner="a", shown={"actor": mem})
+    assert texts(applied.units) == ["when b, then down", "when d, then right"]
+    assert [u.content for u, _ in applied.removed] == ["when a, then left", "when c, then up"]
     assert all("deleted" in why for _, why in applied.removed)
+    new = applied.added[0]
+    assert new.owner == "a" and str(new.scope) == "private" and new.context.role == "actor"
+    assert new.provenance.source == "reflection" and new.meta["situation"] == "d"
 
 
 def test_caps_keep_newest_and_report_evicted_in_order():
-    items = rules("r0 left", "r1 left", "r2 left") + [MemoryItem("example", "actor", "e0")] + rules("r3 left")
+    items = rules("r0 left", "r1 left", "r2 left")
+    items.append(Unit("e0", kind=Kind.EXAMPLE, context=_ctx("actor"), created_at=1002.5))
+    items += [u.replace(created_at=1003.0) for u in rules("r3 left")]
     kept, evicted = enforce_caps(items, rule_cap=2, example_cap=5)
     assert [i.content for i in kept] == ["r2 left", "e0", "r3 left"]
     assert [i.content for i in evicted] == ["r0 left", "r1 left"]
-    applied = apply_reflection(PromptMemory(tuple(items)), Reflection(edits=(RuleEdit("actor", add=("when x, then up",)),)), rule_cap=2)
-    assert applied.memory.rules("actor") == ["r3 left", "when x, then up"]
+    applied = apply_reflection(items, Reflection(edits=(RuleEdit("actor", add=("when x, then up",)),)), owner="a", rule_cap=2, now=2000.0)
+    assert texts(applied.units) == ["r3 left", "when x, then up"]
     assert [why for _, why in applied.removed] == ["evicted by the memory cap (newest kept)"] * 3
 
 
@@ -81,22 +95,33 @@ def test_validate_rule_rejects_invented_names_and_actionless_rules():
 
 
 def test_reflect_valid_rules_keeps_good_drops_bad():
-    reply = json.dumps({"edits": [{"role": "actor", "delete": [7], "add": ["When at row 2, col 0, then go right", "then call jump_now()", "when x, then up"]}]})
+    reply = json.dumps({"edits": [{"role": "actor", "delete": [7], "add": [
+        "When you are at row 2, col 0, on a frozen tile, do not down; go right", "then call jump_now()", "when x, then up"]}]})
     llm = ScriptedLLM([reply])
     out = reflect(llm, snapshot(), representation="rules")
     assert not out.fallback
-    assert out.edits == (RuleEdit("actor", (), ("when at row 2, col 0, then go right", "when x, then up")),)
+    assert out.edits == (RuleEdit("actor", (), ("when you are at row 2, col 0, on a frozen tile, do not down; go right",)),)
     assert any("index 7" in d for d in out.dropped) and any("jump_now" in d for d in out.dropped)
+    assert any("no situation the agent met" in d for d in out.dropped)  # "when x" names nothing it saw
+
+
+def test_rule_recommending_the_failed_action_is_repaired_and_recorded():
+    # the rule the 1.5B model really wrote: it recommends the move that fell into the hole
+    reply = json.dumps({"edits": [{"role": "actor", "add": ["when You are at row 2, col 0, on a frozen tile, then down (reward -1)"]}]})
+    out = reflect(ScriptedLLM([reply]), snapshot(), representation="rules")
+    assert not out.fallback
+    assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
+    assert out.repaired and "recommends the action that failed" in out.repaired[0]
 
 
 def test_malformed_reflection_falls_back_to_trajectory_rule():
     llm = ScriptedLLM(["no json here", "still none", "nope"], repeat_last=True)
     out = reflect(llm, snapshot(), representation="rules", retries=1)
     assert out.fallback
-    assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, then do not down; right was safe there",)
+    assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
     assert "no valid JSON" in out.error
-    applied = apply_reflection(PromptMemory(), out)
-    assert applied.added[0].meta["fallback"] is True
+    applied = apply_reflection([], out, owner="a")
+    assert applied.added[0].meta["fallback"] is True and applied.added[0].confidence < 0.5
 
 
 def test_examples_valid_and_fallback():
@@ -124,6 +149,6 @@ def test_unknown_representation():
 
 def test_fallback_rule_not_duplicated():
     first = reflect(ScriptedLLM(["x"], repeat_last=True), snapshot(), retries=0)
-    mem = apply_reflection(PromptMemory(), first).memory
+    mem = list(apply_reflection([], first, owner="a").units)
     again = reflect(ScriptedLLM(["x"], repeat_last=True), snapshot(mem), retries=0)
     assert again.fallback and again.edits == ()

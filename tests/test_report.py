@@ -36,7 +36,20 @@ def test_report_side_by_side(runs, tmp_path):
         assert name.lower() in page.lower()
     assert "http" not in page.replace("http-equiv", "")  # self-contained: nothing fetched
     md = paths["markdown"].read_text()
-    assert "### Rules" in md and "### Examples" in md and "then do not" in md
+    assert "### Rules" in md and "### Examples" in md and "do not" in md
+
+
+def test_report_shows_which_memories_drove_which_actions(runs, tmp_path):
+    paths = build_report([runs / "zero-shot", runs / "reflexion"], tmp_path / "rep")
+    drove = json.loads(paths["json"].read_text())["decisions"]
+    assert drove["zero-shot/rules"] and all(not d["memory"] for d in drove["zero-shot/rules"])  # no memory
+    learned = drove["reflexion/rules"]
+    assert learned and all(set(d) >= {"situation", "action", "memory", "shown"} for d in learned)
+    driven = [d for d in learned if d["memory"]]
+    assert driven, "the reflexion champion's evaluation used none of its rules"
+    for d in driven:  # each listed memory names the situation the action was taken in
+        assert any(d["situation"].lower() in m.lower() for m in d["memory"])
+    assert "Which memories drove which actions" in paths["html"].read_text()
 
 
 def test_same_condition_twice_gets_distinct_labels(runs, tmp_path):

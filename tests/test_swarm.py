@@ -19,7 +19,9 @@ from click.testing import CliRunner
 import forge.swarm as swarm
 from forge.llm.base import Message, Request
 from forge.llm.structured import choose
-from forge.swarm import SECRET_ENV, SwarmConfig, WalkerLLM, swarm_command
+from forge.llm.testing import WalkerLLM
+from forge.swarm import SECRET_ENV, SwarmConfig
+from forge.swarm_cli import render_table, swarm_command
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -124,7 +126,7 @@ def test_a_crashing_agent_fails_the_run(tmp_path, redis_client, monkeypatch):
 
 def test_ctrl_c_stops_every_agent(tmp_path, redis_client):
     out = tmp_path / "swarm"
-    cmd = [sys.executable, "-c", "from forge.swarm import swarm_command; swarm_command()",
+    cmd = [sys.executable, "-c", "from forge.swarm_cli import swarm_command; swarm_command()",
            "--llm", "test", "--agents", "2", "--episodes", "100000", "--dir", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -203,7 +205,7 @@ def test_the_table_shows_every_agent_and_the_totals():
         "agent-2": {"state": "running", "episodes": 1, "mean_return": -1.0, "sent": 1, "received": 5, "quarantined": 2, "poison": True},
     }
     console = Console(record=True, width=160)
-    console.print(swarm.render_table(stats, config=SwarmConfig(episodes=2), agents=["agent-1", "agent-2", "agent-3"], title="t"))
+    console.print(render_table(stats, config=SwarmConfig(episodes=2), agents=["agent-1", "agent-2", "agent-3"], title="t"))
     text = console.export_text()
     assert "agent-2 (poison)" in text and "starting" in text  # agent-3 has not reported yet
     total = next(line for line in text.splitlines() if "total" in line)

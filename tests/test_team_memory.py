@@ -14,27 +14,32 @@ import pytest
 from forge.errors import ConfigError, NotFoundError, ValidationError
 from forge.llm.testing import ScriptedLLM
 from forge.memory import Memory
-from forge.model import Kind, Status, Viewer
+from forge.model import Context, Kind, Scope, Status, Unit, Viewer
+from forge.prompt import render_unit
+from forge.recall import approx_tokens
+from forge.reflect import Reflection, RuleEdit
+from forge.rules import parse as parse_rule
+from forge.rules import write as write_rule
 from forge.store import Filter
 from forge.team import (
     Action,
     Consolidator,
+    MemoryLayout,
     Outcome,
-    Reflection,
-    RetrievalConfig,
     Scoreboard,
+    TaskLesson,
     TeamMemory,
-    Topology,
     cluster_vectors,
     consolidate,
-    retrieve,
     rho,
-    write_reflection,
+    task_lesson,
 )
 
 LOCKS = "Check pg_locks for blocked sessions before blaming the disk."
 VACUUM = "Dead tuples pile up when autovacuum is off; run vacuum analyze on the table."
 AGENTS = ["planner", "dba", "analyst"]
+HOLE = write_rule("You are at row 1, col 0", "down", ["right"])  # a rule as forge.reflect writes it
+MOVES = ["left", "down", "right", "up"]
 
 
 @pytest.fixture
@@ -44,24 +49,23 @@ def memory(tmp_path: Path) -> Iterator[Memory]:
     m.close()
 
 
-def team(memory: Memory, topology: str = "shared", llm: ScriptedLLM | None = None) -> TeamMemory:
-    return TeamMemory(memory, team="red", agents=AGENTS, topology=topology, llm=llm)
+def team(memory: Memory, layout: str = "shared", llm: ScriptedLLM | None = None) -> TeamMemory:
+    return TeamMemory(memory, team="red", agents=AGENTS, layout=layout, llm=llm)
 
 
-def lesson(text: str, diagnosis: str | None = None) -> Reflection:
-    return Reflection((text,), diagnosis, "test")
+def lesson(text: str, diagnosis: str | None = None) -> TaskLesson:
+    return TaskLesson((text,), diagnosis, "test")
 
 
 def record(tm: TeamMemory, task: str, text: str, *, ok: bool, members=None, task_type="locks", **kw):
     members = members or list(tm.agents)
-    refl = {who: lesson(text, None if ok else "it broke") for who in [*members, "team"]}
     return tm.record_task(
         task=task,
         outcome=Outcome(success=ok, score=1.0 if ok else 0.0, messages=4),
         actions=[Action(agent=a, text=f"{a} looked at {task}", role=a) for a in members],
         team=members,
         task_type=task_type,
-        reflections=refl,
+        lesson=lesson(text, None if ok else "it broke"),
         **kw,
     )
 
@@ -75,40 +79,39 @@ def procedure_llm() -> ScriptedLLM:
 # -- the pieces ----------------------------------------------------------------------------
 
 
-def test_topology_presets_follow_the_paper() -> None:
-    assert Topology.parse("hybrid") == Topology(episodic="local", procedural="shared", transactive="both")
-    assert Topology.parse("local") == Topology("local", "local", "local")
-    assert Topology.parse("shared") == Topology("shared", "shared", "shared")
-    custom = Topology.parse("episodic=shared,procedural=local")
+def test_memory_layout_presets_follow_the_paper() -> None:
+    assert MemoryLayout.parse("hybrid") == MemoryLayout(episodic="local", procedural="shared", transactive="both")
+    assert MemoryLayout.parse("local") == MemoryLayout("local", "local", "local")
+    assert MemoryLayout.parse("shared") == MemoryLayout("shared", "shared", "shared")
+    custom = MemoryLayout.parse("episodic=shared,procedural=local")
     assert (custom.episodic, custom.procedural, custom.transactive) == ("shared", "local", "local")
-    assert str(Topology.parse("hybrid")) == "hybrid"
+    assert str(MemoryLayout.parse("hybrid")) == "hybrid"
     with pytest.raises(ConfigError):
-        Topology.parse("mesh")
+        MemoryLayout.parse("mesh")
     with pytest.raises(ConfigError):
-        Topology(episodic="everyone")
+        MemoryLayout(episodic="everyone")
 
 
-def test_reflection_from_llm_and_deterministic_fallback() -> None:
-    failed = Outcome(success=False, errors=("deadlock detected",))
-    good = ScriptedLLM(['{"lessons": ["Look for lock waits first."], "diagnosis": "a long transaction held the lock"}'])
-    r = write_reflection(good, task="slow updates", actions=[Action("dba", "ran EXPLAIN")], outcome=failed)
-    assert (r.source, r.lessons, r.diagnosis) == ("llm", ("Look for lock waits first.",), "a long transaction held the lock")
-
-    junk = ScriptedLLM(["no idea"], repeat_last=True)
-    r = write_reflection(junk, task="slow updates", actions=[Action("dba", "ran EXPLAIN")], outcome=failed)
-    assert r.source == "fallback" and "LLM failed" in r.error
-    assert r.diagnosis == "deadlock detected" and "ran EXPLAIN" in r.lessons[0]
-
-    # A failure reflection without a diagnosis is unusable too.
-    nodiag = ScriptedLLM(['{"lessons": ["Look for lock waits first."], "diagnosis": ""}'])
-    assert write_reflection(nodiag, task="t", actions=[], outcome=failed).source == "fallback"
-
-    r = write_reflection(None, task="t", actions=[], outcome=Outcome(success=True, score=1.0))
-    assert r.source == "fallback" and r.diagnosis is None and len(r.lessons) == 1
+def test_task_lesson_comes_from_the_library_reflection() -> None:
+    failed = Outcome(success=False, errors=("fell into a hole",))
+    acts = [Action("dba", "down")]
+    refl = Reflection(edits=(RuleEdit("actor", (), (HOLE,)),))
+    got = task_lesson(refl, task="cross the lake", actions=acts, outcome=failed, diagnosis="step 2 by dba: down fell")
+    assert (got.lessons, got.diagnosis, got.source) == ((HOLE,), "step 2 by dba: down fell", "llm")
+    fallback = Reflection(edits=(RuleEdit("actor", (), (HOLE,)),), fallback=True, error="no LLM")
+    assert task_lesson(fallback, task="t", actions=acts, outcome=failed).source == "fallback"
+    # A reflection with no rule left, and a failure without one: recorded from the outcome.
+    empty = task_lesson(Reflection(), task="t", actions=acts, outcome=failed)
+    assert empty.source == "record" and empty.diagnosis == "fell into a hole" and "down" in empty.lessons[0]
+    won = task_lesson(None, task="t", actions=acts, outcome=Outcome(success=True, score=1.0))
+    assert won.source == "record" and won.diagnosis is None and "this worked: down" in won.lessons[0]
+    assert TaskLesson.from_dict(got.to_dict()) == got
+    with pytest.raises(ValidationError):
+        TaskLesson.from_dict({"nope": 1})
 
 
 def test_record_task_writes_an_episode_with_the_paper_fields(memory: Memory) -> None:
-    tm = team(memory, "shared", llm=ScriptedLLM(repeat_last=True))  # obeys the schema: an 'xxxxxxxx' lesson
+    tm = team(memory, "shared")
     rec = tm.record_task(
         task="Inserts are slow on table orders",
         outcome=Outcome(success=False, score=0.2, metrics={"latency_ms": 900.0}, errors=("timeout",)),
@@ -122,7 +125,7 @@ def test_record_task_writes_an_episode_with_the_paper_fields(memory: Memory) -> 
     m = u.meta
     assert m["team"] == ["planner", "dba"] and m["actions"][0]["text"].startswith("SELECT")
     assert m["outcome"]["metrics"] == {"latency_ms": 900.0} and m["outcome"]["errors"] == ["timeout"]
-    assert 1 <= len(m["lessons"]) <= 2 and m["diagnosis"] and u.importance == 0.3
+    assert 1 <= len(m["lessons"]) <= 2 and m["diagnosis"] == "timeout" and u.importance == 0.3
     ep = memory.store.get_episode(rec.episode_id)
     assert ep.steps[0].action.startswith("SELECT") and ep.outcome["success"] is False
     assert tm.tasks_recorded == 1
@@ -130,7 +133,29 @@ def test_record_task_writes_an_episode_with_the_paper_fields(memory: Memory) -> 
         tm.record_task(task="x", outcome=Outcome(success=True), team=["stranger"])
     with pytest.raises(ValidationError):
         Outcome(success=True, score=float("inf"))
+    with pytest.raises(NotFoundError):
+        tm.record_task(task="x", outcome=Outcome(success=True), used=["no-such-unit"])
     assert tm.tasks_recorded == 1  # refused input wrote nothing
+    assert memory.store.count(viewer=Viewer.admin(), filter=Filter.make(kinds=[Kind.EPISODE])) == 1
+
+
+def test_reflected_rules_become_units_that_name_their_situation(memory: Memory) -> None:
+    tm = team(memory, "local")
+    first = record(tm, "cross the lake", HOLE, ok=False, members=["dba", "analyst"], rules=[HOLE])
+    assert len(first.rule_units) == 2  # one per local pool, like the episode
+    rule = memory.store.get(first.rule_units[0], viewer=Viewer.admin())
+    assert rule.kind is Kind.RULE and rule.owner == "dba" and rule.context.role == "actor"
+    assert rule.meta["situation"] == parse_rule(HOLE).when  # as forge.reflect stores rules
+    again = record(tm, "cross the lake again", HOLE, ok=False, members=["dba"], rules=[HOLE])
+    assert again.rule_units == ()  # a pool never holds the same rule twice
+    got = tm.recollect("dba", "cross the lake", valid_actions=MOVES)
+    assert rule.id in got.ids and "## Rules" in got.block
+    assert [u.id for u in got.now("You are at row 1, col 0")] == [rule.id]  # repeated at that step
+    assert got.now("You are at row 3, col 3") == []
+    # A rule reflection deleted is archived, not lost.
+    record(tm, "third try", "x" * 12, ok=False, members=["dba"], retire=[rule.id])
+    assert memory.store.get(rule.id, viewer=Viewer.admin()).status is Status.ARCHIVED
+    assert rule.id not in tm.recollect("dba", "cross the lake", valid_actions=MOVES).ids
 
 
 # -- consolidation ---------------------------------------------------------------------------
@@ -161,6 +186,7 @@ def test_consolidation_generalises_clusters_with_a_success_and_seeds_counts(memo
     (p,) = tm.procedures()
     assert p.id == gen.procedure and (p.successes, p.failures) == (2, 1) and p.rho == pytest.approx(2 / 3)
     assert p.title == "Diagnose lock waits" and len(p.sources) == 3 and p.scope == "group:red"
+    assert p.validation == pytest.approx(3 / 5)  # what Memory.record_use gives 2 wins, 1 loss
     # The LLM saw the successful episodes only.
     prompt = llm.last_request.messages[-1].content
     assert "orders" in prompt and "users" in prompt and "payments" not in prompt
@@ -215,20 +241,32 @@ def test_consolidation_is_observable_in_the_event_log(memory: Memory) -> None:
     assert stored.outcome["generalised"] == [pid] and stored.outcome["clusters"][0]["action"] == "generalised"
 
 
-def test_record_use_updates_counts_and_rho(memory: Memory) -> None:
+def test_outcome_credit_goes_through_memory_record_use(memory: Memory) -> None:
     tm = team(memory, "shared")
     record(tm, "orders updates hang", LOCKS, ok=True)
     pid = consolidate(tm).generalised[0].procedure
     tm.record_use([pid], success=False)
     tm.record_use([pid], success=False)
     (p,) = tm.procedures()
-    assert (p.successes, p.failures) == (1, 2) and p.rho == pytest.approx(rho(1, 2))
+    assert (p.successes, p.failures, p.uses) == (1, 2, 2) and p.rho == pytest.approx(rho(1, 2))
+    assert p.validation == pytest.approx((1 + 1) / (2 + 3))  # the engine's one formula
     assert rho(0, 0) == 0.0 and rho(3, 0) == pytest.approx(1.0, abs=1e-6)
-    record(tm, "users updates hang", LOCKS, ok=True, used_procedures=[pid])
-    assert tm.procedures()[0].successes == 2
+    ep = record(tm, "users updates hang", LOCKS, ok=True, used=[pid])
+    assert ep.credited == (pid,) and tm.procedures()[0].successes == 2
     with pytest.raises(NotFoundError):
         tm.record_use([pid, "nope"], success=True)
     assert tm.procedures()[0].successes == 2  # nothing half-written
+
+
+def test_consolidating_the_same_episodes_again_writes_the_same_procedure(tmp_path: Path) -> None:
+    ids = []
+    for run in ("a", "b"):
+        with Memory.open(tmp_path / f"{run}.db", embedder="hash") as m:
+            tm = team(m, "shared")
+            record(tm, "orders updates hang", LOCKS, ok=True)
+            record(tm, "users updates hang", LOCKS, ok=True)
+            ids.append([c.procedure for c in consolidate(tm).generalised])
+    assert ids[0] == ids[1] and ids[0][0]  # a resumed run writes (and credits) the same ids
 
 
 def test_background_consolidator_runs_every_n_tasks(memory: Memory) -> None:
@@ -247,80 +285,90 @@ def test_background_consolidator_runs_every_n_tasks(memory: Memory) -> None:
         Consolidator(tm, every=0)
 
 
-# -- retrieval -----------------------------------------------------------------------------------
+# -- prompts ------------------------------------------------------------------------------------
 
 
-def test_retrieval_prefers_procedures_that_pass_both_thresholds(memory: Memory) -> None:
+def procedure(memory: Memory, text: str, *, successes: int, failures: int, created: float) -> str:
+    """A consolidated procedure with this track record (the counts record_use moves)."""
+    unit = Unit(
+        content=text,
+        kind=Kind.PROCEDURE,
+        scope=Scope("group", "red"),
+        created_at=created,
+        validation=(1 + successes) / (2 + successes + failures),
+        importance=1.0,
+        meta={"title": text.split(":")[0], "knowledge": text, "successes": successes, "failures": failures},
+        context=Context(tags=("team:red", "layer:procedural")),
+    )
+    return memory.add(unit)[0]
+
+
+def room_for(unit: Unit, section: str = "procedures") -> int:
+    """A token budget that holds this unit's line and its section header, and no more."""
+    return approx_tokens(render_unit(unit)) + approx_tokens(f"## {section}") + 1
+
+
+def test_prompt_is_written_by_recollect_procedures_first(memory: Memory) -> None:
     tm = team(memory, "shared")
     record(tm, "orders updates hang", LOCKS, ok=True)
-    pid = consolidate(tm).generalised[0].procedure
-    got = retrieve(tm, LOCKS, agent="dba")
-    assert got.path == "procedures" and got.procedure_ids == [pid]
-    assert got.items[0].parts["cosine"] >= 0.5 and "passed" in got.reason
-    assert memory.store.get(pid, viewer=Viewer.admin()).access_count == 1  # times viewed
-
-    tm.record_use([pid], success=False)
-    tm.record_use([pid], success=False)  # rho 1/3 < 0.5
-    got = retrieve(tm, LOCKS, agent="dba")
-    assert got.path == "episodes" and "rho 0.33 < min_rho 0.5" in got.rejected[0]["reason"]
-    assert "fell back" in got.reason
-    strict = retrieve(tm, LOCKS, agent="dba", config=RetrievalConfig(min_rho=0.1, relevance=0.999))
-    assert strict.path == "episodes" and "< relevance 0.999" in strict.rejected[0]["reason"]
-    lax = retrieve(tm, LOCKS, agent="dba", config=RetrievalConfig(min_rho=0.3))
-    assert lax.path == "procedures"
+    pid = consolidate(tm, llm=procedure_llm()).generalised[0].procedure
+    got = tm.recollect("dba", LOCKS)
+    assert pid in got.ids and got.block.startswith("## Procedures\n- Diagnose lock waits")
+    assert got.block.index("## Procedures") < got.block.index("## Past tasks")
+    assert "(worked 1 of 1 times)" in got.block  # the track record, from the counts
+    assert tm.recollect("dba", "   ").ids == []
 
 
-def test_episode_fallback_scores_recency_cosine_importance(memory: Memory) -> None:
+def test_a_better_success_record_wins_the_prompt(memory: Memory) -> None:
     tm = team(memory, "shared")
-    assert retrieve(tm, "anything", agent="dba").path == "none"
-    record(tm, "old success", LOCKS, ok=True)
-    record(tm, "new failure", LOCKS, ok=False)
-    cfg = RetrievalConfig(half_life=1.0)
-    got = retrieve(tm, LOCKS, agent="dba", config=cfg)
-    assert got.path == "episodes" and "no procedures" in got.reason
-    for s in got.items:
-        p = s.parts
-        assert s.score == pytest.approx(0.2 * p["recency"] + 0.4 * p["cosine"] + 0.4 * p["importance"])
-    by_task = {s.unit.meta["task"]: s.parts for s in got.items}
-    assert by_task["old success"]["importance"] == 1.0 and by_task["new failure"]["importance"] == 0.3
-    assert by_task["new failure"]["recency"] == 1.0 and by_task["old success"]["recency"] == 0.5
-    assert got.items[0].unit.meta["task"] == "old success"  # 0.2*0.5+0.4 > 0.2*1+0.12
-    block = got.render(budget=200)
-    assert block.startswith("## Similar past tasks") and "Root cause: it broke" in block
-    tiny = got.render(budget=30)
-    assert tiny.count("\n- ") < block.count("\n- ")
+    good = procedure(memory, "Lock waits: query pg_locks, find the blocker, end it (A).", successes=5, failures=0, created=1.0)
+    bad = procedure(memory, "Lock waits: query pg_locks, find the blocker, end it (B).", successes=0, failures=5, created=2.0)
+    query = "lock waits pg_locks blocker"
+    got = tm.recollect("dba", query)
+    assert [r.unit.id for r in got.candidates] == [good, bad]  # ranked by what they earned
+    one = room_for(got.shown[0])  # one procedure only: the better record is the one shown
+    assert tm.recollect("dba", query, budget=one).ids == [good]
+    for _ in range(8):  # outcomes move prompts: the good one keeps failing, the bad one wins
+        tm.record_use([good], success=False)
+        tm.record_use([bad], success=True)
+    assert tm.recollect("dba", query, budget=one).ids == [bad]
 
 
-# -- topologies --------------------------------------------------------------------------------
+# -- layouts ------------------------------------------------------------------------------------
 
 
-def test_local_agents_never_read_each_others_episodes(memory: Memory) -> None:
+def test_local_agents_never_see_each_others_units(memory: Memory) -> None:
     tm = team(memory, "local")
-    rec = record(tm, "orders updates hang", LOCKS, ok=True, members=["dba"])
+    rec = record(tm, "orders updates hang", LOCKS, ok=True, members=["dba"], rules=[HOLE])
     (uid,) = rec.episode_units
     assert memory.store.get(uid, viewer=Viewer.admin()).owner == "dba"
     eps = Filter.make(kinds=[Kind.EPISODE])
     assert [u.id for u in memory.store.list(viewer=tm.viewer("dba"), filter=eps)] == [uid]
     assert memory.store.list(viewer=tm.viewer("analyst"), filter=eps) == []
-    assert memory.recall(LOCKS, viewer=tm.viewer("analyst")) == []
-    assert retrieve(tm, LOCKS, agent="analyst").path == "none"
-    assert retrieve(tm, LOCKS, agent="dba").path == "episodes"
+    mine = tm.recollect("dba", LOCKS)
+    assert uid in mine.ids and set(rec.rule_units) <= set(mine.ids)
     # Local procedures: the dba's consolidation is the dba's alone.
     report = consolidate(tm)
     (pid,) = [c.procedure for c in report.generalised]
     assert memory.store.get(pid, viewer=Viewer.admin()).owner == "dba"
     assert tm.procedures(agent="analyst") == [] and len(tm.procedures(agent="dba")) == 1
+    assert pid in tm.recollect("dba", LOCKS).ids
+    # The analyst's prompt holds none of it, whatever it asks for, in any layer.
+    for query in (LOCKS, "orders updates hang", HOLE):
+        for layers in (("procedural", "episodic"), ("transactive",)):
+            theirs = tm.recollect("analyst", query, layers=layers)
+            assert theirs.ids == [] and theirs.block == ""
 
 
-def test_each_local_agent_reflects_on_its_own_part(memory: Memory) -> None:
-    tm = team(memory, "local", llm=ScriptedLLM(repeat_last=True))
+def test_local_pools_each_get_the_tasks_lesson(memory: Memory) -> None:
+    tm = team(memory, "local")
     rec = tm.record_task(
         task="t", outcome=Outcome(success=True), team=["dba", "analyst"],
         actions=[Action("dba", "ran vacuum"), Action("analyst", "read the logs")],
     )
-    assert set(rec.reflections) == {"dba", "analyst"} and len(rec.episode_units) == 2
-    prompts = [r.messages[-1].content for r in tm.llm.requests]
-    assert "ran vacuum" in prompts[0] and "read the logs" not in prompts[0]
+    assert len(rec.episode_units) == 2 and rec.lesson.source == "record"
+    owners = {memory.store.get(u, viewer=Viewer.admin()).owner for u in rec.episode_units}
+    assert owners == {"dba", "analyst"}
 
 
 def test_hybrid_layers_have_their_own_pools(memory: Memory) -> None:
@@ -333,31 +381,33 @@ def test_hybrid_layers_have_their_own_pools(memory: Memory) -> None:
     (c,) = report.generalised  # one shared procedure learned from everyone's episodes
     assert c.pool == "group:red" and len(c.sources) == 2 and c.successes == 2  # per task, not per copy
     assert [p.id for p in tm.procedures(agent="planner")] == [c.procedure]
-    # Episodic stays local: the planner (no episodes of its own) falls back to nothing.
-    weak = RetrievalConfig(relevance=1.01)
-    assert retrieve(tm, LOCKS, agent="planner", config=weak).path == "none"
+    # Episodic stays local: the planner (no episodes of its own) sees the shared procedure only.
+    got = tm.recollect("planner", LOCKS)
+    assert got.ids == [c.procedure] and "## Past tasks" not in got.block
+    assert "## Past tasks" in tm.recollect("dba", LOCKS).block
     # Transactive is both: own notes plus team notes, never another agent's own notes.
     scopes = {(str(u.scope), u.owner) for u in tm.profiles(agent="analyst")}
     assert ("group:red", "") in scopes and ("private", "analyst") in scopes
     assert all(owner in ("", "analyst") for _, owner in scopes)
-    assert "[own notes]" in tm.render_transactive(agent="analyst")
-    assert "[own notes]" not in tm.render_transactive(agent="planner")  # it took part in nothing
+    who = tm.recollect("analyst", "locks dba analyst", layers=("transactive",)).block
+    assert "[own notes]" in who and "[team notes]" in who
+    assert "[own notes]" not in tm.recollect("planner", "locks dba analyst", layers=("transactive",)).block
 
 
-def test_shared_topology_is_one_pool(memory: Memory) -> None:
+def test_shared_layout_is_one_pool(memory: Memory) -> None:
     tm = team(memory, "shared")
     rec = record(tm, "orders updates hang", LOCKS, ok=True, members=["dba"])
     assert len(rec.episode_units) == 1
     for agent in AGENTS:
-        assert retrieve(tm, LOCKS, agent=agent).path == "episodes"
-    other = TeamMemory(memory, team="blue", agents=["dba"], topology="shared")
-    assert retrieve(other, LOCKS, agent="dba").path == "none"  # another team's pool is invisible
+        assert tm.recollect(agent, LOCKS).ids == list(rec.episode_units)
+    other = TeamMemory(memory, team="blue", agents=["dba"], layout="shared")
+    assert other.recollect("dba", LOCKS).ids == []  # another team's pool is invisible
 
 
 # -- transactive -------------------------------------------------------------------------------
 
 
-def test_transactive_profiles_render_who_knows_what(memory: Memory) -> None:
+def test_transactive_profiles_say_who_knows_what(memory: Memory) -> None:
     tm = team(memory, "shared")
     for i, ok in enumerate([True, True, False]):
         tm.record_task(
@@ -366,15 +416,18 @@ def test_transactive_profiles_render_who_knows_what(memory: Memory) -> None:
             actions=[Action("dba", "x", role="database expert"), Action("analyst", "y")],
             team=["dba", "analyst"],
             task_type="lock_contention",
-            reflections={"team": lesson(LOCKS, None if ok else "why")},
+            lesson=lesson(LOCKS, None if ok else "why"),
         )
-    text = tm.render_transactive(agent="planner")
-    assert text.startswith("## Who knows what (team red)")
+    got = tm.recollect("planner", "lock_contention: who should do it?", layers=("transactive",))
+    text = got.block
+    assert text.startswith("## Who knows what\n") and len(got.ids) == 3
     assert "dba (database expert): reliability 1.00 (3/3 subtasks); good at: lock_contention 3/3" in text
     assert "analyst: reliability 0.67 (2/3 subtasks)" in text and "with partners: dba 2/3" in text
     assert "analyst+dba: suits lock_contention (avg 0.63 over 3)" in text and "overhead 6.0 messages/task" in text
-    short = tm.render_transactive(agent="planner", budget=40)
-    assert len(short) < len(text) and short.startswith("## Who knows what")
+    assert all(u.kind is Kind.PROFILE for u in got.shown)  # the actors' layers stay out
+    budget = max(room_for(u, "who knows what") for u in got.shown)
+    short = tm.recollect("planner", "lock_contention: who should do it?", layers=("transactive",), budget=budget)
+    assert 0 < len(short.ids) < 3
     profiles = memory.store.list(viewer=Viewer.admin(), filter=Filter.make(kinds=[Kind.PROFILE]))
     assert len(profiles) == 3  # upserted, not appended
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -128,18 +129,37 @@ def test_run_updates_all_three_memories(tmp_path: Path) -> None:
     assert (tmp_path / "run" / "consolidations" / "after-0002.json").is_file()
     m = Memory.open(tmp_path / "run" / "memory.db", embedder="hash")
     try:
-        tm = TeamMemory(m, team="team", agents=["agent-1", "agent-2", "agent-3"], topology="hybrid")
+        tm = TeamMemory(m, team="team", agents=["agent-1", "agent-2", "agent-3"], layout="hybrid")
         assert tm.tasks_recorded == 6
-        block = tm.render_transactive(agent="agent-1")
+        block = tm.recollect("agent-1", res.results[-1]["text"], layers=("transactive",)).block
         assert "agent-1" in block and "reliability" in block
         assert tm.procedures()
+        # What was shown to the agents was credited with the outcome, through record_use.
+        used = [i for r in res.results for i in r["used"]]
+        assert used
+        credited = m.store.get_many(list(dict.fromkeys(used)), viewer=Viewer.admin())
+        assert credited and all(u.meta.get("uses", 0) >= 1 for u in credited)
     finally:
         m.close()
     # Several agents acted, and later tasks read memory.
     assert len({s["agent"] for r in res.results for s in r["subtasks"]}) > 1
-    assert any(path != "none" for r in res.results[1:] for path in r["retrieval"].values())
+    assert any(label != "none" for r in res.results[1:] for label in r["retrieval"].values())
     assert any(r["success"] for r in res.results)
     assert all(r["tokens"]["in"] > 0 for r in res.results)
+    # Failures were reflected on by the library, and every task left its lesson.
+    assert all(r["lesson"]["lessons"] for r in res.results)
+    failed = [r for r in res.results if not r["success"]]
+    assert all(r["reflection"] is not None and r["reflection"]["step"] >= 0 for r in failed)
+
+
+def test_actor_prompts_carry_the_recollected_block(tmp_path: Path) -> None:
+    llm = nav_llm()
+    res = run_team(cfg(memory="shared", tasks=4), tmp_path / "run", llm=llm)
+    systems = [m.content for r in llm.requests for m in r.messages if m.role == "system" and "of a team of agents" in m.content]
+    with_memory = [p for p in systems if "## Past tasks" in p or "## Procedures" in p]
+    assert with_memory  # written by forge.prompt.recollect, section headers and all
+    shown = [i for r in res.results[1:] for ids in r["shown"].values() for i in ids]
+    assert shown and set(shown) <= {i for r in res.results for i in r["used"]}
 
 
 def test_metrics_per_task(tmp_path: Path) -> None:
@@ -197,6 +217,90 @@ def test_resume_equals_uninterrupted(tmp_path: Path, uninterrupted: Any, event: 
     assert resume_team(d, llm=nav_llm()).final == res.final  # a finished run just returns
 
 
+def test_slow_consolidation_changes_nothing(tmp_path: Path, uninterrupted: Any) -> None:
+    slowed: list[int] = []
+
+    def slow(event: str, data: Any) -> None:
+        if event == "consolidating":
+            slowed.append(data["after"])
+            time.sleep(0.3)  # a loaded machine: consolidation takes longer than a task
+
+    res = run_team(cfg(), tmp_path / "run", llm=nav_llm(), hook=slow)
+    assert slowed == [2, 4, 6]
+    assert comparable(res) == uninterrupted
+
+
+@pytest.mark.parametrize("where", ["consolidation", "record"])
+def test_resume_after_a_half_written_memory_update(
+    tmp_path: Path, uninterrupted: Any, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Killed in the middle of consolidating (a procedure written, its relations and report
+    not) or of recording a task (episodes written, profiles and credit not)."""
+    from forge.team.memories import TeamMemory as TM
+
+    cons_mod = importlib.import_module("forge.team.consolidate")  # the module, not the function
+
+    if where == "consolidation":
+        real = cons_mod._add_procedure
+
+        def add_then_die(*args: Any, **kw: Any) -> None:
+            real(*args, **kw)
+            raise Stop("killed mid-consolidation")
+
+        monkeypatch.setattr(cons_mod, "_add_procedure", add_then_die)
+    else:
+        real_observe = TM._observe
+        calls = {"n": 0}
+
+        def observe_then_die(self: Any, **kw: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise Stop("killed mid-record")
+            return real_observe(self, **kw)
+
+        monkeypatch.setattr(TM, "_observe", observe_then_die)
+    d = tmp_path / "run"
+    with pytest.raises(Stop):
+        run_team(cfg(), d, llm=nav_llm())
+    assert list(d.glob("memory.task-*.bak"))  # the memory before the interrupted task
+    monkeypatch.undo()
+    res = resume_team(d, llm=nav_llm())
+    assert comparable(res) == uninterrupted
+    assert not list(d.glob("memory.task-*.bak"))
+
+
+def test_resume_after_sigkill_in_a_slow_consolidation(tmp_path: Path, uninterrupted: Any) -> None:
+    d = tmp_path / "run"
+    marker = tmp_path / "consolidating"
+    script = tmp_path / "child.py"
+    script.write_text(
+        NAV_SRC
+        + "\nimport importlib, pathlib, time\nc = importlib.import_module('forge.team.consolidate')\nfrom forge.team.runner import TeamConfig, run_team\n"
+        + "real = c._add_procedure\n"
+        + "def slow_add(*a, **kw):\n    real(*a, **kw)\n"
+        + f"    pathlib.Path({str(marker)!r}).touch()\n    time.sleep(60)\n"
+        + "c._add_procedure = slow_add\n"
+        + f"run_team(TeamConfig.from_dict({cfg().to_dict()!r}), {str(d)!r}, llm=nav_llm())\n"
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while not marker.exists():
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.time() < deadline
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)  # a procedure is in the store, its report is not
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+    assert not (d / "consolidations" / "after-0002.json").exists()
+    assert comparable(resume_team(d, llm=nav_llm())) == uninterrupted
+
+
 def test_resume_after_sigkill(tmp_path: Path, uninterrupted: Any) -> None:
     d = tmp_path / "run"
     script = tmp_path / "child.py"
@@ -209,7 +313,7 @@ def test_resume_after_sigkill(tmp_path: Path, uninterrupted: Any) -> None:
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + 30
+        deadline = time.time() + 120
         while not (d / "tasks" / "task-0002.json").exists():
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             assert time.time() < deadline

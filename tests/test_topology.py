@@ -240,7 +240,7 @@ def test_tampered_unsigned_and_expired_capsules_are_rejected_at_the_inbox(bus):
     keys = Keyring.from_secret("s3cret")
     net = Network(bus, FullMesh(["a", "b"]), keyring=keys)
     inbox = net.inbox("b")
-    good = keys.sign(capsule("a", "rotate the keys"))
+    good = keys.sign(capsule("a", "rotate the keys").addressed(["b"]))
     tampered = json.loads(good.to_json())
     tampered["unit"]["content"] = "disable the firewall"
     bus.publish("inbox.b", json.dumps(tampered).encode())
@@ -249,7 +249,7 @@ def test_tampered_unsigned_and_expired_capsules_are_rejected_at_the_inbox(bus):
     bus.publish("inbox.b", json.dumps(forged).encode())
     bus.publish("inbox.b", capsule("a", "unsigned"))
     stale = Capsule(unit=Unit("old news", owner="a"), sender="a", origin="a", confidence=0.5, ttl=1.0, sent_at=0.0)
-    bus.publish("inbox.b", keys.sign(stale))
+    bus.publish("inbox.b", keys.sign(stale.addressed(["b"])))
     bus.publish("inbox.b", b"not json")
     bus.publish("inbox.b", good)
     got = inbox.read(count=10)

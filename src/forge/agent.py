@@ -2,8 +2,8 @@
 
     agent = Agent.open("a1", store="a1.db", bus="redis://127.0.0.1:6379/0", prefix="run7:",
                        topology="ring", agents=["a1", "a2", "a3"], secret=master, llm="local")
-    items = agent.prompt_memory()              # its rules and examples, as a policy reads them
-    units = agent.learn(trajectory, env=env, seed=7, shown=items)   # reflect on a failure
+    traj = agent.play(env, policy, seed=7)     # an episode, prompts written from its recall
+    units = agent.learn(traj, env=env, seed=7, policy=policy)       # reflect on a failure
     agent.flush()                              # worthy new units go out, rate limited
     agent.pump()                               # peers' capsules: verify, screen, judge, store
     agent.record_outcome(used_ids, success=True)   # credit the agents whose units helped
@@ -24,28 +24,23 @@ import contextlib
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from forge.bus import Bus, CapsuleInbox, Network, open_bus
 from forge.capsule import Keyring
 from forge.consensus import Decision
 from forge.embed import Embedder, open_embedder
 from forge.envs.base import Env
-from forge.errors import ConfigError, ForgeError, NotFoundError
+from forge.errors import ConfigError, NotFoundError
 from forge.exchange import Exchange, HeuristicAssessor
 from forge.llm.base import LLM
+from forge.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
 from forge.memory import Memory
-from forge.model import Context, Episode, Kind, Provenance, Status, Step, Unit
-from forge.policy import MemoryItem, PromptMemory
+from forge.model import Context, Episode, Status, Unit
+from forge.policy import Policy
+from forge.prompt import Recollection
 from forge.recall import Packed, Recalled
-from forge.reflect import (
-    Snapshot,
-    apply_reflection,
-    fallback_reflection,
-    reflect,
-    safe_alternatives,
-    stall_step,
-)
+from forge.reflect import apply_reflection
 from forge.store import Filter
 from forge.topology import Topology, open_topology
 from forge.triggers import Broadcaster, PeriodicSync, answer_help
@@ -57,18 +52,7 @@ __all__ = ["Agent", "TrajectoryLike"]
 _ARRIVALS = ("accepted", "merged", "corroborated", "quarantined", "rejected", "conflict")
 
 
-class TrajectoryLike(Protocol):
-    """What :meth:`Agent.learn` reads from an episode (``forge.protocols.episode.Trajectory``)."""
-
-    steps: list[Step]
-    actions: list[str]
-    observations: list[str]
-    rewards: list[float]
-    failing: int | None
-    done: bool
-
-    @property
-    def total(self) -> float: ...
+TrajectoryLike = Trajectory  # what Agent.learn reads: forge.loop's trajectory
 
 
 class Agent:
@@ -127,6 +111,7 @@ class Agent:
         topology: str | Topology = "full",
         agents: Sequence[str] | None = None,
         secret: str | bytes | None = None,
+        keyring: Keyring | None = None,
         llm: str | LLM | None = None,
         threads: int | None = None,
         profile: str = "",
@@ -135,17 +120,19 @@ class Agent:
     ) -> Agent:
         """Build an agent from strings; what it builds here it closes in :meth:`close`.
 
-        ``secret`` is the population's master secret (every agent's signing key derives
-        from it); without one a random keyring is made, which only an agent alone on an
-        in-process bus can use. ``profile`` describes the agent's work to the usefulness
+        ``keyring`` holds this agent's own Ed25519 key and its peers' public keys
+        (:meth:`Keyring.load`): no agent can sign as another. ``secret`` is the legacy
+        alternative, one master secret every agent's HMAC key derives from (any holder can
+        sign as anyone). With neither, a random in-process keyring is made, which only an
+        agent alone on an in-process bus can use. ``profile`` describes the agent's work to the usefulness
         assessor. ``threads`` caps a local LLM's CPU threads. ``members`` maps each group to
         its agents: a group-scoped unit is sent only to them (without it, to nobody).
         """
         agents = list(agents) if agents is not None else [agent_id]
         if agent_id not in agents:
             raise ConfigError(f"agent {agent_id!r} is not among the topology's agents {agents}")
-        if secret is None and isinstance(bus, str) and not bus.startswith("memory://"):
-            raise ConfigError("agents on a shared bus need the population's master secret (secret=...)")
+        if secret is None and keyring is None and isinstance(bus, str) and not bus.startswith("memory://"):
+            raise ConfigError("agents on a shared bus need a keyring (keyring=Keyring.load(...)) or the population's master secret (secret=...)")
         owned: list[Any] = []
         try:
             emb = open_embedder(embedder) if isinstance(embedder, str) else embedder
@@ -160,7 +147,8 @@ class Agent:
                     vecs = emb.embed([f"{a} {profile}" for a in agents])
                     profiles = {a: vecs[i] for i, a in enumerate(agents)}
                 topology = open_topology(topology, agents=agents, profiles=profiles)
-            keyring = Keyring.from_secret(secret) if secret is not None else Keyring.random()
+            if keyring is None:
+                keyring = Keyring.from_secret(secret) if secret is not None else Keyring.random()
             members = dict(members or {})
             for g in groups:  # this agent is in its own groups, whoever else is
                 members[g] = {*members.get(g, ()), agent_id}
@@ -190,33 +178,34 @@ class Agent:
         """Recall packed into a ``budget``-token prompt block."""
         return self.memory.context(query, viewer=self.viewer, budget=budget, **kw)
 
-    def prompt_memory(self, *, limit: int = 60) -> PromptMemory:
-        """The newest ``limit`` active rules and examples, as a policy's prompt reads them.
+    def recaller(self, *, budget: int = 600, valid_actions: Sequence[str] = ()) -> Recaller:
+        """How this agent's prompts get memory: the engine's recall, as this agent's viewer.
 
         Received units are included (that is the point of broadcast); quarantined, archived
-        and superseded ones are not, nor consensus copies, which repeat their original.
+        and superseded ones are not, and consensus copies never outrank their originals
+        twice because packing keeps one copy of a text.
         """
-        flt = Filter.make(kinds=["rule", "example"])
-        total = self.memory.store.count(viewer=self.viewer, filter=flt)
-        units = self.memory.store.list(viewer=self.viewer, filter=flt, limit=limit, offset=max(0, total - limit))
-        items = []
-        for u in units:
-            if "consensus_of" in u.meta:
-                continue
-            meta: Mapping[str, Any] = u.meta if u.kind is Kind.EXAMPLE else {k: v for k, v in u.meta.items() if k == "fallback"}
-            items.append(
-                MemoryItem(
-                    u.kind.value,
-                    u.context.role or self.roles[0],
-                    u.content,
-                    id=u.id,
-                    source=u.provenance.source or "reflection",
-                    episodes=u.provenance.episodes,
-                    derived_from=u.provenance.derived_from,
-                    meta=dict(meta),
-                )
-            )
-        return PromptMemory(tuple(items))
+        return Recaller(self.memory, self.viewer, budget=budget, filter=Filter.make(kinds=["rule", "lesson", "example", "procedure", "fact", "preference"]), valid_actions=valid_actions)
+
+    def recollect(self, role: str, query: str, *, budget: int = 600) -> Recollection:
+        """The memory block this agent's ``role`` would see for ``query`` right now."""
+        return self.recaller(budget=budget)(role, query)
+
+    def play(
+        self, env: Env, policy: Policy, *, seed: int, tau: float | None = None, abort: bool = True,
+        budget: int = 600, max_steps: int | None = None,
+    ) -> Trajectory:
+        """Play one episode with prompts written from this agent's memory, and credit the units
+        that were shown with the outcome (use counts and validation, authors' reputations)."""
+        spec = env.spec
+        tau = spec.tau if tau is None else tau
+        traj = play_episode(env, policy, self.recaller(budget=budget, valid_actions=env.valid_actions()), seed=seed, tau=tau, abort=abort, max_steps=max_steps)
+        used = traj.used
+        if used:
+            success = traj.total >= spec.success_return and not (traj.failing is not None and not traj.done)
+            self.memory.record_use(used, success=success, actor=f"agent:{self.id}")
+            self.record_outcome(used, success=success)
+        return traj
 
     # -- writing --------------------------------------------------------------------------
     def remember(self, units: Unit | Sequence[Unit]) -> list[Unit]:
@@ -233,11 +222,11 @@ class Agent:
 
     def learn(
         self,
-        trajectory: TrajectoryLike,
+        trajectory: Trajectory,
         *,
         env: Env,
         seed: int,
-        shown: PromptMemory | None = None,
+        policy: Policy | None = None,
         tau: float | None = None,
         representation: str = "rules",
         probe: bool = True,
@@ -246,17 +235,14 @@ class Agent:
         """Record the episode; if it failed, reflect on it and remember the result.
 
         A failure is a step whose reward fell below ``tau`` or, with ``stalls``, an episode
-        the env ended unsuccessful anyway (a timeout; reflected on where it began to go in
-        circles): small models mostly wander rather than fall. ``shown`` is what the policy saw
-        (default: :meth:`prompt_memory` now), so rule deletions by index hit the rules the
-        reflection saw. ``probe`` replays the seeded episode to find which other actions
-        were safe at that step (env steps, no tokens). Without an LLM, or when it fails, the
-        fallback rule is derived from the trajectory. Deleted rules are archived, not erased.
+        that ended unsuccessful anyway (reflected on where it began to go in circles): small
+        models mostly wander rather than fall. Rule deletions by index hit the rules the
+        trajectory's recollections showed. ``probe`` replays the seeded episode to find which
+        other actions were safe at that step. Without an LLM, or when it fails, the fallback
+        rule is derived from the trajectory. Deleted rules are archived, not erased.
         """
         spec = env.spec
         tau = spec.tau if tau is None else tau
-        shown = self.prompt_memory() if shown is None else shown
-        t = trajectory.failing
         episode = Episode(
             agent=self.id,
             task=spec.name,
@@ -264,50 +250,39 @@ class Agent:
             steps=tuple(trajectory.steps),
             outcome={
                 "return": trajectory.total,
-                "success": trajectory.total >= spec.success_return,
-                "failing_step": t,
+                "success": trajectory.total >= spec.success_return and not (trajectory.failing is not None and not trajectory.done),
+                "failing_step": trajectory.failing,
                 "steps": len(trajectory.actions),
+                "shown": trajectory.used,
             },
             meta={"seed": seed},
         )
         self.memory.add_episode(episode, actor=f"agent:{self.id}")
         self.episodes += 1
         self.returns.append(trajectory.total)
-        stalled = t is None and stalls and trajectory.done and bool(trajectory.actions) and trajectory.total < spec.success_return
-        if stalled:
-            t = stall_step(trajectory.observations, trajectory.actions)
-        if t is None:
+        point = failure_point(trajectory, success_return=spec.success_return, reflect_on_stall=stalls and (trajectory.done or trajectory.failing is not None))
+        if point is None:
             return []
-        safe = safe_alternatives(env, seed=seed, prefix=trajectory.actions[:t], failed=trajectory.actions[t], tau=tau, must_move=stalled) if probe else ()
-        snapshot = Snapshot.of(
-            trajectory, env=env, failing=t, roles=self.roles, acting_roles=self.roles,
-            memory=shown, tau=tau, stalled=stalled, safe_actions=safe,
+        at, stalled = point
+        roles = policy.roles if policy is not None else self.roles
+        acting = policy.acting_roles if policy is not None else self.roles
+        reflection = reflect_on(
+            trajectory, env=env, roles=roles, acting_roles=acting, llm=self.llm,
+            seed=seed, tau=tau, at=at, stalled=stalled, representation=representation, probe_alternatives=probe,
         )
-        if self.llm is None:
-            reflection = fallback_reflection(snapshot, representation=representation, error="no LLM")
-        else:
-            try:
-                reflection = reflect(self.llm, snapshot, representation=representation)
-            except ForgeError as exc:  # whatever the model did, the agent still learns something
-                reflection = fallback_reflection(snapshot, representation=representation, error=str(exc))
-        applied = apply_reflection(shown, reflection, rule_cap=10**6, example_cap=10**6, episodes=[episode.id])
-        for item, why in applied.removed:
+        shown = {role: rec.shown for role, rec in trajectory.recollections.items()}
+        applied = apply_reflection(
+            [], reflection, owner=self.id, shown=shown, scope="global",
+            context=Context(domain=spec.name, task=spec.name), rule_cap=10**6, example_cap=10**6, episodes=[episode.id],
+        )
+        for unit, why in applied.removed:
             with contextlib.suppress(NotFoundError):
-                self.memory.set_status(item.id, Status.ARCHIVED, reason=why, actor=f"agent:{self.id}")
-        units = [
-            Unit(
-                item.content,
-                kind=item.kind,
-                id=item.id,
-                context=Context(domain=spec.name, task=spec.name, role=item.role),
-                owner=self.id,
-                confidence=0.5 if reflection.fallback else 0.7,
-                importance=self.importance,
-                provenance=Provenance(source="reflection", episodes=(episode.id,)),
-                meta=dict(item.meta),
-            )
-            for item in applied.added
-        ]
+                self.memory.set_status(unit.id, Status.ARCHIVED, reason=why, actor=f"agent:{self.id}")
+        doomed = {uid for e in reflection.edits for uid in (shown.get(e.role, ())[i].id for i in e.delete if 0 <= i < len(shown.get(e.role, ())))}
+        for uid in doomed:
+            with contextlib.suppress(NotFoundError):
+                self.memory.set_status(uid, Status.ARCHIVED, reason="deleted by a reflection rule edit", actor=f"agent:{self.id}")
+        units = [u.replace(importance=self.importance, confidence=0.5 if reflection.fallback else 0.7) for u in applied.added]
         self.learned += len(units)
         return self.remember(units) if units else []
 

@@ -134,7 +134,8 @@ def add(obj: _Ctx, content: str, kind: str, domain: str, task: str, role: str, t
 @click.option("--task", default=None)
 @click.option("--role", default=None)
 @click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES), help="Default: active.")
-@click.option("--agent", default=None, help="Recall as this agent (scope enforced). Default: operator view.")
+@click.option("--agent", default=None, help="Recall as this agent (scope enforced; self-asserted, not authenticated: "
+              "anyone who can open the file can read as any agent). Default: operator view.")
 @click.option("--group", "groups", multiple=True, help="Groups the agent belongs to.")
 @click.option("--hops", type=int, default=1, show_default=True, help="Graph expansion depth.")
 @click.option("--budget", type=int, default=None, help="Pack into this many tokens and print the prompt block.")
@@ -168,7 +169,7 @@ def recall(obj: _Ctx, query: str, k: int, kinds: tuple[str, ...], tags: tuple[st
 
 @cli.command()
 @click.argument("unit_id")
-@click.option("--agent", default=None, help="Show as this agent (scope enforced).")
+@click.option("--agent", default=None, help="Show as this agent (scope enforced; self-asserted, not authenticated).")
 @click.option("--group", "groups", multiple=True)
 @pass_ctx
 def show(obj: _Ctx, unit_id: str, agent: str | None, groups: tuple[str, ...]) -> None:
@@ -344,7 +345,7 @@ def _write_atomically(target: Path, records: Any) -> int:
 
 
 from forge.protocols.cli import evolve_command, report_command  # noqa: E402  (after cli is defined)
-from forge.swarm import swarm_command  # noqa: E402
+from forge.swarm_cli import swarm_command  # noqa: E402
 from forge.team.cli import team_command  # noqa: E402
 
 cli.add_command(evolve_command, "evolve")

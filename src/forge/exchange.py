@@ -7,7 +7,8 @@
 
 The pipeline, cheapest and most decisive checks first:
 
-1. **verify**: signature (unsigned, unknown sender, tampered), replay (capsule id already
+1. **verify**: signatures (unsigned, unknown sender, tampered, an origin that did not sign
+   what it is said to have written, a capsule addressed to another agent), replay (capsule id already
    seen, remembered across restarts through the ledger), expiry (``ttl``), clock skew, hop
    limit, the agent's own units coming back (echo) and per-sender floods;
 2. **screen**: prompt injection, secrets, personal data, oversized or malformed text
@@ -227,7 +228,22 @@ class Limits:
             raise ValidationError("limits need candidates >= 1, max_hops >= 0, flood_limit >= 1, flood_window_s > 0")
 
 
-_VERIFY_REASONS = {"unsigned": "unsigned", "bad signature": "tampered", "content hash mismatch": "tampered"}
+_VERIFY_REASONS = {
+    "unsigned": "unsigned",
+    "bad signature": "tampered",
+    "content hash mismatch": "tampered",
+    "origin unsigned": "forged_origin",
+    "bad origin signature": "forged_origin",
+}
+
+
+def _verify_reason(problem: str) -> str:
+    if problem in _VERIFY_REASONS:
+        return _VERIFY_REASONS[problem]
+    for prefix, reason in (("unknown sender", "unknown_sender"), ("unknown origin", "forged_origin"), ("not addressed", "misdirected")):
+        if problem.startswith(prefix):
+            return reason
+    return "unverified"
 
 
 @dataclass(slots=True)
@@ -383,10 +399,11 @@ class Exchange:
     # -- pipeline -------------------------------------------------------------------------
     def _judge(self, capsule: Capsule, now: float) -> _Verdict:
         """Everything decided before writing: verification, screening, the embedding."""
-        problem = self.keyring.verify(capsule)
+        # The recipient is part of what the sender signed: a capsule lifted from another
+        # agent's inbox is "misdirected" here, before it can burn or reuse a capsule id.
+        problem = self.keyring.verify(capsule, recipient=self.agent_id)
         if problem is not None:
-            reason = _VERIFY_REASONS.get(problem, "unknown_sender" if problem.startswith("unknown sender") else "unverified")
-            return _Verdict("reject", reason=reason, detail=problem)
+            return _Verdict("reject", reason=_verify_reason(problem), detail=problem)
         if capsule.id in self._seen:
             return _Verdict("reject", reason="replay", detail=f"capsule {capsule.id} was already received")
         self._stage.seen.add(capsule.id)
@@ -421,12 +438,12 @@ class Exchange:
     def _out_of_scope(self, capsule: Capsule) -> str:
         """Why this receiver may not hold the capsule's unit ('' if it may).
 
-        A private unit never travels; a group unit is only for that group's members. A
-        sender that broadcasts either is mistaken or leaking, and the receiver keeps nothing.
+        A group unit (by the capsule's scope or the unit's own) is only for that group's
+        members: a sender that sends one to anyone else is mistaken or leaking, and the
+        receiver keeps nothing. (A private unit travels only when its owner sends it on
+        purpose; the importance trigger and periodic sync never pick one.)
         """
         for scope in dict.fromkeys((capsule.scope, str(capsule.unit.scope))):
-            if scope == "private" and scope == capsule.scope:
-                return "the capsule says its unit is private: private units are not shared"
             if scope.startswith("group:") and scope[len("group:"):] not in self.viewer.groups:
                 return f"the unit is scoped {scope} and {self.agent_id} is not a member"
         return ""
@@ -522,10 +539,13 @@ class Exchange:
     def _via(self, capsule: Capsule) -> str | None:
         """The forwarder whose word the origin rests on, or None if the origin signed to us itself.
 
-        With a shared master key, or a forwarder that lies, a capsule's origin is a claim;
-        an origin that never sent us a signed capsule directly is only as independent as
-        the sender that names it.
+        With per-agent Ed25519 keys the origin's own signature proves authorship, so the
+        origin stands for itself. With a shared master key (legacy HMAC) a capsule's origin
+        is a claim: an origin that never sent us a signed capsule directly is only as
+        independent as the sender that names it.
         """
+        if self.keyring.scheme == "ed25519":
+            return None
         if capsule.origin == capsule.sender or capsule.origin in self._direct or capsule.origin in self._stage.direct:
             return None
         return capsule.sender
@@ -543,6 +563,7 @@ class Exchange:
             "received_at": now,
             "authored_at": capsule.unit.created_at,
             "hash": capsule.hash,
+            "origin_sig": capsule.origin_sig,  # so forwarding this unit later still proves its author
             **({"via": via} if via else {}),
             **extra,
         }
@@ -643,7 +664,7 @@ _RESERVED_META = frozenset(
     {
         "origin", "sender", "capsule", "remote_id", "hops", "received_scope", "received_at", "authored_at",
         "hash", "assessment", "quarantine", "corroboration", "via", "promoted_to", "consensus_of", "witnesses",
-        "holds_when",
+        "holds_when", "origin_sig",
     }
 )
 

@@ -1,4 +1,4 @@
-"""Acting agents for the evolution protocols, and the prompt memory they read.
+"""Acting agents: how one env step's action is chosen from an observation and memory.
 
 Two policies share one contract (:class:`Policy`): a flat single-agent ReAct loop (the
 sensible default for small models) and the FORGE paper's hierarchical ReAct agent, where an
@@ -7,125 +7,39 @@ a planner must copy one of them. Every role uses the same LLM and differs only i
 prompt and the memory injected for it. Actions are always picked by constrained choice among
 ``env.valid_actions()``, so even a 135M model emits a legal move.
 
-:class:`PromptMemory` is one agent instance's memory as the prompt sees it: per role, an
-ordered list of rules and examples (oldest first). It is plain data so it can cross process
-boundaries; the protocols mirror it into a :class:`~forge.memory.Memory` store for history.
+Memory reaches a policy only as :class:`~forge.prompt.Recollection` objects, one per role,
+written by :func:`forge.prompt.recollect` from engine units. The system prompt (role, task,
+memory block) is identical at every step of an episode, so llama.cpp's prefix cache holds;
+what changes (the observation, the rules for this exact situation) comes after it.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from forge.envs.base import EnvSpec
-from forge.errors import ConfigError, ValidationError
+from forge.errors import ConfigError
 from forge.llm.base import LLM, Message, Request
 from forge.llm.structured import choose
-from forge.model import Step, new_id
-from forge.recall import approx_tokens
+from forge.model import Step
+from forge.prompt import Recollection, empty
 
 __all__ = [
     "ANALYST_TOOLS",
-    "Decision",
+    "ActionChoice",
     "FlatPolicy",
     "HierarchicalPolicy",
-    "MemoryItem",
     "Policy",
-    "PromptMemory",
     "make_policy",
-    "render_memory",
     "strip_map",
     "summarize_observation",
 ]
 
 #: Tools the hierarchical analyst may call; reflection may name them in rules and examples.
 ANALYST_TOOLS = ("read_observation", "list_actions", "recent_history")
-
-
-# -- memory as the prompt sees it --------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryItem:
-    """One rule or example held by one role of one instance.
-
-    ``id`` is the unit id it is stored under; ``source`` is ``"reflection"`` or
-    ``"broadcast:inst-J"``. ``meta`` holds an example's name, description and steps, and
-    ``fallback: true`` when the item was derived from the trajectory because the reflection
-    output was unusable.
-    """
-
-    kind: str  # "rule" | "example"
-    role: str
-    content: str
-    id: str = field(default_factory=new_id)
-    source: str = "reflection"
-    episodes: tuple[str, ...] = ()
-    derived_from: tuple[str, ...] = ()
-    stage: int = 0
-    meta: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("rule", "example"):
-            raise ValidationError(f"prompt memory holds rules and examples, not {self.kind!r}")
-        if not self.content.strip():
-            raise ValidationError("a memory item needs content")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["episodes"] = list(self.episodes)
-        d["derived_from"] = list(self.derived_from)
-        d["meta"] = dict(self.meta)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MemoryItem:
-        try:
-            return cls(
-                kind=data["kind"],
-                role=data["role"],
-                content=data["content"],
-                id=data["id"],
-                source=data.get("source", "reflection"),
-                episodes=tuple(data.get("episodes", ())),
-                derived_from=tuple(data.get("derived_from", ())),
-                stage=int(data.get("stage", 0)),
-                meta=dict(data.get("meta", {})),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValidationError(f"bad memory item record: {exc!r}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class PromptMemory:
-    """An instance's active rules and examples, oldest first. Immutable: edits return a copy."""
-
-    items: tuple[MemoryItem, ...] = ()
-
-    def of(self, role: str, kind: str) -> list[MemoryItem]:
-        return [i for i in self.items if i.role == role and i.kind == kind]
-
-    def rules(self, role: str) -> list[str]:
-        return [i.content for i in self.of(role, "rule")]
-
-    def with_items(self, items: Iterable[MemoryItem]) -> PromptMemory:
-        return PromptMemory(tuple(items))
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def to_list(self) -> list[dict[str, Any]]:
-        return [i.to_dict() for i in self.items]
-
-    @classmethod
-    def from_list(cls, records: Iterable[Mapping[str, Any]]) -> PromptMemory:
-        return cls(tuple(MemoryItem.from_dict(r) for r in records))
-
-    def contents(self) -> list[tuple[str, str, str]]:
-        """(role, kind, content) in order: what decides behaviour, ids and times aside."""
-        return [(i.role, i.kind, i.content) for i in self.items]
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -168,99 +82,21 @@ def strip_map(observation: str) -> str:
     return "\n".join(out)
 
 
-def _words(text: str) -> set[str]:
-    w = re.findall(r"\w+", text.lower())
-    return set(w) | {f"{a} {b}" for a, b in zip(w, w[1:], strict=False)}
-
-
-def _example_text(item: MemoryItem) -> str:
-    meta = item.meta
-    steps = meta.get("steps") or []
-    lines = [f"Example {meta.get('name') or 'demo'}: {meta.get('description') or ''}".rstrip()]
-    for s in steps:
-        obs = s.get("observation", "")
-        tool = f" [tool {s['tool']}]" if s.get("tool") else ""
-        thought = f" ({s['thought']})" if s.get("thought") else ""
-        lines.append(f"  {obs}{tool}{thought} -> {s.get('answer', '')}")
-    return "\n".join(lines)
-
-
-def render_memory(
-    memory: PromptMemory,
-    role: str,
-    *,
-    budget: int,
-    situation: str = "",
-    count_tokens: Callable[[str], int] = approx_tokens,
-) -> str:
-    """A "## Rules" and "## Examples" block for ``role`` within ``budget`` tokens.
-
-    When everything does not fit, items whose words overlap ``situation`` most win, newest
-    first on ties, because a population's memory grows past a small model's context long
-    before it stops being useful. Shown rules keep their index, which rule edits refer to.
-    """
-    rules = list(enumerate(memory.of(role, "rule")))
-    examples = list(enumerate(memory.of(role, "example")))
-    if not rules and not examples:
-        return ""
-    want = _words(situation)
-
-    def rank(pairs: list[tuple[int, MemoryItem]]) -> list[tuple[int, MemoryItem]]:
-        return sorted(pairs, key=lambda p: (-len(want & _words(p[1].content)), -p[0]))
-
-    used = 0
-    chosen_rules: list[tuple[int, str]] = []
-    for idx, item in rank(rules):
-        line = f"[{idx}] {item.content}"
-        cost = count_tokens(line)
-        if used + cost > budget:
-            continue
-        chosen_rules.append((idx, line))
-        used += cost
-    chosen_examples: list[tuple[int, str]] = []
-    for idx, item in rank(examples):
-        text = _example_text(item)
-        cost = count_tokens(text)
-        if used + cost > budget:
-            continue
-        chosen_examples.append((idx, text))
-        used += cost
-    parts = []
-    if chosen_rules:
-        parts.append("## Rules\n" + "\n".join(line for _, line in sorted(chosen_rules)))
-    if chosen_examples:
-        parts.append("## Examples\n" + "\n".join(t for _, t in sorted(chosen_examples)))
-    return "\n\n".join(parts)
-
-
-_DONT = re.compile(r"^when (?P<when>.+?),? then (?:do not|don't|never|avoid) (?:move |go |take |choose )?(?P<action>[\w-]+)", re.IGNORECASE)
-
-
-def forbidden_actions(memory: PromptMemory, role: str, situation: str, valid: Sequence[str]) -> set[str]:
-    """Actions a rule "when <situation>, then do not <action>" forbids in exactly this situation.
-
-    Used only when a policy is built with ``rule_guard=True``: a practical aid for models too
-    small to follow their own rules, off by default to stay with the paper's prompt-only memory.
-    """
-    norm = " ".join(situation.lower().split())
-    out: set[str] = set()
-    lowered = {v.lower(): v for v in valid}
-    for rule in memory.rules(role):
-        m = _DONT.match(rule.strip())
-        if m and " ".join(m["when"].lower().split()).rstrip(".") == norm and m["action"].lower() in lowered:
-            out.add(lowered[m["action"].lower()])
-    return out
-
-
 # -- policies ----------------------------------------------------------------------------------
+
+Memory = Mapping[str, Recollection]
+"""What a policy reads: one recollection per role (a missing role has no memory)."""
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
-    """One env step's decision: the action and what every role did to reach it."""
+class ActionChoice:
+    """One env step's choice: the action, what every role did to reach it, and which memory
+    units were in front of the model (``shown``) or named this exact situation (``now``)."""
 
     action: str
     steps: tuple[Step, ...] = ()
+    shown: tuple[str, ...] = ()
+    now: tuple[str, ...] = ()
 
 
 class Policy(Protocol):
@@ -276,20 +112,49 @@ class Policy(Protocol):
         observation: str,
         valid_actions: Sequence[str],
         history: Sequence[str],
-        memory: PromptMemory,
-    ) -> Decision: ...
+        memory: Memory,
+    ) -> ActionChoice: ...
 
 
 RoleLLM = Callable[[str], LLM]
 
 
-def _system(role_prompt: str, spec: EnvSpec, memory_block: str) -> str:
+def _system(role_prompt: str, spec: EnvSpec, memory_block: str, actions: Sequence[str] = ()) -> str:
+    """Role, task, the action list and memory: everything that is the same at every step, so
+    it forms the prompt prefix llama.cpp keeps cached (an option list after the observation
+    would be re-read at every step)."""
     text = f"{role_prompt}\nTask ({spec.name}): {spec.description}"
+    if actions:
+        text += f"\nValid actions: {', '.join(actions)}. Answer with exactly one of them."
     return f"{text}\n\n{memory_block}" if memory_block else text
+
+
+def _choose(llm: LLM, system: str, user: str, options: Sequence[str], *, listed: bool, **kw: Any) -> str:
+    """Constrained choice; the options are only restated after the question when the system
+    prompt does not list them or the backend cannot enforce them with a grammar."""
+    instruct = not listed or "choices" not in getattr(llm, "capabilities", ())
+    return choose(llm, [Message("system", system), Message("user", user)], options, fallback=options[0], instruct=instruct, **kw)
 
 
 def _history_line(history: Sequence[str]) -> str:
     return f"\nYour previous actions: {', '.join(history[-4:])}." if history else ""
+
+
+@dataclass(slots=True)
+class _Sampling:
+    """Per-instance sampling, so a population's members differ; recorded by the caller."""
+
+    temperature: float = 0.0
+    seed: int | None = None
+    calls: int = field(default=0)
+
+    def next_seed(self) -> int | None:
+        self.calls += 1
+        return None if self.seed is None else (self.seed * 1_000_003 + self.calls) % (2**31 - 1)
+
+
+def _recollection(memory: Memory, role: str) -> Recollection:
+    return memory.get(role) or empty(role)
 
 
 class FlatPolicy:
@@ -297,6 +162,7 @@ class FlatPolicy:
 
     ``think=True`` first asks for a one-sentence thought (ReAct's reasoning trace); off by
     default because it costs ~40 generated tokens a step and small models gain nothing.
+    ``temperature``/``seed`` make instances of a population differ reproducibly.
     """
 
     roles = ("actor",)
@@ -307,17 +173,18 @@ class FlatPolicy:
         *,
         llm: RoleLLM,
         spec: EnvSpec,
-        memory_tokens: int = 600,
         think: bool = False,
         rule_guard: bool = False,
         show_map: bool = False,
+        temperature: float = 0.0,
+        seed: int | None = None,
     ) -> None:
         self._llm = llm
         self.spec = spec
-        self.memory_tokens = memory_tokens
         self.think = think
         self.rule_guard = rule_guard
         self.show_map = show_map
+        self.sampling = _Sampling(temperature, seed)
 
     def act(
         self,
@@ -325,14 +192,15 @@ class FlatPolicy:
         observation: str,
         valid_actions: Sequence[str],
         history: Sequence[str],
-        memory: PromptMemory,
-    ) -> Decision:
+        memory: Memory,
+    ) -> ActionChoice:
         llm = self._llm("actor")
+        rec = _recollection(memory, "actor")
         situation = summarize_observation(observation)
-        block = render_memory(memory, "actor", budget=self.memory_tokens, situation=situation)
-        system = _system("You are an agent acting in an environment.", self.spec, block)
+        system = _system("You are an agent acting in an environment.", self.spec, rec.block, valid_actions)
         shown = observation if self.show_map else strip_map(observation)
-        user = f"{shown}{_history_line(history)}"
+        now_text, now_ids = rec.now_text(situation)
+        user = f"{shown}{_history_line(history)}" + (f"\n\n{now_text}" if now_text else "")
         thought = ""
         if self.think:
             thought = llm.complete(
@@ -341,15 +209,14 @@ class FlatPolicy:
             user += f"\nThought: {thought}"
         options = list(valid_actions)
         if self.rule_guard:
-            banned = forbidden_actions(memory, "actor", situation, options)
+            banned = rec.forbidden(situation)
             options = [o for o in options if o not in banned] or list(valid_actions)
-        action = choose(
-            llm,
-            [Message("system", system), Message("user", user + "\nWhich action next?")],
-            options,
-            fallback=options[0],
+        action = _choose(
+            llm, system, user + "\nWhich action next?", options, listed=options == list(valid_actions),
+            temperature=self.sampling.temperature, seed=self.sampling.next_seed(),
         )
-        return Decision(action, (Step(observation=observation, thought=thought, action=action, role="actor"),))
+        step = Step(observation=observation, thought=thought, action=action, role="actor")
+        return ActionChoice(action, (step,), tuple(rec.ids), tuple(now_ids))
 
 
 class HierarchicalPolicy:
@@ -368,23 +235,20 @@ class HierarchicalPolicy:
         *,
         llm: RoleLLM,
         spec: EnvSpec,
-        memory_tokens: int = 600,
         proposals: int = 2,
         note_tokens: int = 40,
         rule_guard: bool = False,
         show_map: bool = False,
+        temperature: float = 0.0,
+        seed: int | None = None,
     ) -> None:
         self._llm = llm
         self.spec = spec
-        self.memory_tokens = memory_tokens
         self.proposals = max(1, proposals)
         self.note_tokens = note_tokens
         self.rule_guard = rule_guard
         self.show_map = show_map
-
-    def _prompt(self, role: str, prompt: str, memory: PromptMemory, situation: str) -> str:
-        block = render_memory(memory, role, budget=self.memory_tokens // 2, situation=situation)
-        return _system(prompt, self.spec, block)
+        self.sampling = _Sampling(temperature, seed)
 
     def act(
         self,
@@ -392,16 +256,25 @@ class HierarchicalPolicy:
         observation: str,
         valid_actions: Sequence[str],
         history: Sequence[str],
-        memory: PromptMemory,
-    ) -> Decision:
+        memory: Memory,
+    ) -> ActionChoice:
         situation = summarize_observation(observation)
         full, observation = observation, (observation if self.show_map else strip_map(observation))
         steps: list[Step] = []
+        shown: list[str] = []
+        now: list[str] = []
+
+        def prompt(role: str, text: str) -> tuple[str, str]:
+            rec = _recollection(memory, role)
+            shown.extend(rec.ids)
+            now_text, ids = rec.now_text(situation)
+            now.extend(ids)
+            return _system(text, self.spec, rec.block), (f"\n\n{now_text}" if now_text else "")
 
         # analyst: one tool call, one short note
         analyst = self._llm("analyst")
-        a_sys = self._prompt("analyst", "You are the analyst: you read the situation with a tool and report what matters.", memory, situation)
-        tool = choose(analyst, [Message("system", a_sys), Message("user", "Which tool do you call?")], ANALYST_TOOLS, fallback=ANALYST_TOOLS[0])
+        a_sys, a_now = prompt("analyst", "You are the analyst: you read the situation with a tool and report what matters.")
+        tool = choose(analyst, [Message("system", a_sys), Message("user", f"Which tool do you call?{a_now}")], ANALYST_TOOLS, fallback=ANALYST_TOOLS[0])
         tool_out = {
             "read_observation": observation,
             "list_actions": ", ".join(valid_actions),
@@ -417,25 +290,25 @@ class HierarchicalPolicy:
 
         # action chooser: distinct proposals
         chooser = self._llm("action_chooser")
-        c_sys = self._prompt("action_chooser", "You are the action chooser: you propose good next actions.", memory, situation)
+        c_sys, c_now = prompt("action_chooser", "You are the action chooser: you propose good next actions.")
         options = list(valid_actions)
         if self.rule_guard:
-            banned = forbidden_actions(memory, "action_chooser", situation, options) | forbidden_actions(memory, "planner", situation, options)
+            banned = _recollection(memory, "action_chooser").forbidden(situation) | _recollection(memory, "planner").forbidden(situation)
             options = [o for o in options if o not in banned] or list(valid_actions)
         proposed: list[str] = []
         for _ in range(min(self.proposals, len(options))):
             left = [o for o in options if o not in proposed]
-            user = f"{observation}{_history_line(history)}\nAnalyst: {note}\nPropose the best next action" + (f" other than {', '.join(proposed)}." if proposed else ".")
-            proposed.append(choose(chooser, [Message("system", c_sys), Message("user", user)], left, fallback=left[0]))
+            user = f"{observation}{_history_line(history)}\nAnalyst: {note}{c_now}\nPropose the best next action" + (f" other than {', '.join(proposed)}." if proposed else ".")
+            proposed.append(choose(chooser, [Message("system", c_sys), Message("user", user)], left, fallback=left[0], temperature=self.sampling.temperature, seed=self.sampling.next_seed()))
         steps.append(Step(observation=situation, action=", ".join(proposed), role="action_chooser"))
 
         # planner: must copy one proposal
         planner = self._llm("planner")
-        p_sys = self._prompt("planner", "You are the planner: you pick the next action from the proposals.", memory, situation)
-        user = f"{observation}{_history_line(history)}\nAnalyst: {note}\nProposed actions: {', '.join(proposed)}. Pick one."
-        action = choose(planner, [Message("system", p_sys), Message("user", user)], proposed, fallback=proposed[0])
+        p_sys, p_now = prompt("planner", "You are the planner: you pick the next action from the proposals.")
+        user = f"{observation}{_history_line(history)}\nAnalyst: {note}{p_now}\nProposed actions: {', '.join(proposed)}. Pick one."
+        action = choose(planner, [Message("system", p_sys), Message("user", user)], proposed, fallback=proposed[0], temperature=self.sampling.temperature, seed=self.sampling.next_seed())
         steps.append(Step(observation=full, thought=note, action=action, role="planner"))
-        return Decision(action, tuple(steps))
+        return ActionChoice(action, tuple(steps), tuple(dict.fromkeys(shown)), tuple(dict.fromkeys(now)))
 
 
 def _request(messages: list[Message], max_tokens: int) -> Request:
@@ -450,18 +323,15 @@ def make_policy(
     *,
     llm: RoleLLM,
     spec: EnvSpec,
-    memory_tokens: int = 600,
     rule_guard: bool = False,
     show_map: bool = False,
+    temperature: float = 0.0,
+    seed: int | None = None,
 ) -> Policy:
     """``"flat"`` or ``"hierarchical"``; unknown names are a ConfigError."""
+    kw = {"llm": llm, "spec": spec, "rule_guard": rule_guard, "show_map": show_map, "temperature": temperature, "seed": seed}
     if name == "flat":
-        return FlatPolicy(llm=llm, spec=spec, memory_tokens=memory_tokens, rule_guard=rule_guard, show_map=show_map)
+        return FlatPolicy(**kw)
     if name == "hierarchical":
-        return HierarchicalPolicy(llm=llm, spec=spec, memory_tokens=memory_tokens, rule_guard=rule_guard, show_map=show_map)
+        return HierarchicalPolicy(**kw)
     raise ConfigError(f"unknown policy {name!r}; expected one of: {', '.join(POLICIES)}")
-
-
-def retag(item: MemoryItem, **changes: Any) -> MemoryItem:
-    """A copy of ``item`` with ``changes`` (validated)."""
-    return replace(item, **changes)

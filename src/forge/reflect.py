@@ -9,9 +9,14 @@ actions. When nothing usable is left, a fallback artifact is derived from the tr
 itself ("when <situation>, then do not <failing action>"), marked ``fallback=True`` so runs
 can report how much of their memory the model really wrote.
 
-:func:`apply_reflection` turns artifacts into a new :class:`~forge.policy.PromptMemory`:
-rule deletions (by shown index) first, then additions, then per-role caps that keep the newest
-items; every removed item is reported so the caller can archive it, never delete it.
+:func:`apply_reflection` turns artifacts into engine units (rules, examples) for the agent's
+own scope: rule deletions (by shown index) first, then additions, then per-role caps that keep
+the newest units; every removed unit is reported so the caller archives it, never deletes it.
+
+Every rule the model writes is held against the trajectory it came from
+(:func:`forge.rules.check`): a rule that recommends the action that failed is repaired into
+"when X, do not A; B was safe there", and one that names no situation the agent met is
+rejected. Both are recorded in the reflection (``repaired``, ``dropped``).
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge import rules as rulebook
 from forge.envs.base import Env
 from forge.errors import ForgeError, LLMError, ValidationError
 from forge.llm.base import LLM, Message
 from forge.llm.structured import complete_json
-from forge.model import Step
-from forge.policy import MemoryItem, PromptMemory, summarize_observation
+from forge.model import Context, Kind, Provenance, Scope, Step, Unit
+from forge.policy import summarize_observation
 
 __all__ = [
     "safe_alternatives",
@@ -104,7 +110,7 @@ class Snapshot:
     failing_reward: float
     failing_observation: str
     tau: float
-    memory: PromptMemory = PromptMemory()
+    shown: Mapping[str, tuple[Unit, ...]] = field(default_factory=dict)  # rules shown, per role
     safe_actions: tuple[str, ...] = ()
     known_names: tuple[str, ...] = ()
     reason: str = "abort"  # "abort": a reward fell below tau; "stall": ended unsuccessful
@@ -119,7 +125,7 @@ class Snapshot:
         failing: int,
         roles: Sequence[str],
         acting_roles: Sequence[str],
-        memory: PromptMemory,
+        shown: Mapping[str, Sequence[Unit]],
         tau: float,
         stalled: bool,
         safe_actions: Sequence[str] = (),
@@ -139,12 +145,25 @@ class Snapshot:
             failing_reward=trajectory.rewards[failing],
             failing_observation=trajectory.observations[failing],
             tau=tau,
-            memory=memory,
+            shown={role: tuple(u for u in units if u.kind is Kind.RULE) for role, units in shown.items()},
             safe_actions=tuple(safe_actions),
             known_names=tuple(known_names),
             reason="stall" if stalled else "abort",
             episode_return=trajectory.total,
         )
+
+    def rules(self, role: str) -> list[str]:
+        """The rule texts shown to ``role``, in the order their indexes refer to."""
+        return [u.content for u in self.shown.get(role, ())]
+
+    @property
+    def situation(self) -> str:
+        return summarize_observation(self.failing_observation)
+
+    @property
+    def situations(self) -> list[str]:
+        """Every situation the agent met in this attempt (what a rule may name)."""
+        return list(dict.fromkeys(summarize_observation(s.observation) for s in self.steps if s.observation))
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +175,7 @@ class Reflection:
     fallback: bool = False
     dropped: tuple[str, ...] = ()  # why model output was rejected, one line each
     error: str = ""
+    repaired: tuple[str, ...] = ()  # rules rewritten because they advised what failed
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -163,6 +183,7 @@ class Reflection:
             "examples": [e.to_dict() for e in self.examples],
             "fallback": self.fallback,
             "dropped": list(self.dropped),
+            "repaired": list(self.repaired),
             "error": self.error,
         }
 
@@ -226,17 +247,17 @@ def _head(snapshot: Snapshot) -> str:
     return (
         f"Task ({snapshot.env}): {snapshot.description}\n"
         f"Valid actions: {', '.join(snapshot.valid_actions)}.\n"
+        f"Trajectory:\n{_trajectory(snapshot)}\n"
         f"The attempt failed at step {snapshot.failing}: in the situation "
-        f"'{summarize_observation(snapshot.failing_observation)}' the action "
-        f"'{snapshot.failing_action}' {what}.{safe}\n"
-        f"Trajectory:\n{_trajectory(snapshot)}"
+        f"'{snapshot.situation}' the action "
+        f"'{snapshot.failing_action}' {what}.{safe}"
     )
 
 
 def _rules_listing(snapshot: Snapshot) -> str:
     parts = []
     for role in snapshot.roles:
-        rules = snapshot.memory.rules(role)
+        rules = snapshot.rules(role)
         shown = "\n".join(f"  [{i}] {r}" for i, r in enumerate(rules)) or "  (none)"
         parts.append(f"Rules of {role}:\n{shown}")
     return "\n".join(parts)
@@ -313,9 +334,11 @@ def reflect(
     examples: list[Example] = []
     dropped: list[str] = []
     errors: list[str] = []
+    repaired: list[str] = []
     fallback = False
     if representation in ("rules", "mixed"):
-        got, why, err = _ask_rules(llm, snapshot, retries=retries, max_tokens=max_tokens)
+        got, why, err, fixed = _ask_rules(llm, snapshot, retries=retries, max_tokens=max_tokens)
+        repaired += fixed
         dropped += why
         if err:
             errors.append(err)
@@ -334,13 +357,15 @@ def reflect(
         else:
             examples += _fallback_examples(snapshot)
             fallback = True
-    return Reflection(tuple(edits), tuple(examples), fallback, tuple(dropped), "; ".join(errors))
+    return Reflection(tuple(edits), tuple(examples), fallback, tuple(dropped), "; ".join(errors), tuple(repaired))
 
 
-def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -> tuple[list[RuleEdit], list[str], str]:
+def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -> tuple[list[RuleEdit], list[str], str, list[str]]:
     prompt = (
         f"{_head(snapshot)}\n\n{_rules_listing(snapshot)}\n\n"
-        "Write rule edits. Each added rule reads 'when <situation>, then <what to do>' and names a valid action. "
+        "Write rule edits. Each added rule copies a situation exactly as written above and says what to avoid "
+        "and what to do instead, e.g. "
+        f"'{rulebook.write(snapshot.situation, snapshot.failing_action, snapshot.safe_actions[:1] or [_alternative(snapshot)])}'. "
         "Delete (by index) rules that caused the failure."
     )
     try:
@@ -352,8 +377,9 @@ def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -
             max_tokens=max_tokens,
         )
     except LLMError as exc:
-        return [], [], str(exc)
+        return [], [], str(exc), []
     dropped: list[str] = []
+    repaired: list[str] = []
     merged: dict[str, tuple[set[int], list[str]]] = {}
     known = (*snapshot.known_names, *snapshot.roles)
     for edit in data.get("edits") or []:
@@ -364,25 +390,40 @@ def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -
         if role not in snapshot.roles:
             dropped.append(f"unknown role {role!r}")
             continue
-        n = len(snapshot.memory.rules(role))
+        n = len(snapshot.rules(role))
         deletes, adds = merged.setdefault(role, (set(), []))
         for idx in edit.get("delete") or []:
             if isinstance(idx, int) and not isinstance(idx, bool) and 0 <= idx < n:
                 deletes.add(idx)
             else:
                 dropped.append(f"{role}: no rule at index {idx!r}")
-        existing = {r.lower() for r in snapshot.memory.rules(role)}
+        existing = {r.lower() for r in snapshot.rules(role)}
         for text in (edit.get("add") or [])[:_MAX_ADDS]:
             rule = _clean_rule(text) if isinstance(text, str) else ""
             why = validate_rule(rule, valid_actions=snapshot.valid_actions, known_names=known)
-            if why is None and (rule.lower() in existing or rule in adds):
+            if why is None:
+                checked, note = rulebook.check(
+                    rule,
+                    valid_actions=snapshot.valid_actions,
+                    situations=snapshot.situations,
+                    failing_situation=snapshot.situation,
+                    failing_action=snapshot.failing_action,
+                    safe_actions=snapshot.safe_actions,
+                )
+                if checked is None:
+                    why = note
+                else:
+                    if note:
+                        repaired.append(f"{role}: {note}")
+                    rule = checked
+            if why is None and (rule.lower() in existing or rule.lower() in {a.lower() for a in adds}):
                 why = f"duplicate rule {rule[:60]!r}"
             if why:
                 dropped.append(f"{role}: {why}")
             else:
                 adds.append(rule)
     edits = [RuleEdit(role, tuple(sorted(d)), tuple(a)) for role, (d, a) in merged.items() if a]
-    return edits, dropped, ""
+    return edits, dropped, "", repaired
 
 
 def _ask_example(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -> tuple[Example | None, list[str], str]:
@@ -441,14 +482,11 @@ def _alternative(snapshot: Snapshot) -> str:
 
 
 def _fallback_rules(snapshot: Snapshot) -> list[RuleEdit]:
-    situation = summarize_observation(snapshot.failing_observation) or f"at step {snapshot.failing}"
-    rule = f"when {situation[:1].lower() + situation[1:]}, then do not {snapshot.failing_action}"
-    if snapshot.safe_actions:
-        verb = "was" if len(snapshot.safe_actions) == 1 else "were"
-        rule += f"; {', '.join(snapshot.safe_actions)} {verb} safe there"
+    situation = snapshot.situation or f"at step {snapshot.failing}"
+    rule = rulebook.write(situation, snapshot.failing_action, snapshot.safe_actions)
     edits = []
     for role in snapshot.acting_roles:
-        if rule.lower() not in {r.lower() for r in snapshot.memory.rules(role)}:
+        if rule.lower() not in {r.lower() for r in snapshot.rules(role)}:
             edits.append(RuleEdit(role, (), (rule,)))
     return edits
 
@@ -485,72 +523,97 @@ def fallback_reflection(snapshot: Snapshot, *, representation: str, error: str =
 
 @dataclass(frozen=True, slots=True)
 class Applied:
-    """The memory after a reflection, and what changed: added items, removed items + why."""
+    """The units after a reflection, and what changed: added units, removed units + why."""
 
-    memory: PromptMemory
-    added: tuple[MemoryItem, ...] = ()
-    removed: tuple[tuple[MemoryItem, str], ...] = field(default_factory=tuple)
+    units: tuple[Unit, ...]
+    added: tuple[Unit, ...] = ()
+    removed: tuple[tuple[Unit, str], ...] = field(default_factory=tuple)
 
 
 def apply_reflection(
-    memory: PromptMemory,
+    units: Sequence[Unit],
     reflection: Reflection,
     *,
+    owner: str,
+    shown: Mapping[str, Sequence[Unit]] | None = None,
+    scope: Scope | str = "private",
+    context: Context = Context(),
     rule_cap: int = 100,
     example_cap: int = 50,
     episodes: Sequence[str] = (),
     stage: int = 0,
+    now: float | None = None,
 ) -> Applied:
-    """Apply rule edits (deletes by index, then adds) and examples, then enforce per-role caps.
+    """Apply rule edits (deletes by shown index, then adds) and examples to an agent's units.
 
-    Caps keep the newest items of each (role, kind); the evicted and the deleted come back in
+    ``units`` are the agent's active units; new ones are owned by ``owner`` in ``scope``,
+    with ``context`` (its role set per edit) and provenance ``reflection`` from ``episodes``.
+    Caps keep the newest units per (role, kind); the deleted and the evicted come back in
     ``removed`` with a reason so the caller archives them rather than losing them.
     """
-    items = list(memory.items)
-    added: list[MemoryItem] = []
-    removed: list[tuple[MemoryItem, str]] = []
+    items = list(units)
+    added: list[Unit] = []
+    removed: list[tuple[Unit, str]] = []
     flag = {"fallback": True} if reflection.fallback else {}
+    shown = shown or {}
+    clock = now
+
+    def make(kind: Kind, role: str, content: str, meta: Mapping[str, Any]) -> Unit:
+        nonlocal clock
+        extra = {"created_at": clock} if clock is not None else {}
+        if clock is not None:
+            clock += 1e-3  # keeps creation order, hence the prompt's order, stable
+        return Unit(
+            content=content,
+            kind=kind,
+            context=Context(context.domain, context.task, role, context.tags),
+            scope=scope,  # type: ignore[arg-type]
+            owner=owner,
+            confidence=0.3 if reflection.fallback else 0.5,
+            provenance=Provenance(source="reflection", episodes=tuple(episodes)),
+            meta={"stage": stage, **meta, **flag},
+            **extra,
+        )
+
     for edit in reflection.edits:
-        role_rules = [i for i in items if i.role == edit.role and i.kind == "rule"]
+        role_rules = [u for u in shown.get(edit.role, ()) if u.kind is Kind.RULE]
         doomed = {role_rules[i].id for i in edit.delete if 0 <= i < len(role_rules)}
-        for item in role_rules:
-            if item.id in doomed:
-                removed.append((item, "deleted by a reflection rule edit"))
-        items = [i for i in items if i.id not in doomed]
+        for unit in items:
+            if unit.id in doomed:
+                removed.append((unit, "deleted by a reflection rule edit"))
+        items = [u for u in items if u.id not in doomed]
         for text in edit.add:
-            new = MemoryItem("rule", edit.role, text, episodes=tuple(episodes), stage=stage, meta=dict(flag))
+            parsed = rulebook.parse(text)
+            new = make(Kind.RULE, edit.role, text, {"situation": parsed.when} if parsed else {})
             items.append(new)
             added.append(new)
     for ex in reflection.examples:
-        new = MemoryItem(
-            "example",
-            ex.role,
-            ex.content(),
-            episodes=tuple(episodes),
-            stage=stage,
-            meta={"name": ex.name, "description": ex.description, "steps": [dict(s) for s in ex.steps], **flag},
-        )
+        new = make(Kind.EXAMPLE, ex.role, ex.content(), {"name": ex.name, "description": ex.description, "steps": [dict(s) for s in ex.steps]})
         items.append(new)
         added.append(new)
     items, evicted = enforce_caps(items, rule_cap=rule_cap, example_cap=example_cap)
-    removed += [(i, "evicted by the memory cap (newest kept)") for i in evicted]
-    return Applied(PromptMemory(tuple(items)), tuple(added), tuple(removed))
+    removed += [(u, "evicted by the memory cap (newest kept)") for u in evicted]
+    return Applied(tuple(items), tuple(added), tuple(removed))
 
 
-def enforce_caps(items: Sequence[MemoryItem], *, rule_cap: int, example_cap: int) -> tuple[list[MemoryItem], list[MemoryItem]]:
-    """Keep the newest ``cap`` items per (role, kind); return (kept, evicted), order preserved."""
+def enforce_caps(units: Sequence[Unit], *, rule_cap: int, example_cap: int) -> tuple[list[Unit], list[Unit]]:
+    """Keep the newest ``cap`` rules/examples per role; return (kept, evicted), order preserved.
+    Units of other kinds are not capped here (curation's business)."""
     if rule_cap < 0 or example_cap < 0:
         raise ValidationError("memory caps must be zero or more")
-    caps = {"rule": rule_cap, "example": example_cap}
-    seen: dict[tuple[str, str], int] = {}
+    caps = {Kind.RULE: rule_cap, Kind.EXAMPLE: example_cap}
+    seen: dict[tuple[str, Kind], int] = {}
     keep_ids: set[str] = set()
-    for item in reversed(items):
-        key = (item.role, item.kind)
+    for unit in sorted(units, key=lambda u: (u.created_at, u.id), reverse=True):
+        if unit.kind not in caps:
+            keep_ids.add(unit.id)
+            continue
+        key = (unit.context.role, unit.kind)
         seen[key] = seen.get(key, 0) + 1
-        if seen[key] <= caps[item.kind]:
-            keep_ids.add(item.id)
-    kept = [i for i in items if i.id in keep_ids]
-    evicted = [i for i in items if i.id not in keep_ids]
+        if seen[key] <= caps[unit.kind]:
+            keep_ids.add(unit.id)
+    kept = [u for u in units if u.id in keep_ids]
+    evicted = [u for u in units if u.id not in keep_ids]
     return kept, evicted
 
 

@@ -45,27 +45,38 @@ def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def memory_markdown(memory: Sequence[Mapping[str, Any]], *, title: str = "Champion memory") -> str:
-    """Rules and examples, grouped by role, numbered as the agent saw them."""
+    """Rules and examples (unit records), grouped by role, with their provenance and record:
+    how often each was shown to the model and how the episodes that showed it ended."""
     lines = [f"# {title}", ""]
     if not memory:
         return "\n".join([*lines, "_(empty memory)_", ""])
-    roles = list(dict.fromkeys(m["role"] for m in memory))
-    for role in roles:
+
+    def role_of(m: Mapping[str, Any]) -> str:
+        return (m.get("context") or {}).get("role") or "any role"
+
+    def record(m: Mapping[str, Any]) -> str:
+        meta = m.get("meta", {})
+        prov = m.get("provenance") or {}
+        uses = int(meta.get("uses", 0))
+        used = f"; shown {uses}x, {meta.get('successes', 0)} successes, validation {m.get('validation', 0.5):.2f}" if uses else ""
+        return f"source: {prov.get('source', '')}, stage {meta.get('stage', 0)}{used}"
+
+    for role in dict.fromkeys(role_of(m) for m in memory):
         lines.append(f"## Role: {role}")
-        rules = [m for m in memory if m["role"] == role and m["kind"] == "rule"]
-        examples = [m for m in memory if m["role"] == role and m["kind"] == "example"]
+        rules = [m for m in memory if role_of(m) == role and m["kind"] in ("rule", "lesson")]
+        examples = [m for m in memory if role_of(m) == role and m["kind"] == "example"]
         if rules:
             lines += ["", "### Rules", ""]
             for i, m in enumerate(rules):
                 tag = " _(fallback)_" if m.get("meta", {}).get("fallback") else ""
-                lines.append(f"{i}. {m['content']}  \n   source: {m.get('source', '')}, stage {m.get('stage', 0)}{tag}")
+                lines.append(f"{i}. {m['content']}  \n   {record(m)}{tag}")
         if examples:
             lines += ["", "### Examples", ""]
             for m in examples:
                 meta = m.get("meta", {})
                 tag = " _(fallback)_" if meta.get("fallback") else ""
                 lines.append(f"**{meta.get('name', 'example')}**: {meta.get('description', '')}{tag}  ")
-                lines.append(f"source: {m.get('source', '')}, stage {m.get('stage', 0)}")
+                lines.append(record(m))
                 lines.append("")
                 for s in meta.get("steps", []):
                     thought = f" _{s.get('thought')}_" if s.get("thought") else ""
@@ -74,6 +85,36 @@ def memory_markdown(memory: Sequence[Mapping[str, Any]], *, title: str = "Champi
                 lines.append("")
         lines.append("")
     return "\n".join(lines)
+
+
+def decisions(run: Mapping[str, Any], *, limit: int = 40) -> list[dict[str, Any]]:
+    """Which memories drove which actions: the champion's evaluation steps, each with the
+    units that named its situation (read from the run's eval results and final memory)."""
+    from forge.policy import summarize_observation
+
+    champ = run["champion"]["instance"]
+    path = Path(run["run_dir"]) / "checkpoints" / "eval" / f"inst-{champ:02d}.json"
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    content = {m["id"]: m["content"] for m in run["champion"]["memory"]}
+    rows: list[dict[str, Any]] = []
+    for ep in result.get("episodes", [])[:2]:
+        for step in ep.get("steps", []):
+            info = step.get("info") or {}
+            if "now" not in info:
+                continue  # a non-acting role's step
+            rows.append({
+                "seed": ep.get("meta", {}).get("seed"),
+                "t": info.get("t"),
+                "situation": summarize_observation(step.get("observation", "")),
+                "action": step.get("action", ""),
+                "reward": step.get("reward", 0.0),
+                "memory": [content.get(i, i) for i in info.get("now", [])],
+                "shown": len(info.get("shown", [])),
+            })
+    return rows[:limit]
 
 
 def _summary_row(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,7 +217,19 @@ th{background:#f3f3f3}td:first-child{text-align:left}.figs{display:flex;flex-wra
 pre{background:#f8f8f8;padding:1em;overflow-x:auto;white-space:pre-wrap}"""
 
 
-def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: Mapping[str, str]) -> str:
+def _decisions_html(label: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return ""
+    body = "".join(
+        f"<tr><td>{html.escape(str(r['seed']))}/{r['t']}</td><td>{html.escape(r['situation'])}</td><td>{html.escape(r['action'])}</td>"
+        f"<td>{r['reward']:g}</td><td>{r['shown']}</td><td style='text-align:left'>{'<br>'.join(html.escape(m) for m in r['memory']) or '-'}</td></tr>"
+        for r in rows
+    )
+    return (f"<h3>{html.escape(label)}</h3><table><tr><th>seed/step</th><th>situation</th><th>action</th><th>reward</th>"
+            f"<th>units shown</th><th>memory for this situation</th></tr>{body}</table>")
+
+
+def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: Mapping[str, str], drove: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> str:
     cols = [
         ("run", "label"),
         ("mean return", "mean_return"),
@@ -209,7 +262,9 @@ def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: 
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>FORGE report</title><style>{REPORT_CSS}</style></head><body>"
         f"<h1>FORGE report</h1><ul>{settings}</ul><table><tr>{head}</tr>{body}</table>"
-        f"<h2>Figures</h2><div class='figs'>{images}</div><h2>Final champion memory</h2>{mem}</body></html>"
+        f"<h2>Figures</h2><div class='figs'>{images}</div><h2>Final champion memory</h2>{mem}"
+        f"<h2>Which memories drove which actions (champion's evaluation)</h2>"
+        f"{''.join(_decisions_html(k, v) for k, v in (drove or {}).items()) or '<p>(no recorded decisions)</p>'}</body></html>"
     )
 
 
@@ -237,11 +292,12 @@ def build_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "summary.json", "html": out / "report.html", "markdown": out / "memory.md"}
-    summary = {"runs": rows}
+    drove = {r["label"]: decisions(r) for r in runs}
+    summary: dict[str, Any] = {"runs": rows, "decisions": drove}
     if len(rows) > 1:
         summary["ratios"] = _ratios(rows)
     paths["json"].write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    paths["html"].write_text(_html(rows, figs, memories), encoding="utf-8")
+    paths["html"].write_text(_html(rows, figs, memories, drove), encoding="utf-8")
     paths["markdown"].write_text("\n\n".join(memories.values()), encoding="utf-8")
     return paths
 

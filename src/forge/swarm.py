@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import secrets as _secrets
 import signal
 import subprocess
@@ -39,21 +38,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
-
 from forge.errors import BusError, ConfigError, ForgeError, UserError
-from forge.llm.base import Completion, Request
-from forge.llm.testing import count_words, example_for_schema
+from forge.llm.testing import WalkerLLM
 
 __all__ = [
     "SECRET_ENV",
     "SwarmConfig",
     "SwarmResult",
     "WalkerLLM",
-    "render_table",
     "run_agent",
     "run_swarm",
-    "swarm_command",
 ]
 
 #: Environment variable holding the swarm's master secret (parent and children).
@@ -61,58 +55,6 @@ SECRET_ENV = "FORGE_SWARM_SECRET"
 TOPOLOGIES = ("full", "ring", "star", "similarity", "hierarchical")
 _DONE = ("lingering", "done", "stopped", "error")  # states after an agent's last episode
 _COLUMNS = ("episodes", "mean_return", "learned", "sent", "received", "accepted", "corroborated", "quarantined", "rejected", "conflicts", "help_asked", "help_answered", "units")
-
-
-# -- the test policy ---------------------------------------------------------------------------
-
-_RULE = re.compile(r"when (?P<when>.+?),? then do not (?P<action>[\w-]+)", re.IGNORECASE)
-_WHEN = re.compile(r"when (?P<when>.+?),? then ", re.IGNORECASE)
-_LEAN = {"down": 3.0, "right": 3.0}  # FrozenLake's goal is bottom-right: a walk that gets there sometimes
-
-
-class WalkerLLM:
-    """A deterministic stand-in model for swarms: a seeded walk that obeys its prompt's rules.
-
-    For an action choice it removes the actions that a "when <situation>, then do not
-    <action>" rule in the system prompt forbids in the current situation, then picks among
-    the rest at random, seeded by ``seed`` and the prompt (so the same agent in the same
-    state with the same memory does the same thing). Reflection requests get a minimal
-    schema answer, which makes reflection fall back to the rule derived from the trajectory.
-    """
-
-    capabilities = frozenset({"choices", "json_schema"})
-
-    def __init__(self, *, seed: int = 0, lean: Mapping[str, float] = _LEAN) -> None:
-        self.seed = seed
-        self.lean = dict(lean)
-        self.name = f"walker:{seed}"
-
-    def complete(self, request: Request) -> Completion:
-        if request.choices:
-            text = self._choose(request)
-        elif request.json_schema is not None:
-            text = json.dumps(example_for_schema(request.json_schema))
-        else:
-            text = "Keep going."
-        prompt = sum(count_words(m.content) for m in request.messages)
-        return Completion(text=text, prompt_tokens=prompt, completion_tokens=count_words(text), model=self.name)
-
-    def _choose(self, request: Request) -> str:
-        from forge.policy import summarize_observation
-
-        user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
-        system = "\n".join(m.content for m in request.messages if m.role == "system")
-        situation = " ".join(summarize_observation(user).lower().split())
-        banned = {m["action"].lower() for m in _RULE.finditer(system) if " ".join(m["when"].lower().split()).rstrip(".") == situation}
-        options = [c for c in request.choices or () if c.lower() not in banned] or list(request.choices or ())
-        rng = random.Random(f"{self.seed}|{user}")
-        return rng.choices(options, weights=[self.lean.get(o, 1.0) for o in options])[0]
-
-    def count_tokens(self, text: str) -> int:
-        return count_words(text)
-
-    def close(self) -> None:
-        return None
 
 
 # -- the stats board ---------------------------------------------------------------------------
@@ -188,19 +130,6 @@ def _check_parent(spec: Mapping[str, Any]) -> None:
         raise _Stop(0)
 
 
-def _used_ids(memory: Any, observations: Sequence[str]) -> list[str]:
-    """Memory items that spoke to a situation the episode passed through: the ones it used."""
-    from forge.policy import summarize_observation
-
-    seen = {" ".join(summarize_observation(o).lower().split()) for o in observations}
-    out = []
-    for item in memory.items:
-        m = _WHEN.match(item.content.strip())
-        if m and " ".join(m["when"].lower().split()).rstrip(".") in seen:
-            out.append(item.id)
-    return out
-
-
 def _poison(agent: str, n: int) -> list[Any]:
     """What an adversarial insider sends: an injection and a leaked secret, validly signed."""
     from forge.model import Kind, Unit
@@ -223,7 +152,6 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
     from forge.envs import make_env
     from forge.llm import MeteredLLM, TokenLedger
     from forge.policy import make_policy
-    from forge.protocols.episode import play
 
     aid, index = str(spec["agent"]), int(spec["index"])
     board = _Board(spec["bus"], spec["prefix"])
@@ -270,12 +198,8 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
             _check_parent(spec)
             agent.drain()
             seed = int(spec["seed"]) * 1_000_003 + index * 1000 + n
-            shown = agent.prompt_memory()
-            traj = play(env, policy, shown, seed=seed, tau=env.spec.tau, abort=True, max_steps=env.spec.max_steps)
-            used = _used_ids(shown, traj.observations)
-            if used:
-                agent.record_outcome(used, success=traj.total >= env.spec.success_return)
-            agent.learn(traj, env=env, seed=seed, shown=shown)
+            traj = agent.play(env, policy, seed=seed)
+            agent.learn(traj, env=env, seed=seed, policy=policy)
             failures = failures + 1 if traj.total < env.spec.success_return else 0
             if failures == 2:  # stuck twice in a row: ask the neighbours what they know
                 agent.ask_help(f"{env.spec.name}: {summarize_observation(traj.observations[-1]) if traj.observations else env.spec.description}")
@@ -604,130 +528,6 @@ def _sigterm_as_interrupt() -> Callable[[], None]:
 
 
 # -- display -----------------------------------------------------------------------------------
-
-_HEAD = ("agent", "state", "episodes", "return", "learned", "sent", "recv", "accepted", "corrob.", "quarant.", "rejected", "conflicts", "help q/a", "units")
-_SHORT = ("agent", "state", "ep", "ret", "lrn", "sent", "recv", "acc", "cor", "quar", "rej", "conf", "help", "units")
-_COUNTS = ("learned", "sent", "received", "accepted", "corroborated", "quarantined", "rejected", "conflicts", "help", "units")
-
-
-def _count(s: Mapping[str, Any], column: str) -> str:
-    if column == "help":  # help requests this agent sent / peers' requests it answered
-        return f"{int(s.get('help_asked', 0) or 0)}/{int(s.get('help_answered', 0) or 0)}"
-    return str(int(s.get(column, 0) or 0))
-
-
-def _row(aid: str, s: Mapping[str, Any], episodes: int, *, compact: bool) -> list[str]:
-    name = (f"{aid}*" if compact else f"{aid} (poison)") if s.get("poison") else aid
-    return [
-        name,
-        str(s.get("state", "starting")),
-        f"{s.get('episodes', 0)}/{episodes}",
-        f"{float(s.get('mean_return', 0.0)):+.2f}",
-        *(_count(s, c) for c in _COUNTS),
-    ]
-
-
-def render_table(
-    stats: Mapping[str, Mapping[str, Any]], *, config: SwarmConfig, agents: Sequence[str], title: str, compact: bool = False
-) -> Any:
-    """The live/final table: one row per agent and a totals row.
-
-    ``compact`` (short headers, light box, ``*`` for poisoned agents) fits an 80-column terminal.
-    """
-    from rich import box
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, padding=(0, 0 if compact else 1), pad_edge=not compact)
-    for h in _SHORT if compact else _HEAD:
-        table.add_column(h, justify="left" if h in ("agent", "state") else "right", no_wrap=True)
-    for aid in agents:
-        table.add_row(*_row(aid, stats.get(aid, {}), config.episodes, compact=compact))
-    tot = _totals({a: stats.get(a, {}) for a in agents})
-    table.add_section()
-    table.add_row(
-        "total", "", f"{int(tot['episodes'])}/{config.episodes * len(agents)}", f"{tot['mean_return']:+.2f}",
-        *(_count(tot, c) for c in _COUNTS),
-    )
-    if compact and any(s.get("poison") for s in stats.values()):
-        table.caption = "* adversarial (--poison)"
-    return table
-
-
-def _line(stats: Mapping[str, Mapping[str, Any]], elapsed: float) -> str:
-    parts = []
-    for aid, s in stats.items():
-        parts.append(
-            f"{aid} {s.get('state', 'starting')} ep {s.get('episodes', 0)} sent {s.get('sent', 0)} recv {s.get('received', 0)} "
-            f"acc {s.get('accepted', 0)} cor {s.get('corroborated', 0)} quar {s.get('quarantined', 0)} conf {s.get('conflicts', 0)}"
-        )
-    return f"[{elapsed:6.1f}s] " + " | ".join(parts)
-
-
-@click.command("swarm")
-@click.option("--agents", "-n", type=int, default=3, show_default=True, help="How many agent processes.")
-@click.option("--episodes", "-e", type=int, default=5, show_default=True, help="Episodes each agent plays.")
-@click.option("--env", default="frozenlake-4x4", show_default=True, help="Environment each agent plays (see forge.envs.available_envs).")
-@click.option("--llm", default="local", show_default=True, help="local (embedded SmolLM2, 1 thread per agent), openai:MODEL, local:/path.gguf, or test (scripted, instant).")
-@click.option("--topology", type=click.Choice(TOPOLOGIES), default="full", show_default=True, help="Who hears whom.")
-@click.option("--embedder", type=click.Choice(["hash", "local"]), default="hash", show_default=True, help="Embedder of every agent's store.")
-@click.option("--bus", default="redis://127.0.0.1:6379/0", show_default=True, help="The Redis the agents share.")
-@click.option("--dir", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None, help="Per-agent stores, logs and swarm.json (default runs/swarm-<time>).")
-@click.option("--poison", type=int, default=0, show_default=True, help="Make this many agents adversarial: they also broadcast injections and secrets.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Run seed; every agent's episode seeds derive from it.")
-@click.option("--max-steps", type=int, default=None, help="Cap on steps per episode (default: the env's).")
-@click.option("--rule-guard/--no-rule-guard", default=False, show_default=True, help="Enforce 'when X, then do not A' rules as hard exclusions (for models too small to follow them).")
-@click.option("--linger", "linger_s", type=float, default=10.0, show_default=True, help="Seconds an agent keeps listening after its last episode, waiting for its peers.")
-@click.option("--keep", is_flag=True, help="Keep the run's Redis keys (streams and stats) instead of deleting them.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
-def swarm_command(out_dir: Path | None, as_json: bool, **options: Any) -> None:
-    """Run a population of agents as separate processes that share memory live over Redis."""
-    from rich.console import Console
-
-    config = SwarmConfig(dir=str(out_dir) if out_dir else "", **options)
-    secret = os.environ.get(SECRET_ENV) or _secrets.token_hex(32)
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 160))
-    agents = agent_ids(config.agents)
-    title = f"forge swarm: {config.agents} agents, {config.topology} topology, {config.env}, llm {config.llm}"
-    compact = console.width < 130
-    live: Any = None
-    last_line = [0.0, ""]
-
-    def update(stats: dict[str, dict[str, Any]], elapsed: float) -> None:
-        if as_json:
-            return
-        if live is not None:
-            live.update(render_table(stats, config=config, agents=agents, title=f"{title} ({elapsed:.0f}s)", compact=compact))
-            return
-        line = _line(stats, elapsed)
-        if elapsed - last_line[0] >= 2.0 and line.split("] ", 1)[-1] != last_line[1]:
-            click.echo(line)
-            last_line[:] = [elapsed, line.split("] ", 1)[-1]]
-
-    try:
-        if console.is_terminal and not as_json:
-            from rich.live import Live
-
-            with Live(render_table({}, config=config, agents=agents, title=title, compact=compact), console=console, refresh_per_second=2, transient=True) as live:
-                result = run_swarm(config, secret=secret, on_update=update)
-        else:
-            result = run_swarm(config, secret=secret, on_update=update)
-    except ForgeError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2 if isinstance(exc, UserError) else 1)
-    if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
-    else:
-        console.print(render_table(result.agents, config=config, agents=agents, title=f"{title}: {result.status} in {result.seconds:.1f}s", compact=compact))
-        click.echo(f"run: {result.prefix} ({'keys deleted' if result.cleaned else 'keys kept'}); results: {Path(result.dir) / 'swarm.json'}")
-    for f in result.failures:
-        click.echo(f"error: {f}", err=True)
-    if result.status == "interrupted":
-        click.echo("interrupted: every agent was stopped", err=True)
-        sys.exit(130)
-    if result.status != "ok":
-        sys.exit(1)
 
 
 if __name__ == "__main__":

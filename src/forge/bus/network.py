@@ -16,8 +16,8 @@ store, the embedder) stops the batch with the failed capsule and the rest unacke
 come again.
 
 Scope travels with a unit: a group-scoped capsule goes only to the group's members
-(``members``: group name -> agent ids) and a private one goes nowhere; what is held back
-is counted in :attr:`Network.withheld`.
+(``members``: group name -> agent ids); what is held back is counted in
+:attr:`Network.withheld`.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ class Rejection:
 class CapsuleInbox:
     """A subscription that decodes and verifies capsules at the boundary.
 
-    With a keyring, unsigned, tampered, unknown-sender and expired capsules are rejected;
-    without one, capsules are only decoded (for transports already trusted end to end).
+    With a keyring, unsigned, tampered, unknown-sender, forged-origin and expired capsules
+    are rejected, and so are capsules not addressed to ``recipient`` (the inbox's agent);
+    without a keyring, capsules are only decoded (for transports already trusted end to end).
     """
 
     def __init__(
@@ -63,11 +64,13 @@ class CapsuleInbox:
         subscription: Subscription,
         *,
         keyring: Keyring | None,
+        recipient: str | None = None,
         clock: Callable[[], float] = time.time,
         keep: int = 256,
     ) -> None:
         self.subscription = subscription
         self.keyring = keyring
+        self.recipient = recipient
         self.clock = clock
         self.rejected: Counter[str] = Counter()
         self.rejections: deque[Rejection] = deque(maxlen=keep)  # the most recent, for inspection
@@ -79,7 +82,7 @@ class CapsuleInbox:
             try:
                 capsule = Capsule.from_json(m.payload)
                 sender = capsule.sender
-                reason = self.keyring.verify(capsule) if self.keyring is not None else None
+                reason = self.keyring.verify(capsule, recipient=self.recipient) if self.keyring is not None else None
                 if reason is None and capsule.expired(self.clock()):
                     reason = "expired"
                 detail = reason
@@ -142,24 +145,29 @@ class Network:
         return f"{self.topic_prefix}{agent}"
 
     def may_receive(self, agent: str, capsule: Capsule) -> bool:
-        """Whether ``agent`` is allowed to see the capsule's unit (both scopes it names)."""
+        """Whether ``agent`` may see the capsule's unit: a group unit (by either scope the
+        capsule names) only if it is a member. Fails closed: a group nobody listed has no
+        members. (A private unit is sent only when its owner sends it on purpose.)"""
         for text in {capsule.scope, str(capsule.unit.scope)}:
             scope = Scope.parse(text)
-            if scope.kind == "private" and text == capsule.scope:
-                return False  # a private unit belongs to one agent and never travels
             if scope.kind == "group" and agent not in self.members.get(scope.name, ()):
                 return False
         return True
 
     def send_to(self, capsule: Capsule, recipients: Iterable[str]) -> dict[str, str]:
-        """Sign (as ``capsule.sender``) and publish to each recipient's inbox; returns ids."""
-        signed = capsule if capsule.signature else self.keyring.sign(capsule)
+        """Address to the permitted recipients, sign as ``capsule.sender`` and publish;
+        returns ids. A recipient the capsule's scope does not allow is left out (counted in
+        :attr:`withheld`). The recipients are signed into the capsule, so one inbox's copy is
+        refused by any other inbox. A capsule already signed for exactly these recipients
+        goes as it is.
+        """
         wanted = set(recipients) - {capsule.sender}
         agents = sorted(a for a in wanted if self.may_receive(a, capsule))
         if len(agents) < len(wanted):
             self.withheld[capsule.scope] += len(wanted) - len(agents)
         if not agents:
             return {}
+        signed = capsule if capsule.signature and capsule.to == tuple(agents) else self.keyring.sign(capsule.addressed(agents))
         ids = self.bus.publish_to([self.topic(a) for a in agents], signed)
         self.sent[capsule.sender] += len(agents)
         return dict(zip(agents, ids, strict=True))
@@ -177,7 +185,7 @@ class Network:
 
     def inbox(self, agent: str, *, verify: bool = True, start: str = "earliest") -> CapsuleInbox:
         sub = self.bus.subscribe(self.topic(agent), consumer=agent, start=start)
-        return CapsuleInbox(sub, keyring=self.keyring if verify else None)
+        return CapsuleInbox(sub, keyring=self.keyring if verify else None, recipient=agent)
 
     def pump(
         self,

@@ -1,7 +1,8 @@
 """Language models for FORGE: one small port, an embedded default, an HTTP backend, test doubles.
 
-    llm = open_llm("local")                       # SmolLM2 in-process via llama.cpp
-    llm = open_llm("local:/models/qwen.gguf")     # any chat .gguf
+    llm = open_llm("local")                       # Qwen2.5-Coder-1.5B in-process via llama.cpp
+    llm = open_llm("local:smollm2")               # SmolLM2-135M: fast, for smoke tests
+    llm = open_llm("local:/models/other.gguf")    # any chat .gguf
     llm = open_llm("openai:gpt-4o-mini")          # any OpenAI-compatible endpoint
     llm = open_llm("test", replies=["A"])         # ScriptedLLM for tests
 
@@ -44,14 +45,19 @@ def open_llm(spec: str = "local", **kwargs: Any) -> LLM:
     """Build an LLM from a short spec string; keyword arguments go to the backend.
 
     For ``openai:MODEL`` the base URL is ``base_url=`` if given, else ``$FORGE_LLM_BASE_URL``
-    (read now, not at import), else OpenAI's.
+    (read now, not at import), else OpenAI's. ``local:NAME`` takes a registered model name
+    (``smollm2``, ``qwen2.5-coder-1.5b``; see ``forge.llm.models``), anything else after
+    ``local:`` is a path to a .gguf.
     """
     kind, _, rest = spec.partition(":")
     if kind == "local":
         # local.py imports llama_cpp only when loading, and says how to install it if absent.
         from forge.llm.local import LlamaCppLLM
+        from forge.llm.models import MODELS
 
-        if rest:
+        if rest in MODELS:
+            kwargs["model"] = rest
+        elif rest:
             kwargs["model_path"] = rest
         return LlamaCppLLM(**kwargs)
     if kind == "openai":

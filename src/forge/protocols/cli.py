@@ -20,17 +20,18 @@ from forge.protocols.config import CONDITIONS, POLICIES, REPRESENTATIONS, ForgeC
 
 __all__ = ["QUICK_DEMO", "evolve_command", "report_command"]
 
-#: ``--quick-demo``: a FORGE run on the embedded model that finishes in minutes on 2 cores.
+#: ``--quick-demo``: zero-shot and FORGE on the embedded model, same seeds, one comparison
+#: report; minutes on 2 cores.
 QUICK_DEMO: dict[str, Any] = {
-    "condition": "forge",
     "env": "frozenlake-4x4",
-    "instances": 2,
+    "instances": 3,
     "stages": 2,
     "attempts": 2,
     "eval_episodes": 1,
-    "max_steps": 6,
+    "max_steps": 10,
     "representation": "rules",
 }
+QUICK_DEMO_CONDITIONS = ("zero-shot", "forge")
 
 
 def _fail(exc: ForgeError) -> None:
@@ -47,7 +48,7 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--theta", type=float, default=None, help="Graduation threshold on a checkpoint return (default: the env's).")
 @click.option("--representation", default=None, help=f"One of: {', '.join(REPRESENTATIONS)}.")
 @click.option("--env", default=None, help="Environment name, e.g. frozenlake-4x4 (see forge.envs.available_envs).")
-@click.option("--llm", default=None, help="'local' (embedded SmolLM2), 'openai:MODEL', 'local:/path.gguf' or 'test'.")
+@click.option("--llm", default=None, help="'local' (embedded Qwen2.5-Coder-1.5B), 'local:smollm2', 'local:/path.gguf', 'openai:MODEL' or 'test'.")
 @click.option("--embedder", default=None, help="Embedder of the run's store (default hash: fast, offline).")
 @click.option("--seed", type=int, default=None, help="Run seed; stage, instance and eval seeds derive from it.")
 @click.option("--workers", type=int, default=None, help="Worker processes playing instances in parallel.")
@@ -55,11 +56,12 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--eval-episodes", type=int, default=None, help="Final evaluation episodes per instance.")
 @click.option("--max-steps", type=int, default=None, help="Cap on steps per episode (default: the env's).")
 @click.option("--memory-tokens", type=int, default=None, help="Token budget of the memory shown in one prompt.")
+@click.option("--diversity", type=float, default=None, help="Sampling temperature spread across instances (instance 0 is greedy; default 0.6).")
 @click.option("--rule-guard/--no-rule-guard", default=None, help="Enforce 'when X, then do not A' rules as hard exclusions (off: paper).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="Where the run is written (default runs/<condition>-<time>).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, help="Continue the interrupted run in this directory.")
 @click.option("--bus", "bus_url", default=None, help="Send the champion broadcast over this bus (memory:// or redis://HOST:PORT/DB); default: in-process copy.")
-@click.option("--quick-demo", is_flag=True, help="A small FORGE run on the embedded model (minutes on 2 cores), then its report.")
+@click.option("--quick-demo", is_flag=True, help="Zero-shot and FORGE on the embedded model with the same seeds (minutes on 2 cores), then one comparison report.")
 @click.option("--report/--no-report", "with_report", default=None, help="Write the HTML/JSON report into RUN/report afterwards.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
 def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bool, with_report: bool | None, as_json: bool, bus_url: str | None, **options: Any) -> None:
@@ -76,48 +78,69 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
 
             bus = open_bus(bus_url)
             delivery = BusDelivery(bus)
+        runs: list[tuple[Path, Any]] = []
         if resume_dir is not None:
-            result = resume(resume_dir, progress=True, delivery=delivery)
+            runs.append((resume_dir, resume(resume_dir, progress=True, delivery=delivery)))
             run_path = resume_dir
+            report_root = resume_dir
         else:
             settings: dict[str, Any] = dict(QUICK_DEMO) if quick_demo else {}
             settings.update({k: v for k, v in options.items() if v is not None})
-            config = ForgeConfig(**settings)
-            run_path = run_dir or Path("runs") / f"{config.condition}-{time.strftime('%Y%m%d-%H%M%S')}"
-            result = evolve(config, run_path, progress=True, delivery=delivery)
+            conditions = [settings.pop("condition", "forge")] if "condition" in settings or not quick_demo else list(QUICK_DEMO_CONDITIONS)
+            configs = [ForgeConfig(**settings, condition=c) for c in conditions]  # all validated before any runs
+            stamp = time.strftime('%Y%m%d-%H%M%S')
+            if len(configs) == 1:
+                report_root = run_dir or Path("runs") / f"{configs[0].condition}-{stamp}"
+                paths = [report_root]
+            else:
+                report_root = run_dir or Path("runs") / f"quick-demo-{stamp}"
+                paths = [report_root / c.condition for c in configs]
+            for config, path in zip(configs, paths, strict=True):
+                if len(configs) > 1 and not as_json:
+                    click.echo(f"== {config.condition} on {config.env} with {config.llm} ({config.instances} instances, {config.stages} stages) ==", err=True)
+                runs.append((path, evolve(config, path, progress=True, delivery=delivery)))
+            run_path = paths[-1]
         report_paths: dict[str, Any] = {}
         if with_report or (with_report is None and quick_demo):
             from forge.report import build_report
 
-            report_paths = {k: str(v) for k, v in build_report([run_path], Path(run_path) / "report").items()}
+            report_paths = {k: str(v) for k, v in build_report([p for p, _ in runs], Path(report_root) / "report").items()}
     except ForgeError as exc:
         _fail(exc)
         return
     finally:
         if bus is not None:
             bus.close()
-    ev = result.final["evaluation"]
-    summary = {
-        "run_dir": str(run_path),
-        "condition": result.config.condition,
-        "mean_return": ev["mean_return"],
-        "success_rate": ev["success_rate"],
-        "major_failure_rate": ev["major_failure_rate"],
-        "graduated": result.final["graduated"],
-        "training_tokens": result.tokens["training"]["total_tokens"],
-        "evaluation_tokens": result.tokens["evaluation"]["total_tokens"],
-        "seconds": round(time.perf_counter() - started, 1),
-        "report": report_paths,
-    }
+    summaries = []
+    for path, result in runs:
+        ev = result.final["evaluation"]
+        summaries.append({
+            "run_dir": str(path),
+            "condition": result.config.condition,
+            "mean_return": ev["mean_return"],
+            "success_rate": ev["success_rate"],
+            "major_failure_rate": ev["major_failure_rate"],
+            "graduated": result.final["graduated"],
+            "fallback_rate": result.final.get("fallback_rate", 0.0),
+            "training_tokens": result.tokens["training"]["total_tokens"],
+            "evaluation_tokens": result.tokens["evaluation"]["total_tokens"],
+        })
+    seconds = round(time.perf_counter() - started, 1)
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        out = dict(summaries[-1]) if len(summaries) == 1 else {"runs": summaries}
+        out.update(seconds=seconds, report=report_paths)
+        click.echo(json.dumps(out, indent=2))
         return
-    click.echo(
-        f"{summary['condition']}: mean return {summary['mean_return']:.3f}, success {summary['success_rate']:.0%}, "
-        f"major failures {summary['major_failure_rate']:.0%}, graduated {summary['graduated']}, "
-        f"tokens {summary['training_tokens']:,} train + {summary['evaluation_tokens']:,} eval, {summary['seconds']}s"
-    )
-    click.echo(f"run: {run_path}")
+    for summary in summaries:
+        click.echo(
+            f"{summary['condition']}: mean return {summary['mean_return']:.3f}, success {summary['success_rate']:.0%}, "
+            f"major failures {summary['major_failure_rate']:.0%}, graduated {summary['graduated']}, "
+            f"tokens {summary['training_tokens']:,} train + {summary['evaluation_tokens']:,} eval"
+        )
+    if len(summaries) > 1:
+        base, best = summaries[0], summaries[-1]
+        click.echo(f"{best['condition']} vs {base['condition']}: mean return {best['mean_return']:+.3f} vs {base['mean_return']:+.3f}, success {best['success_rate']:.0%} vs {base['success_rate']:.0%}")
+    click.echo(f"run: {run_path} ({seconds}s)")
     if report_paths:
         click.echo(f"report: {report_paths.get('html')}")
 

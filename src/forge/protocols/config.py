@@ -69,6 +69,10 @@ class ForgeConfig:
     seeded episode to tell reflection which other actions were safe at the failing step;
     ``rule_guard`` turns "when X, then do not A" rules into hard exclusions (off: the paper's
     memory is prompt-only); ``show_map`` keeps drawn maps in prompts (off: small models).
+    ``temperature`` is instance 0's sampling temperature in training and ``diversity`` the
+    spread added across instances (instance i gets ``temperature + diversity * i/(N-1)``), so
+    a population explores differently and its champion is not an accident of ordering.
+    Final evaluations are always greedy.
     """
 
     condition: str = "forge"
@@ -87,12 +91,14 @@ class ForgeConfig:
     rule_cap: int = 100
     example_cap: int = 50
     eval_episodes: int = 3
-    memory_tokens: int = 600
+    memory_tokens: int = 600  # the memory block's budget, per role
     max_steps: int | None = None
     probe_alternatives: bool = True
     rule_guard: bool = False
     show_map: bool = False
     reflect_on_stall: bool = True
+    temperature: float = 0.0
+    diversity: float = 0.6
 
     def __post_init__(self) -> None:
         if self.condition not in CONDITIONS:
@@ -117,6 +123,10 @@ class ForgeConfig:
                 raise ConfigError(f"{name} must be zero or a positive integer, got {value!r}")
         if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 1):
             raise ConfigError(f"max_steps must be a positive integer, got {self.max_steps!r}")
+        for name in ("temperature", "diversity"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 2.0:
+                raise ConfigError(f"{name} must be a number between 0 and 2, got {value!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
 

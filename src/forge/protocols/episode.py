@@ -1,36 +1,39 @@
 """What one worker does: play an instance's stage (attempts, reflection, checkpoint) or its
 final evaluation, and report everything as plain JSON-ready data.
 
-These functions never touch the run directory or the store: the parent process is the
-single writer and applies what they return. Given the same task and a deterministic LLM they
-return the same result, which is what makes ``resume`` equal an uninterrupted run.
+The instance's memory arrives as unit records (its active units in the run's store, in its
+private scope). The worker loads them into a scratch in-memory :class:`~forge.memory.Memory`,
+so every prompt is written by the engine's recall (:mod:`forge.prompt`) exactly as for any
+other agent; what it learns comes back as store ops (new units, archived units, use counts)
+for the parent, the run store's single writer. Given the same task and a deterministic LLM a
+worker returns the same result, which is what makes ``resume`` equal an uninterrupted run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from forge.embed import open_embedder
 from forge.envs import Env, make_env
-from forge.errors import ForgeError
 from forge.llm.accounting import MeteredLLM, TokenLedger
 from forge.llm.base import LLM
-from forge.model import Episode, Step
-from forge.policy import ANALYST_TOOLS, Policy, PromptMemory, make_policy
+from forge.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
+from forge.memory import Memory
+from forge.model import Context, Episode, Status, Unit, Viewer
+from forge.policy import make_policy
 from forge.protocols.config import ForgeConfig
-from forge.reflect import (
-    Snapshot,
-    apply_reflection,
-    fallback_reflection,
-    reflect,
-    safe_alternatives,
-    stall_step,
-)
+from forge.recall import Weights
+from forge.reflect import apply_reflection
+from forge.store import open_store
 
-__all__ = ["Trajectory", "build_env", "evaluate_instance", "play", "play_stage"]
+__all__ = ["RUN_WEIGHTS", "build_env", "evaluate_instance", "play_stage", "scratch_memory"]
 
 Hook = Callable[[str, Mapping[str, Any]], None]
+
+#: Recall scoring inside runs: relevance, validation and importance, no recency, because
+#: wall-clock ages would make a resumed run rank differently from an uninterrupted one.
+RUN_WEIGHTS = Weights(validation=1.0, importance=0.5, recency=0.0)
 
 
 def build_env(config: ForgeConfig) -> Env:
@@ -38,60 +41,18 @@ def build_env(config: ForgeConfig) -> Env:
     return make_env(config.env, **kwargs)
 
 
-@dataclass(slots=True)
-class Trajectory:
-    """One episode as played: every role's steps, env rewards, and where it failed."""
-
-    steps: list[Step] = field(default_factory=list)
-    actions: list[str] = field(default_factory=list)
-    observations: list[str] = field(default_factory=list)  # before each action
-    rewards: list[float] = field(default_factory=list)
-    failing: int | None = None  # env step index whose reward fell below tau (aborted there)
-    done: bool = False
-
-    @property
-    def total(self) -> float:
-        return float(sum(self.rewards))
-
-
-def play(
-    env: Env,
-    policy: Policy,
-    memory: PromptMemory,
-    *,
-    seed: int,
-    tau: float,
-    abort: bool,
-    max_steps: int,
-) -> Trajectory:
-    """Play one episode from step 0 with ``seed``; with ``abort`` stop at the first reward < tau."""
-    traj = Trajectory()
-    obs = env.reset(seed=seed)
-    for _ in range(max_steps):
-        decision = policy.act(observation=obs, valid_actions=list(env.valid_actions()), history=traj.actions, memory=memory)
-        result = env.step(decision.action)
-        traj.observations.append(obs)
-        traj.actions.append(decision.action)
-        traj.rewards.append(float(result.reward))
-        for s in decision.steps:
-            if s.role in policy.acting_roles[:1]:
-                s = Step(observation=s.observation, thought=s.thought, action=s.action, reward=float(result.reward), role=s.role, info={"t": len(traj.actions) - 1, "event": result.info.get("event", "")})
-            else:
-                s = Step(observation=s.observation, thought=s.thought, action=s.action, role=s.role, info={"t": len(traj.actions) - 1})
-            traj.steps.append(s)
-        obs = result.observation
-        if result.reward < tau:
-            traj.failing = len(traj.actions) - 1
-            if abort:
-                break
-        if result.done:
-            traj.done = True
-            break
-    return traj
+def scratch_memory(config: ForgeConfig, units: Sequence[Mapping[str, Any]]) -> Memory:
+    """An in-memory engine holding ``units``: what a worker recalls from."""
+    memory = Memory(open_store(":memory:"), open_embedder(config.embedder))
+    records = [Unit.from_dict(u) for u in units]
+    if records:
+        memory.add(records, actor="forge")
+    return memory
 
 
 def _episode(traj: Trajectory, *, agent: str, config: ForgeConfig, env: Env, meta: Mapping[str, Any]) -> Episode:
     spec = env.spec
+    aborted = traj.failing is not None and not traj.done
     return Episode(
         agent=agent,
         task=config.env,
@@ -99,11 +60,13 @@ def _episode(traj: Trajectory, *, agent: str, config: ForgeConfig, env: Env, met
         steps=tuple(traj.steps),
         outcome={
             "return": traj.total,
-            "success": traj.total >= spec.success_return,
+            # an attempt cut off below tau never counts as a success, whatever its partial return
+            "success": traj.total >= spec.success_return and not aborted,
             "major_failure": traj.total <= spec.major_failure_return,
-            "aborted": traj.failing is not None and not traj.done,
+            "aborted": aborted,
             "failing_step": traj.failing,
             "steps": len(traj.actions),
+            "shown": traj.used,
         },
         meta=dict(meta),
     )
@@ -115,113 +78,139 @@ def _thresholds(config: ForgeConfig, env: Env) -> tuple[float, float]:
     return tau, theta
 
 
-def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> dict[str, Any]:
-    """One instance's stage: up to k attempts with reflection on abort, then a frozen checkpoint.
+def _counts(memory: Memory, ids: Sequence[str]) -> list[dict[str, Any]]:
+    """Absolute use counts of ``ids`` after this worker's uses: idempotent store ops."""
+    out = []
+    for u in memory.store.get_many(list(dict.fromkeys(ids)), viewer=Viewer.admin()):
+        out.append({"op": "counts", "id": u.id, "validation": u.validation, **{k: int(u.meta.get(k, 0)) for k in ("uses", "successes", "failures")}})
+    return out
 
-    ``task`` holds ``config`` (dict), ``instance``, ``stage``, ``seed`` and ``memory`` (items).
-    Returns attempts, episodes, memory ops, the new memory, the checkpoint and the tokens.
+
+def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> dict[str, Any]:
+    """One instance's stage: up to k attempts with reflection on failure, then a frozen checkpoint.
+
+    ``task`` holds ``config`` (dict), ``instance``, ``stage``, ``seed``, ``sampling``
+    (temperature and seed of this instance's LLM calls) and ``units`` (its memory).
+    Returns attempts, episodes, store ops, the checkpoint and the tokens.
     """
     config = ForgeConfig.from_dict(task["config"])
     inst, stage, seed = int(task["instance"]), int(task["stage"]), int(task["seed"])
-    memory = PromptMemory.from_list(task["memory"])
+    sampling = dict(task.get("sampling") or {})
     env = build_env(config)
+    memory = scratch_memory(config, task.get("units") or [])
+    agent = f"inst-{inst}"
     try:
         tau, _ = _thresholds(config, env)
         ledger = TokenLedger()
         metered = MeteredLLM(llm, ledger, condition=config.condition, stage=stage, instance=inst)
-        train = metered.with_tags(phase="train")
-        policy = make_policy(
-            config.policy,
-            llm=lambda role: train.with_tags(role=role),
-            spec=env.spec,
-            memory_tokens=config.memory_tokens,
-            rule_guard=config.rule_guard,
-            show_map=config.show_map,
-        )
-        agent = f"inst-{inst}"
+        recall = Recaller(memory, Viewer.of(agent), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions())
+        context = Context(domain=config.env, task=config.env, tags=(config.condition, config.representation))
+
+        def policy_for(phase: str, sample_seed: int | None) -> Any:
+            tagged = metered.with_tags(phase=phase)
+            return make_policy(
+                config.policy,
+                llm=lambda role: tagged.with_tags(role=role),
+                spec=env.spec,
+                rule_guard=config.rule_guard,
+                show_map=config.show_map,
+                temperature=float(sampling.get("temperature", 0.0)),
+                seed=sample_seed,
+            )
+
         episodes: list[dict[str, Any]] = []
         attempts: list[dict[str, Any]] = []
         ops: list[dict[str, Any]] = []
-        max_steps = env.spec.max_steps
+        used: list[str] = []
+        base_seed = sampling.get("seed")
         if config.flags.learning:
             for attempt in range(config.attempts):
-                traj = play(env, policy, memory, seed=seed, tau=tau, abort=True, max_steps=max_steps)
+                policy = policy_for("train", None if base_seed is None else int(base_seed) + attempt)
+                traj = play_episode(env, policy, recall, seed=seed, tau=tau, abort=True)
                 ep = _episode(traj, agent=agent, config=config, env=env, meta={"stage": stage, "attempt": attempt, "phase": "train", "seed": seed})
                 episodes.append(ep.to_dict())
-                record: dict[str, Any] = {"attempt": attempt, "return": traj.total, "aborted": traj.failing is not None, "failing_step": traj.failing, "steps": len(traj.actions), "episode": ep.id}
-                stalled = (
-                    traj.failing is None
-                    and config.reflect_on_stall
-                    and bool(traj.actions)
-                    and traj.total < env.spec.success_return
-                )
-                if stalled:
-                    record["stalled_step"] = stall_step(traj.observations, traj.actions)
-                if traj.failing is not None or stalled:
-                    t = traj.failing if traj.failing is not None else record["stalled_step"]
-                    safe: tuple[str, ...] = ()
-                    if config.probe_alternatives:
-                        safe = safe_alternatives(env, seed=seed, prefix=traj.actions[:t], failed=traj.actions[t], tau=tau, must_move=stalled)
-                    snapshot = Snapshot.of(
-                        traj, env=env, failing=t, roles=policy.roles, acting_roles=policy.acting_roles,
-                        memory=memory, tau=tau, stalled=stalled, safe_actions=safe, known_names=ANALYST_TOOLS,
+                memory.record_use(traj.used, success=bool(ep.outcome["success"]), actor=agent)
+                used += traj.used
+                record: dict[str, Any] = {
+                    "attempt": attempt, "return": traj.total, "aborted": traj.failing is not None,
+                    "failing_step": traj.failing, "steps": len(traj.actions), "episode": ep.id,
+                    "shown": len(traj.used), "now": len(traj.now),
+                }
+                point = failure_point(traj, success_return=env.spec.success_return, reflect_on_stall=config.reflect_on_stall)
+                if point is not None:
+                    at, stalled = point
+                    if stalled:
+                        record["stalled_step"] = at
+                    reflection = reflect_on(
+                        traj, env=env, roles=policy.roles, acting_roles=policy.acting_roles, llm=metered.with_tags(phase="train", role="reflector"),
+                        seed=seed, tau=tau, at=at, stalled=stalled,
+                        representation=config.representation, probe_alternatives=config.probe_alternatives,
                     )
-                    reflector = metered.with_tags(phase="train", role="reflector")
-                    try:
-                        reflection = reflect(reflector, snapshot, representation=config.representation)
-                    except ForgeError as exc:  # anything the LLM layer raises: keep learning anyway
-                        reflection = fallback_reflection(snapshot, representation=config.representation, error=str(exc))
-                    applied = apply_reflection(memory, reflection, rule_cap=config.rule_cap, example_cap=config.example_cap, episodes=[ep.id], stage=stage)
-                    memory = applied.memory
-                    ops += [{"op": "add", "item": it.to_dict()} for it in applied.added]
-                    ops += [{"op": "archive", "id": it.id, "reason": why} for it, why in applied.removed]
+                    active = memory.store.list(viewer=Viewer.of(agent), limit=100_000)
+                    applied = apply_reflection(
+                        active, reflection, owner=agent, shown={r: rec.shown for r, rec in traj.recollections.items()},
+                        context=context, rule_cap=config.rule_cap, example_cap=config.example_cap,
+                        episodes=[ep.id], stage=stage,
+                    )
+                    if applied.added:
+                        memory.add(list(applied.added), actor=agent)
+                    for unit, why in applied.removed:
+                        memory.set_status(unit.id, Status.ARCHIVED, reason=why, actor=agent)
+                    ops += [{"op": "add", "unit": u.to_dict()} for u in applied.added]
+                    ops += [{"op": "archive", "id": u.id, "reason": why} for u, why in applied.removed]
                     record["reflection"] = reflection.to_dict()
-                    record["memory_size"] = len(memory)
+                    record["memory_size"] = len(applied.units)
                 attempts.append(record)
                 if hook is not None:
                     hook("attempt_done", {"stage": stage, "instance": inst, **{k: v for k, v in record.items() if k != "reflection"}})
-                if traj.failing is None and not stalled:
+                if point is None:
                     break
-        frozen = metered.with_tags(phase="checkpoint")
-        policy = make_policy(config.policy, llm=lambda role: frozen.with_tags(role=role), spec=env.spec, memory_tokens=config.memory_tokens, rule_guard=config.rule_guard, show_map=config.show_map)
-        traj = play(env, policy, memory, seed=seed, tau=tau, abort=False, max_steps=max_steps)
+        policy = policy_for("checkpoint", None if base_seed is None else int(base_seed) + 1000)
+        traj = play_episode(env, policy, recall, seed=seed, tau=tau, abort=False)
         ep = _episode(traj, agent=agent, config=config, env=env, meta={"stage": stage, "phase": "checkpoint", "seed": seed})
         episodes.append(ep.to_dict())
+        if config.flags.learning:
+            memory.record_use(traj.used, success=bool(ep.outcome["success"]), actor=agent)
+            used += traj.used
+        ops += _counts(memory, used)
         checkpoint = {"return": traj.total, "episode": ep.id, **{k: ep.outcome[k] for k in ("success", "major_failure", "steps")}}
         return {
             "instance": inst,
             "stage": stage,
             "seed": seed,
+            "sampling": sampling,
             "attempts": attempts,
             "episodes": episodes,
             "ops": ops,
-            "memory": memory.to_list(),
             "checkpoint": checkpoint,
             "tokens": ledger.to_dict(),
         }
     finally:
+        memory.close()
         env.close()
 
 
 def evaluate_instance(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> dict[str, Any]:
-    """Final evaluation of one instance: frozen memory, one episode per seed in ``seeds``."""
+    """Final evaluation of one instance: frozen memory, greedy decoding, one episode per seed."""
     config = ForgeConfig.from_dict(task["config"])
     inst = int(task["instance"])
-    memory = PromptMemory.from_list(task["memory"])
     env = build_env(config)
+    memory = scratch_memory(config, task.get("units") or [])
     try:
         tau, _ = _thresholds(config, env)
         ledger = TokenLedger()
         metered = MeteredLLM(llm, ledger, condition=config.condition, stage="eval", instance=inst, phase="eval")
-        policy = make_policy(config.policy, llm=lambda role: metered.with_tags(role=role), spec=env.spec, memory_tokens=config.memory_tokens, rule_guard=config.rule_guard, show_map=config.show_map)
+        policy = make_policy(config.policy, llm=lambda role: metered.with_tags(role=role), spec=env.spec, rule_guard=config.rule_guard, show_map=config.show_map)
+        recall = Recaller(memory, Viewer.of(f"inst-{inst}"), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions())
         episodes, results = [], []
         for n, seed in enumerate(task["seeds"]):
-            traj = play(env, policy, memory, seed=int(seed), tau=tau, abort=False, max_steps=env.spec.max_steps)
+            traj = play_episode(env, policy, recall, seed=int(seed), tau=tau, abort=False)
             ep = _episode(traj, agent=f"inst-{inst}", config=config, env=env, meta={"phase": "eval", "episode": n, "seed": seed})
             episodes.append(ep.to_dict())
-            results.append({"seed": seed, "episode": ep.id, "return": traj.total, "success": ep.outcome["success"], "major_failure": ep.outcome["major_failure"], "steps": len(traj.actions)})
+            results.append({"seed": seed, "episode": ep.id, "return": traj.total, "success": ep.outcome["success"], "major_failure": ep.outcome["major_failure"], "steps": len(traj.actions), "shown": len(traj.used), "now": len(traj.now)})
             if hook is not None:
                 hook("eval_episode_done", {"instance": inst, "episode": n, "return": traj.total})
         return {"instance": inst, "results": results, "episodes": episodes, "tokens": ledger.to_dict()}
     finally:
+        memory.close()
         env.close()

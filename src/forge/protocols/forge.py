@@ -11,6 +11,12 @@ return R_i) in a freshly seeded environment. Then, depending on the condition's 
   index on ties) has its whole memory copied over every other still-active instance; the
   replaced units are kept as SUPERSEDED history, the copies point back to the champion's units.
 
+An instance's memory is the units in the run's store in its private scope (owner
+``inst-<i>``); each task hands a worker those units, and the worker's prompts are written from
+them by the engine's recall. Instances differ on purpose: instance i samples its actions at a
+temperature spread over ``[0, diversity]`` (instance 0 is greedy) with a seed derived from the
+run seed, stage and instance, recorded in the task so a resumed run replays them.
+
 Finally every instance is evaluated frozen over ``eval_episodes`` seeds.
 
 Workers (processes) play instances; the parent process alone writes the run directory and
@@ -26,21 +32,20 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from forge.errors import StoreError
 from forge.llm.accounting import TokenLedger
 from forge.llm.base import LLM
-from forge.model import new_id
-from forge.policy import MemoryItem, PromptMemory
+from forge.model import Provenance, Unit, new_id
 from forge.protocols.config import ForgeConfig, derive_seed
 from forge.protocols.episode import build_env, evaluate_instance, play_stage
 from forge.protocols.progress import ProgressSink, make_sink
 from forge.protocols.runs import RunDir, RunStore
 
-__all__ = ["Delivery", "DirectDelivery", "RunResult", "evolve", "resume"]
+__all__ = ["ChampionDelivery", "DirectDelivery", "RunResult", "evolve", "resume"]
 
 Hook = Callable[[str, Mapping[str, Any]], None]
 LLMFactory = Callable[[], LLM]
@@ -49,27 +54,37 @@ LLMFactory = Callable[[], LLM]
 # -- broadcast seam ----------------------------------------------------------------------------
 
 
-class Delivery(Protocol):
-    """Delivers the champion's memory to one receiver; returns what the receiver now holds.
+class ChampionDelivery(Protocol):
+    """Delivers the champion's units to one receiver; returns the copies the receiver now holds.
 
-    The in-process default copies directly; a bus-backed delivery (``forge.bus``) can publish
-    the champion's units and return what the receiver's exchange admitted, without the
-    protocol changing.
+    The in-process default copies directly; a bus-backed delivery (``forge.protocols.broadcast``)
+    sends the champion's units as signed capsules through each receiver's exchange, without
+    the protocol changing.
     """
 
-    def deliver(self, *, champion: int, receiver: int, memory: PromptMemory, stage: int) -> PromptMemory: ...
+    def deliver(self, *, champion: int, receiver: int, units: Sequence[Unit], stage: int) -> list[Unit]: ...
+
+
+def champion_copy(unit: Unit, *, champion: int, receiver: int, stage: int) -> Unit:
+    """The receiver's copy of one champion unit: its own id and scope, provenance to the origin."""
+    meta = {k: v for k, v in unit.meta.items() if k not in ("uses", "successes", "failures")}
+    meta["stage"] = stage
+    return unit.replace(
+        id=new_id(),
+        owner=f"inst-{receiver}",
+        provenance=Provenance(source=f"broadcast:inst-{champion}", episodes=unit.provenance.episodes, derived_from=(unit.id,)),
+        validation=0.5,
+        access_count=0,
+        last_access=None,
+        meta=meta,
+    )
 
 
 class DirectDelivery:
-    """Broadcast with replacement, in process: the receiver gets fresh copies of every item."""
+    """Broadcast with replacement, in process: the receiver gets fresh copies of every unit."""
 
-    def deliver(self, *, champion: int, receiver: int, memory: PromptMemory, stage: int) -> PromptMemory:
-        return PromptMemory(
-            tuple(
-                replace(item, id=new_id(), source=f"broadcast:inst-{champion}", derived_from=(item.id,), stage=stage)
-                for item in memory.items
-            )
-        )
+    def deliver(self, *, champion: int, receiver: int, units: Sequence[Unit], stage: int) -> list[Unit]:
+        return [champion_copy(u, champion=champion, receiver=receiver, stage=stage) for u in units]
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -103,7 +118,6 @@ class RunResult:
 @dataclass(slots=True)
 class _Instance:
     index: int
-    memory: PromptMemory = PromptMemory()
     graduated_stage: int | None = None
     returns: list[float | None] = field(default_factory=list)
     attempts: int = 0
@@ -125,14 +139,12 @@ class _Instance:
             "aborted": self.aborted,
             "reflections": self.reflections,
             "fallbacks": self.fallbacks,
-            "memory": self.memory.to_list(),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> _Instance:
         return cls(
             index=int(data["instance"]),
-            memory=PromptMemory.from_list(data["memory"]),
             graduated_stage=data.get("graduated_stage"),
             returns=list(data.get("returns", [])),
             attempts=int(data.get("attempts", 0)),
@@ -236,7 +248,7 @@ def evolve(
     llm_factory: LLMFactory | None = None,
     progress: ProgressSink | bool | None = None,
     hook: Hook | None = None,
-    delivery: Delivery | None = None,
+    delivery: ChampionDelivery | None = None,
 ) -> RunResult:
     """Run ``config`` from scratch into ``run_dir`` (which must not hold a run yet).
 
@@ -259,7 +271,7 @@ def resume(
     llm_factory: LLMFactory | None = None,
     progress: ProgressSink | bool | None = None,
     hook: Hook | None = None,
-    delivery: Delivery | None = None,
+    delivery: ChampionDelivery | None = None,
 ) -> RunResult:
     """Continue an interrupted run where it stopped (a finished run returns its result).
 
@@ -285,7 +297,7 @@ def _drive(
     llm_factory: LLMFactory | None,
     progress: ProgressSink | bool | None,
     hook: Hook | None,
-    delivery: Delivery | None,
+    delivery: ChampionDelivery | None,
 ) -> RunResult:
     started = time.perf_counter()
     sink = make_sink(progress, config)
@@ -313,7 +325,7 @@ def _chain(hook: Hook | None, sink: ProgressSink) -> Hook:
 
 
 class _Protocol:
-    def __init__(self, run: RunDir, config: ForgeConfig, store: RunStore, runner: _Runner, sink: ProgressSink, hook: Hook | None, delivery: Delivery) -> None:
+    def __init__(self, run: RunDir, config: ForgeConfig, store: RunStore, runner: _Runner, sink: ProgressSink, hook: Hook | None, delivery: ChampionDelivery) -> None:
         self.run = run
         self.config = config
         self.store = store
@@ -381,7 +393,8 @@ class _Protocol:
                 "instance": inst.index,
                 "stage": stage,
                 "seed": derive_seed(cfg.seed, "stage", stage, "instance", inst.index),
-                "memory": inst.memory.to_list(),
+                "sampling": self._sampling(inst.index, stage),
+                "units": self.store.units(inst.index),
             }
             for inst in active
             if inst.index not in results
@@ -406,6 +419,11 @@ class _Protocol:
         self.runner.run("stage", tasks, commit)
         self._finish_stage(stage, active, results)
 
+    def _sampling(self, index: int, stage: int) -> dict[str, Any]:
+        n = self.config.instances
+        temperature = self.config.temperature + (self.config.diversity * index / (n - 1) if n > 1 else 0.0)
+        return {"temperature": round(temperature, 4), "seed": derive_seed(self.config.seed, "sampling", stage, index)}
+
     def _tokens_so_far(self, results: Mapping[int, Mapping[str, Any]]) -> int:
         total = self.ledger.total().total_tokens
         return total + sum(TokenLedger.from_dict(r["tokens"]).total().total_tokens for r in results.values())
@@ -423,7 +441,6 @@ class _Protocol:
             if res is None:  # graduated earlier: frozen, carries its last return
                 inst.returns.append(inst.returns[-1] if inst.returns else None)
                 continue
-            inst.memory = PromptMemory.from_list(res["memory"])
             score = float(res["checkpoint"]["return"])
             scores[inst.index] = score
             inst.returns.append(score)
@@ -443,13 +460,13 @@ class _Protocol:
         broadcast_ops: dict[int, list[dict[str, Any]]] = {}
         if flags.broadcast and scores:
             champion = max(sorted(scores), key=lambda i: scores[i])  # first max: lowest index
-            source = self.instances[champion].memory
+            source = [Unit.from_dict(u) for u in self.store.units(champion)]
             for inst in self.instances:
                 if inst.index == champion or inst.graduated or inst.index not in scores:
                     continue
-                new = self.delivery.deliver(champion=champion, receiver=inst.index, memory=source, stage=stage)
-                broadcast_ops[inst.index] = _replacement_ops(inst.memory, new, champion=champion, stage=stage)
-                inst.memory = new
+                new = self.delivery.deliver(champion=champion, receiver=inst.index, units=source, stage=stage)
+                old = [Unit.from_dict(u) for u in self.store.units(inst.index)]
+                broadcast_ops[inst.index] = _replacement_ops(old, new, champion=champion, stage=stage)
         summary = {
             "stage": stage,
             "returns": [inst.returns[-1] for inst in self.instances],
@@ -495,7 +512,7 @@ class _Protocol:
             if path.is_file():
                 results[inst.index] = self.run.read_json(path)
                 self.store.add_episodes(results[inst.index]["episodes"])
-        tasks = [{"config": cfg.to_dict(), "instance": i.index, "seeds": seeds, "memory": i.memory.to_list()} for i in self.instances if i.index not in results]
+        tasks = [{"config": cfg.to_dict(), "instance": i.index, "seeds": seeds, "units": self.store.units(i.index)} for i in self.instances if i.index not in results]
         self.run.event("eval_started", pending=[t["instance"] for t in tasks])
         self._emit("eval_started", pending=len(tasks))
 
@@ -531,7 +548,7 @@ class _Protocol:
                     "aborted": inst.aborted,
                     "reflections": inst.reflections,
                     "fallbacks": inst.fallbacks,
-                    "memory_size": {k: sum(1 for it in inst.memory.items if it.kind == k) for k in ("rule", "example")},
+                    "memory_size": {k: sum(1 for u in self.store.units(inst.index) if u["kind"] == k) for k in ("rule", "example")},
                 }
             )
         best = max(rows, key=lambda r: (r["mean_return"], -r["instance"]))["instance"]
@@ -559,7 +576,7 @@ class _Protocol:
             "graduated": sum(1 for i in self.instances if i.graduated),
             "reflections": reflections,
             "fallback_rate": (sum(i.fallbacks for i in self.instances) / reflections) if reflections else 0.0,
-            "champion": {"instance": best, "memory": self.instances[best].memory.to_list()},
+            "champion": {"instance": best, "memory": self.store.units(best)},
             "tokens": {
                 "training": train.total().to_dict(),
                 "evaluation": eval_ledger.total().to_dict(),
@@ -573,26 +590,26 @@ class _Protocol:
         }
 
 
-def _replacement_ops(old: PromptMemory, new: PromptMemory, *, champion: int, stage: int) -> list[dict[str, Any]]:
+def _replacement_ops(old: Sequence[Unit], new: Sequence[Unit], *, champion: int, stage: int) -> list[dict[str, Any]]:
     """Store ops for "receiver's memory replaced by the champion's": add copies, relate each
     copy to its origin (derived_from) and to the old unit it stands in for (supersedes), mark
     every old unit SUPERSEDED with the reason."""
-    ops: list[dict[str, Any]] = [{"op": "add", "item": it.to_dict()} for it in new.items]
-    for it in new.items:
-        for origin in it.derived_from:
-            ops.append({"op": "relate", "src": it.id, "dst": origin, "type": "derived_from", "note": f"broadcast from inst-{champion}"})
-    by_slot: dict[tuple[str, str], list[MemoryItem]] = {}
-    for it in new.items:
-        by_slot.setdefault((it.role, it.kind), []).append(it)
+    ops: list[dict[str, Any]] = [{"op": "add", "unit": u.to_dict()} for u in new]
+    for u in new:
+        for origin in u.provenance.derived_from:
+            ops.append({"op": "relate", "src": u.id, "dst": origin, "type": "derived_from", "note": f"broadcast from inst-{champion}"})
+    by_slot: dict[tuple[str, str], list[Unit]] = {}
+    for u in new:
+        by_slot.setdefault((u.context.role, u.kind.value), []).append(u)
     slots_old: dict[tuple[str, str], int] = {}
     reason = f"replaced by champion inst-{champion}'s memory at stage {stage}"
-    for it in old.items:
-        key = (it.role, it.kind)
+    for u in old:
+        key = (u.context.role, u.kind.value)
         n = slots_old.get(key, 0)
         slots_old[key] = n + 1
-        ops.append({"op": "supersede", "id": it.id, "reason": reason})
-        candidates = by_slot.get(key) or list(new.items)
+        ops.append({"op": "supersede", "id": u.id, "reason": reason})
+        candidates = by_slot.get(key) or list(new)
         if candidates:
             successor = candidates[min(n, len(candidates) - 1)]
-            ops.append({"op": "relate", "src": successor.id, "dst": it.id, "type": "supersedes", "note": reason})
+            ops.append({"op": "relate", "src": successor.id, "dst": u.id, "type": "supersedes", "note": reason})
     return ops

@@ -13,8 +13,10 @@ at most the work in flight.
       final.json                       the summary
 
 JSON files are written to a temporary name and renamed, so a file either exists whole or not
-at all. The store is a mirror of the checkpoint files: every write to it is idempotent (unit
-and episode ids come from the files), so replaying a file after a crash is harmless.
+at all. The store holds every instance's memory (its units, in its private scope): workers get
+their memory from it and their results come back as store ops recorded in the result files.
+Every op is idempotent (unit and episode ids come from the files, use counts are absolute), so
+replaying a file after a crash is harmless.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ from typing import Any
 
 from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
 from forge.memory import Memory
-from forge.model import Context, Episode, Provenance, Status, Unit, Viewer
-from forge.policy import MemoryItem
+from forge.model import Episode, Scope, Status, Unit, Viewer
 from forge.protocols.config import ForgeConfig
 from forge.store import Filter
 
@@ -166,21 +167,6 @@ class RunStore:
     def close(self) -> None:
         self.memory.close()
 
-    def _unit(self, item: MemoryItem, owner: str) -> Unit:
-        meta = dict(item.meta)
-        meta["stage"] = item.stage
-        meta.setdefault("fallback", False)
-        return Unit(
-            id=item.id,
-            kind=item.kind,  # type: ignore[arg-type]
-            content=item.content,
-            context=Context(domain=self.config.env, task=self.config.env, role=item.role, tags=(self.config.condition, self.config.representation)),
-            scope="private",  # type: ignore[arg-type]
-            owner=owner,
-            provenance=Provenance(source=item.source, episodes=item.episodes, derived_from=item.derived_from),
-            meta=meta,
-        )
-
     def add_episodes(self, episodes: Iterable[Mapping[str, Any]]) -> None:
         store = self.memory.store
         for data in episodes:
@@ -191,22 +177,42 @@ class RunStore:
                 pass
             store.add_episode(Episode.from_dict(data), actor="forge")
 
+    def units(self, instance: int) -> list[dict[str, Any]]:
+        """Instance ``instance``'s memory: its active units as its own viewer sees them, oldest first."""
+        viewer = Viewer.of(f"inst-{instance}")
+        return [u.to_dict() for u in self.memory.store.list(viewer=viewer, filter=Filter.make(owner=f"inst-{instance}"), limit=1_000_000)]
+
     def apply(self, ops: Iterable[Mapping[str, Any]], *, owner: str) -> None:
-        """Apply memory ops (add / archive / supersede / relate); safe to apply twice."""
+        """Apply memory ops (add / archive / supersede / relate / counts); safe to apply twice."""
         ops = list(ops)
-        adds = [MemoryItem.from_dict(op["item"]) for op in ops if op["op"] == "add"]
+        adds = [Unit.from_dict(op["unit"]) for op in ops if op["op"] == "add"]
         if adds:
-            present = {u.id for u in self.memory.store.get_many([i.id for i in adds], viewer=_ADMIN)}
-            new = [self._unit(i, owner) for i in adds if i.id not in present]
+            present = {u.id for u in self.memory.store.get_many([u.id for u in adds], viewer=_ADMIN)}
+            new = [u for u in adds if u.id not in present]
+            if any(u.owner != owner or u.scope != Scope("private") for u in new):
+                raise StoreError(f"a result for {owner} adds units outside its private scope; nothing was applied")
             if new:
                 self.memory.add(new, actor="forge")
         for op in ops:
+            if op["op"] == "counts":
+                self._counts(op)
+                continue
             if op["op"] == "archive":
                 self._status(op["id"], Status.ARCHIVED, op.get("reason", ""))
             elif op["op"] == "supersede":
                 self._status(op["id"], Status.SUPERSEDED, op.get("reason", ""))
             elif op["op"] == "relate":
                 self.memory.relate(op["src"], op["dst"], op["type"], note=op.get("note", ""), actor="forge")
+
+    def _counts(self, op: Mapping[str, Any]) -> None:
+        try:
+            unit = self.memory.store.get(op["id"], viewer=_ADMIN)
+        except NotFoundError:
+            return
+        counts = {k: int(op.get(k, 0)) for k in ("uses", "successes", "failures")}
+        if all(unit.meta.get(k, 0) == v for k, v in counts.items()) and unit.validation == op["validation"]:
+            return
+        self.memory.update(unit.replace(meta={**unit.meta, **counts}, validation=float(op["validation"])), actor="forge", reembed=False)
 
     def _status(self, unit_id: str, status: Status, reason: str) -> None:
         try:

@@ -1,16 +1,16 @@
-"""Lifelong team memory (LLMA-Mem, arXiv 2604.03295): three memories, per-layer topologies,
-background consolidation, hierarchical retrieval, and the paper's metrics.
+"""Lifelong team memory (LLMA-Mem, arXiv 2604.03295): three memories, per-layer layouts,
+consolidation into procedures, hierarchical prompts, and the paper's metrics.
 
     from forge import Memory
-    from forge.team import Action, Consolidator, Outcome, TeamMemory, retrieve
+    from forge.team import Action, Consolidator, Outcome, TeamMemory
 
-    tm = TeamMemory(Memory.open("team.db"), team="red", agents=["plan", "dba"], topology="hybrid", llm=llm)
-    cons = Consolidator(tm, every=5, background=True)
-    got = retrieve(tm, task, agent="dba")                 # procedures, else episodes
-    prompt = got.render(budget=400) + tm.render_transactive(agent="plan")
+    tm = TeamMemory(Memory.open("team.db"), team="red", agents=["plan", "dba"], layout="hybrid", llm=llm)
+    cons = Consolidator(tm, every=5)
+    got = tm.recollect("dba", task)                       # procedures, rules, past tasks
+    prompt = got.block                                    # written by forge.prompt.recollect
+    who = tm.recollect("plan", task, layers=("transactive",)).block
     ...
-    tm.record_task(task=task, outcome=Outcome(success=True, score=1.0), actions=[...],
-                   used_procedures=got.procedure_ids)
+    tm.record_task(task=task, outcome=Outcome(success=True, score=1.0), actions=[...], used=got.ids)
     cons.task_done()
 
 :class:`Scoreboard` keeps the per-task metrics a runner reports (TS, CS, J, AP_t, AIP, tokens).
@@ -32,44 +32,45 @@ from forge.team.consolidate import (
     consolidate,
 )
 from forge.team.memories import (
+    ACTOR_ROLE,
     EPS,
     LAYERS,
+    TEAM_SECTIONS,
+    TEAM_WEIGHTS,
     Action,
+    MemoryLayout,
     Outcome,
     Procedure,
-    Reflection,
+    TaskLesson,
     TaskRecord,
     TeamMemory,
-    Topology,
     rho,
-    write_reflection,
+    task_lesson,
 )
-from forge.team.retrieve import Retrieval, RetrievalConfig, Scored, retrieve
 
 __all__ = [
+    "ACTOR_ROLE",
     "CONSOLIDATION_ENV",
     "EPS",
     "LAYERS",
+    "TEAM_SECTIONS",
+    "TEAM_WEIGHTS",
     "Action",
     "ClusterReport",
     "ConsolidationReport",
     "Consolidator",
+    "MemoryLayout",
     "Outcome",
     "Procedure",
-    "Reflection",
-    "Retrieval",
-    "RetrievalConfig",
-    "Scored",
     "Scoreboard",
+    "TaskLesson",
     "TaskRecord",
     "TaskScore",
     "TeamMemory",
-    "Topology",
     "cluster_vectors",
     "consolidate",
-    "retrieve",
     "rho",
-    "write_reflection",
+    "task_lesson",
 ]
 
 

@@ -1,4 +1,4 @@
-"""Consolidation: episodes -> procedures, every N tasks, off the hot path, and observable.
+"""Consolidation: episodes -> procedures, every N tasks, and observable.
 
 As in LLMA-Mem: cluster the episodes by the similarity of their lessons (cosine >= 0.72 to
 the cluster's centroid, one greedy pass in recording order so a run is reproducible),
@@ -41,7 +41,15 @@ from forge.model import (
     new_id,
 )
 from forge.store.base import Filter
-from forge.team.memories import Procedure, TeamMemory, _clip, _Pool, rho
+from forge.team.memories import (
+    PROCEDURE_IMPORTANCE,
+    Procedure,
+    TeamMemory,
+    _clip,
+    _Pool,
+    smoothed,
+    stable_id,
+)
 
 __all__ = [
     "CONSOLIDATION_ENV",
@@ -207,6 +215,7 @@ def consolidate(
         groups = cluster_vectors(tm.memory.embed(lessons), threshold=threshold)
         planned: list[tuple[ClusterReport, str]] = []
         existing = {frozenset(p.sources): p.id for p in _pool_procedures(tm, pool) if p.sources}
+        known = {p.id for p in _pool_procedures(tm, pool, archived=True)}
         for members in groups:
             units = [episodes[i] for i, _ in members]
             by_task: dict[str, bool] = {}
@@ -226,6 +235,9 @@ def consolidate(
                 planned.append((ClusterReport(**base, action="skipped", reason="no success in the cluster"), ""))
                 continue
             same = existing.get(frozenset(by_task))
+            pid = stable_id("procedure", tm.team, pool.key, *sorted({_task_index(u) for u in units}))
+            if same is None and pid in known:
+                same = pid  # written before (and since archived): never twice
             if same is not None:
                 planned.append(
                     (ClusterReport(**base, action="unchanged", reason="a procedure already covers exactly these episodes", procedure=same), "")
@@ -243,7 +255,7 @@ def consolidate(
                 + (f"; fallback text: {error}" if author == "fallback" else "")
             )
             planned.append(
-                (ClusterReport(**base, action="generalised", reason=reason, procedure=new_id(), title=title, author=author), knowledge)
+                (ClusterReport(**base, action="generalised", reason=reason, procedure=pid, title=title, author=author), knowledge)
             )
         with tm.lock:
             for i, (c, knowledge) in enumerate(planned):
@@ -275,8 +287,13 @@ def _all_episodes(tm: TeamMemory) -> list[Unit]:
     )
 
 
-def _pool_procedures(tm: TeamMemory, pool: _Pool) -> list[Procedure]:
-    units = tm.memory.store.list(viewer=Viewer.admin(), filter=tm.pool_filter(pool, Kind.PROCEDURE), limit=1_000_000)
+def _task_index(u: Unit) -> str:
+    return str(u.meta.get("task_index", _task_id(u)))
+
+
+def _pool_procedures(tm: TeamMemory, pool: _Pool, *, archived: bool = False) -> list[Procedure]:
+    f = tm.pool_filter(pool, Kind.PROCEDURE, status=list(Status) if archived else None)
+    units = tm.memory.store.list(viewer=Viewer.admin(), filter=f, limit=1_000_000)
     return [Procedure.of(u) for u in units]
 
 
@@ -290,14 +307,16 @@ def _add_procedure(
         scope=pool.scope,
         owner=pool.owner,
         context=UnitContext(tags=(f"team:{tm.team}", "layer:procedural")),
-        validation=min(1.0, rho(c.successes, c.failures)),
+        validation=smoothed(c.successes, c.failures),
+        importance=PROCEDURE_IMPORTANCE,
         provenance=Provenance(source=actor, episodes=c.sources, derived_from=c.episodes),
+        created_at=tm.stamp(),
         meta={
             "title": c.title,
             "knowledge": knowledge,
             "successes": c.successes,
             "failures": c.failures,
-            "rho": round(rho(c.successes, c.failures), 6),
+            "uses": 0,
             "sources": list(c.sources),
             "consolidation": {"run": run, "cluster": cluster_no, "author": c.author},
         },
@@ -343,7 +362,10 @@ class Consolidator:
         reports = cons.wait()          # before reading results or closing
 
     One worker thread at most, so runs never overlap; the hot path only pays for submitting.
-    The count starts from the tasks already in the store, so a resumed run keeps its rhythm.
+    In the background, what the next tasks see depends on how fast the run finishes, so the
+    team runner consolidates inline at task boundaries (:meth:`run`): a run and its resume
+    must see the same procedures. The count starts from the tasks already in the store, so a
+    resumed run keeps its rhythm.
     """
 
     def __init__(

@@ -1,50 +1,58 @@
 """The three memories of a lifelong team (LLMA-Mem, arXiv 2604.03295) as units of the engine.
 
 - **episodic**: one :attr:`Kind.EPISODE` unit per task and pool (team, actions, outcome with
-  metrics and errors, 1-2 LLM-written lessons, a root-cause diagnosis on failure), backed by
-  an :class:`~forge.model.Episode` record holding the actions as steps;
+  metrics and errors, the task's lessons, a root-cause diagnosis on failure), backed by an
+  :class:`~forge.model.Episode` record holding the actions as steps; the rules reflection
+  (:mod:`forge.reflect`) wrote about a failure go into the same pools as :attr:`Kind.RULE` units;
 - **procedural**: :attr:`Kind.PROCEDURE` units (title, knowledge, success/failure counts,
-  ``rho = s / (s + f + eps)``, source episodes; times viewed is the unit's ``access_count``),
-  written by consolidation (:mod:`forge.team.consolidate`) and scored by :meth:`TeamMemory.record_use`;
+  source episodes), written by consolidation (:mod:`forge.team.consolidate`); their counts,
+  hence ``rho`` and ``validation``, move only through :meth:`forge.memory.Memory.record_use`;
 - **transactive**: :attr:`Kind.PROFILE` units, "who knows what": one per agent (specialities by
   task type, per-partner collaboration success, reliability) and one per team pattern (task
-  types it suits, average performance, communication overhead), rendered for the planner by
-  :meth:`TeamMemory.render_transactive`.
+  types it suits, average performance, communication overhead).
 
-Each layer has its own topology (:class:`Topology`): ``local`` pools are private units owned
+Each layer has its own place (:class:`MemoryLayout`): ``local`` pools are private units owned
 by one agent, ``shared`` pools are ``group:<team>`` units, ``both`` writes and reads the two.
 Reads go through :class:`~forge.model.Viewer` objects and scope filters, so isolation is
-enforced inside the store's query, not by filtering results afterwards.
+enforced inside the store's query, not by filtering results afterwards. Prompts are written
+by :meth:`TeamMemory.recollect`, i.e. by :func:`forge.prompt.recollect`, the one function that
+puts memory into any FORGE prompt.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from forge.errors import ConfigError, LLMError, NotFoundError, ValidationError
+from forge.errors import ConfigError, NotFoundError, ValidationError
 from forge.llm.base import LLM
-from forge.llm.structured import complete_json
 from forge.memory import Memory
 from forge.model import Context, Episode, Kind, Provenance, Scope, Status, Step, Unit, Viewer
-from forge.recall import approx_tokens
+from forge.prompt import PROMPT_WEIGHTS, Recollection, recollect
+from forge.recall import Weights
+from forge.reflect import Reflection, RuleEdit, apply_reflection
 from forge.store.base import Filter
 
 __all__ = [
+    "ACTOR_ROLE",
     "EPS",
     "LAYERS",
+    "TEAM_SECTIONS",
+    "TEAM_WEIGHTS",
     "Action",
+    "MemoryLayout",
     "Outcome",
     "Procedure",
-    "Reflection",
+    "TaskLesson",
     "TaskRecord",
     "TeamMemory",
-    "Topology",
     "rho",
-    "write_reflection",
+    "task_lesson",
 ]
 
 #: Keeps ``rho`` defined for a procedure nobody has used yet.
@@ -52,14 +60,54 @@ EPS = 1e-6
 LAYERS = ("episodic", "procedural", "transactive")
 _MODES = ("local", "shared", "both")
 
+#: The role name of team rules: every agent acts in the same env, so rules serve them all.
+ACTOR_ROLE = "actor"
+
+#: Team prompt sections, hierarchical as in LLMA-Mem: procedures first, then the rules
+#: reflection wrote, then past tasks; the planner's "who knows what" last.
+TEAM_SECTIONS: dict[str, frozenset[Kind]] = {
+    "procedures": frozenset({Kind.PROCEDURE}),
+    "rules": frozenset({Kind.RULE, Kind.LESSON}),
+    "past tasks": frozenset({Kind.EPISODE}),
+    "who knows what": frozenset({Kind.PROFILE}),
+}
+
+#: The engine's prompt weights without wall-clock recency: with a half-life of days it cannot
+#: tell the tasks of one run apart, and it would make a resumed run's prompts depend on when
+#: it was resumed. Order in time is already in the block (units in creation order).
+TEAM_WEIGHTS: Weights = replace(PROMPT_WEIGHTS, recency=0.0)
+
+_LAYER_KINDS: dict[str, tuple[Kind, ...]] = {
+    "episodic": (Kind.EPISODE, Kind.RULE),
+    "procedural": (Kind.PROCEDURE,),
+    "transactive": (Kind.PROFILE,),
+}
+
+#: Importance of what a layer writes: a procedure generalises several successes, so it
+#: outranks one successful episode of equal relevance; a failed episode ranks lowest.
+PROCEDURE_IMPORTANCE = 1.0
+SUCCESS_IMPORTANCE = 0.8
+FAILURE_IMPORTANCE = 0.3
+
 
 def rho(successes: int, failures: int) -> float:
     """A procedure's success rate ``s / (s + f + eps)`` as in the paper."""
     return successes / (successes + failures + EPS)
 
 
+def smoothed(successes: int, failures: int) -> float:
+    """The validation :meth:`Memory.record_use` gives these counts: ``(1 + s) / (2 + s + f)``."""
+    return (1.0 + successes) / (2.0 + successes + failures)
+
+
+def stable_id(*parts: object) -> str:
+    """A unit id derived from what the unit is, so a resumed run writes the same ids."""
+    digest = hashlib.sha1("|".join(map(str, parts)).encode()).hexdigest()[:20]
+    return f"{parts[0]}:{digest}"
+
+
 @dataclass(frozen=True, slots=True)
-class Topology:
+class MemoryLayout:
     """Where each memory layer lives: ``local`` (per agent), ``shared`` (one team pool) or ``both``.
 
     The paper's three presets (:meth:`parse`): ``local`` = all local, ``shared`` = all shared,
@@ -75,13 +123,13 @@ class Topology:
         for layer in LAYERS:
             if getattr(self, layer) not in _MODES:
                 raise ConfigError(
-                    f"{layer} topology {getattr(self, layer)!r} is unknown; use local, shared or both"
+                    f"{layer} memory layout {getattr(self, layer)!r} is unknown; use local, shared or both"
                 )
 
     @classmethod
-    def parse(cls, value: str | Topology) -> Topology:
+    def parse(cls, value: str | MemoryLayout) -> MemoryLayout:
         """``"local"``, ``"shared"``, ``"hybrid"`` or ``"episodic=local,procedural=shared,..."``."""
-        if isinstance(value, Topology):
+        if isinstance(value, MemoryLayout):
             return value
         text = str(value).strip()
         if text in _PRESETS:
@@ -91,7 +139,7 @@ class Topology:
             layer, sep, mode = part.partition("=")
             if not sep or layer.strip() not in LAYERS:
                 raise ConfigError(
-                    f"unknown topology {value!r}; use local, shared, hybrid or "
+                    f"unknown memory layout {value!r}; use local, shared, hybrid or "
                     "'episodic=local,procedural=shared,transactive=both'"
                 )
             layers[layer.strip()] = mode.strip()
@@ -105,9 +153,9 @@ class Topology:
 
 
 _PRESETS = {
-    "local": Topology("local", "local", "local"),
-    "shared": Topology("shared", "shared", "shared"),
-    "hybrid": Topology("local", "shared", "both"),
+    "local": MemoryLayout("local", "local", "local"),
+    "shared": MemoryLayout("shared", "shared", "shared"),
+    "hybrid": MemoryLayout("local", "shared", "both"),
 }
 
 
@@ -151,18 +199,60 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class Reflection:
-    """Lessons (1-2) and, on failure, a root-cause diagnosis; ``source`` says who wrote them."""
+class TaskLesson:
+    """What a finished task taught, as stored in its episode: lessons, and on failure a
+    root-cause diagnosis. ``source`` says who wrote them: ``llm`` or ``fallback`` (reflection
+    by :mod:`forge.reflect`) or ``record`` (a success, summarised from what was done)."""
 
     lessons: tuple[str, ...]
     diagnosis: str | None
-    source: str  # "llm" or "fallback"
-    error: str = ""  # why the fallback was used
+    source: str
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lessons", tuple(self.lessons))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"lessons": list(self.lessons), "diagnosis": self.diagnosis, "source": self.source, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskLesson:
+        try:
+            return cls(tuple(data["lessons"]), data.get("diagnosis"), str(data["source"]), str(data.get("error", "")))
+        except (KeyError, TypeError):
+            raise ValidationError("a task lesson must be {'lessons': [...], 'diagnosis': ..., 'source': ...}") from None
+
+
+def task_lesson(
+    reflection: Reflection | None,
+    *,
+    task: str,
+    actions: Sequence[Action],
+    outcome: Outcome,
+    diagnosis: str | None = None,
+) -> TaskLesson:
+    """The lesson of a task: the rules :mod:`forge.reflect` wrote about its failure, or for a
+    success (no reflection) what was done, so consolidation has successes to generalise."""
+    steps = "; ".join(a.text for a in actions[-6:]) or "no actions"
+    if reflection is not None:
+        rules = [r for e in reflection.edits for r in e.add]
+        if rules:
+            return TaskLesson(tuple(dict.fromkeys(rules))[:2], diagnosis, "fallback" if reflection.fallback else "llm", reflection.error)
+    if outcome.success:
+        return TaskLesson((f"For tasks like '{_clip(task, 80)}', this worked: {_clip(steps, 200)}.",), None, "record")
+    cause = diagnosis or (outcome.errors[0] if outcome.errors else f"score {outcome.score:g} was not enough to succeed")
+    lesson = f"For tasks like '{_clip(task, 80)}', avoid repeating: {_clip(steps, 200)} (failed: {_clip(cause, 120)})."
+    return TaskLesson((lesson,), cause, "record", reflection.error if reflection is not None else "")
 
 
 @dataclass(frozen=True, slots=True)
 class Procedure:
-    """A read-only view of a procedure unit's track record."""
+    """A read-only view of a procedure unit's track record.
+
+    The counts are the unit's ``meta.successes``/``failures``: seeded by consolidation and
+    then moved only by :meth:`forge.memory.Memory.record_use`, which also keeps ``validation``
+    (what recall boosts) in step with them. ``uses`` counts the tasks it was shown to.
+    """
 
     id: str
     title: str
@@ -170,7 +260,8 @@ class Procedure:
     successes: int
     failures: int
     sources: tuple[str, ...]
-    views: int
+    uses: int
+    validation: float
     scope: str
 
     @property
@@ -189,93 +280,24 @@ class Procedure:
             successes=int(m.get("successes", 0)),
             failures=int(m.get("failures", 0)),
             sources=tuple(m.get("sources", ())),
-            views=unit.access_count,
+            uses=int(m.get("uses", 0)),
+            validation=unit.validation,
             scope=str(unit.scope),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class TaskRecord:
-    """What :meth:`TeamMemory.record_task` wrote: episode units per pool, the Episode record,
-    the reflections (per agent for local pools, ``"team"`` for the shared one) and profiles."""
+    """What :meth:`TeamMemory.record_task` wrote: episode and rule units per pool, the
+    Episode record, the task's lesson, profiles, and the units credited with its outcome."""
 
     task_index: int
     episode_id: str
     episode_units: tuple[str, ...]
-    reflections: Mapping[str, Reflection]
+    rule_units: tuple[str, ...]
+    lesson: TaskLesson
     profile_units: tuple[str, ...]
-    procedures_updated: tuple[str, ...]
-
-
-# -- reflection ---------------------------------------------------------------------------
-
-_REFLECTION_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "lessons": {
-            "type": "array",
-            "items": {"type": "string", "minLength": 8},
-            "minItems": 1,
-            "maxItems": 2,
-        },
-        "diagnosis": {"type": "string"},
-    },
-    "required": ["lessons", "diagnosis"],
-}
-
-
-def write_reflection(
-    llm: LLM | None,
-    *,
-    task: str,
-    actions: Sequence[Action],
-    outcome: Outcome,
-    role: str = "",
-    retries: int = 1,
-) -> Reflection:
-    """Ask ``llm`` for 1-2 lessons and (on failure) a root cause; fall back deterministically.
-
-    The fallback keeps the loop going with a weak or absent model: a lesson built from the
-    task, outcome and last actions, and the first error as the diagnosis. It is used when
-    ``llm`` is None, fails, or answers with nothing usable.
-    """
-    error = "no LLM configured"
-    if llm is not None:
-        shown = "\n".join(f"- {a.agent}{f' ({a.role})' if a.role else ''}: {a.text}" for a in actions[-20:])
-        prompt = (
-            f"Task: {task}\nActions:\n{shown or '- (none)'}\n"
-            f"Outcome: {'success' if outcome.success else 'failure'} (score {outcome.score:g})\n"
-            + (f"Errors: {'; '.join(outcome.errors)}\n" if outcome.errors else "")
-            + (f"You are the {role}. " if role else "")
-            + "Write 1-2 short, reusable lessons for similar future tasks."
-            + (" Also give the root cause of the failure as 'diagnosis'." if not outcome.success else " Set 'diagnosis' to an empty string.")
-        )
-        try:
-            value = complete_json(llm, prompt, schema=_REFLECTION_SCHEMA, retries=retries)
-        except LLMError as exc:
-            error = f"LLM failed: {exc}"
-        else:
-            lessons = tuple(dict.fromkeys(s.strip() for s in value["lessons"] if s.strip()))
-            diagnosis = value["diagnosis"].strip() or None
-            if lessons and (outcome.success or diagnosis):
-                return Reflection(lessons[:2], None if outcome.success else diagnosis, "llm")
-            error = "LLM gave no usable lesson" if not lessons else "LLM gave no diagnosis for a failure"
-    return _fallback_reflection(task=task, actions=actions, outcome=outcome, error=error)
-
-
-def _fallback_reflection(*, task: str, actions: Sequence[Action], outcome: Outcome, error: str) -> Reflection:
-    steps = "; ".join(a.text for a in actions[-3:]) or "no actions"
-    if outcome.success:
-        lesson = f"For tasks like '{_clip(task, 80)}', this worked: {_clip(steps, 200)}."
-        return Reflection((lesson,), None, "fallback", error)
-    cause = outcome.errors[0] if outcome.errors else f"score {outcome.score:g} was not enough to succeed"
-    lesson = f"For tasks like '{_clip(task, 80)}', avoid repeating: {_clip(steps, 200)} (failed: {_clip(cause, 120)})."
-    return Reflection((lesson,), cause, "fallback", error)
-
-
-def _clip(text: str, n: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 1] + "…"
+    credited: tuple[str, ...]
 
 
 # -- the team's memory --------------------------------------------------------------------
@@ -292,11 +314,11 @@ class _Pool:
 
 
 class TeamMemory:
-    """The three memories of one team, each layer in its topology, over one :class:`Memory`.
+    """The three memories of one team, each layer in its layout, over one :class:`Memory`.
 
-    The runner calls :meth:`record_task` after every task (it writes all three layers and
-    scores the procedures the task used), :func:`forge.team.retrieve.retrieve` before an
-    agent acts, :meth:`render_transactive` for the planner, and a
+    The runner calls :meth:`recollect` for every prompt (actors read procedures, rules and
+    past tasks; the planner reads "who knows what"), :meth:`record_task` after every task
+    (it writes all three layers and credits the units shown with the outcome), and a
     :class:`forge.team.consolidate.Consolidator` to turn episodes into procedures.
     Writes are serialised by a lock so consolidation may run on another thread.
     """
@@ -307,7 +329,7 @@ class TeamMemory:
         *,
         team: str,
         agents: Sequence[str],
-        topology: str | Topology = "local",
+        layout: str | MemoryLayout = "local",
         llm: LLM | None = None,
         actor: str = "team",
     ) -> None:
@@ -319,12 +341,13 @@ class TeamMemory:
         self.memory = memory
         self.team = team
         self.agents = tuple(agents)
-        self.topology = Topology.parse(topology)
-        self.llm = llm
+        self.layout = MemoryLayout.parse(layout)
+        self.llm = llm  # consolidation's default model
         self.actor = actor
         self.lock = threading.RLock()
         self._group = Scope("group", team)
         self._tasks = self._count_tasks()
+        self._clock = 0.0
 
     # -- pools and viewers ----------------------------------------------------------------
     def viewer(self, agent: str) -> Viewer:
@@ -343,6 +366,16 @@ class TeamMemory:
     def layer_filter(self, layer: str, kind: Kind, *, status: Iterable[Status] | None = None) -> Filter:
         """The store filter for one layer of this team (kind, the layer's scopes, team tag)."""
         return Filter.make(kinds=[kind], scopes=self.read_scopes(layer), tags_all=[f"team:{self.team}"], status=status)
+
+    def prompt_filter(self, layers: Sequence[str]) -> Filter:
+        """What a prompt may hold from ``layers``: their kinds, in their scopes, of this team.
+
+        Every layer is written only to its own pools, so the union of the layers' scopes
+        reads each layer exactly where it lives.
+        """
+        kinds = [k for layer in layers for k in _LAYER_KINDS[self._layer(layer)]]
+        scopes = frozenset().union(*(self.read_scopes(layer) for layer in layers))
+        return Filter.make(kinds=kinds, scopes=scopes, tags_all=[f"team:{self.team}"])
 
     def pools(self, layer: str, *, agents: Iterable[str] | None = None) -> list[_Pool]:
         """Where a layer's writes for ``agents`` go: their private pools and/or the team pool."""
@@ -364,10 +397,13 @@ class TeamMemory:
             status=status,
         )
 
-    def _mode(self, layer: str) -> str:
+    def _layer(self, layer: str) -> str:
         if layer not in LAYERS:
             raise ValidationError(f"unknown memory layer {layer!r}; expected one of {', '.join(LAYERS)}")
-        return getattr(self.topology, layer)
+        return layer
+
+    def _mode(self, layer: str) -> str:
+        return str(getattr(self.layout, self._layer(layer)))
 
     def _check_agent(self, agent: str) -> None:
         if agent not in self.agents:
@@ -381,10 +417,47 @@ class TeamMemory:
         )
         return len({u.meta.get("task_index") for u in seen})
 
+    def stamp(self) -> float:
+        """A creation time later than every unit this object wrote: units written in one
+        batch get distinct, ordered times, so prompt order never depends on clock ties."""
+        self._clock = max(time.time(), self._clock + 1e-3)
+        return self._clock
+
     @property
     def tasks_recorded(self) -> int:
         """Tasks recorded so far (recovered from the store on open, so a resumed run continues)."""
         return self._tasks
+
+    # -- prompts ----------------------------------------------------------------------------
+    def recollect(
+        self,
+        agent: str,
+        query: str,
+        *,
+        layers: Sequence[str] = ("procedural", "episodic"),
+        budget: int = 300,
+        role: str = ACTOR_ROLE,
+        valid_actions: Sequence[str] = (),
+    ) -> Recollection:
+        """``agent``'s memory for ``query``, written by :func:`forge.prompt.recollect`.
+
+        Actors read procedures, rules and past tasks (the default ``layers``), the planner
+        ``("transactive",)``. Recall ranks by relevance times what a unit has earned
+        (validation from outcomes, importance), so a procedure with a better record wins
+        the budget; sections put procedures first.
+        """
+        self._check_agent(agent)
+        return recollect(
+            self.memory,
+            viewer=self.viewer(agent),
+            query=query,
+            role=role,
+            budget=budget,
+            filter=self.prompt_filter(layers),
+            valid_actions=valid_actions,
+            weights=TEAM_WEIGHTS,
+            sections=TEAM_SECTIONS,
+        )
 
     # -- episodic + everything a finished task updates ---------------------------------------
     def record_task(
@@ -396,15 +469,19 @@ class TeamMemory:
         team: Sequence[str] | None = None,
         task_type: str = "",
         env: str = "",
-        used_procedures: Sequence[str] = (),
-        reflections: Mapping[str, Reflection] | None = None,
+        lesson: TaskLesson | None = None,
+        rules: Sequence[str] = (),
+        retire: Sequence[str] = (),
+        used: Sequence[str] = (),
     ) -> TaskRecord:
         """Record a finished task in all three memories.
 
-        Writes one episode per episodic pool (each local agent reflects on its own part; the
-        shared pool gets one team reflection), updates the transactive profiles of every
-        pool, and adds the outcome to the counts of ``used_procedures``. ``reflections``
-        (keyed by agent or ``"team"``) skips the LLM, e.g. when resuming.
+        Writes one episode per episodic pool with ``lesson`` (derived from the outcome when
+        None), the ``rules`` reflection wrote as rule units in the same pools (a rule a pool
+        already holds is not written twice), archives the ``retire`` rules reflection
+        deleted, updates the transactive profiles of every pool, and credits the ``used``
+        units (shown to the agents) with the outcome through :meth:`record_use`. Unit ids
+        derive from the task, so a replayed task writes the same units.
         """
         if not task.strip():
             raise ValidationError("task text is empty")
@@ -414,19 +491,10 @@ class TeamMemory:
         for a in actions:
             self._check_agent(a.agent)
         roles = {a.agent: a.role for a in actions if a.role}
-        given = dict(reflections or {})
+        lesson = lesson or task_lesson(None, task=task, actions=actions, outcome=outcome)
         pools = self.pools("episodic", agents=members)
-        written: dict[str, Reflection] = {}
-        for pool in pools:  # LLM calls stay outside the lock: consolidation may be writing
-            who = pool.owner or "team"
-            written[who] = given.get(who) or write_reflection(
-                self.llm,
-                task=task,
-                actions=[a for a in actions if not pool.owner or a.agent == pool.owner] or list(actions),
-                outcome=outcome,
-                role=roles.get(pool.owner, "") if pool.owner else "",
-            )
         with self.lock:
+            self._known(used)
             index = self._tasks + 1
             episode = Episode(
                 agent=",".join(members),
@@ -437,16 +505,20 @@ class TeamMemory:
                 meta={"team": self.team, "task_type": task_type, "task_index": index},
             )
             units = [
-                self._episode_unit(pool, episode, index, task, task_type, members, actions, outcome, written[pool.owner or "team"])
+                self._episode_unit(pool, episode, index, task, task_type, members, actions, outcome, lesson)
                 for pool in pools
             ]
+            rule_units = [u for pool in pools for u in self._rule_units(pool, episode, index, env, task_type, rules, lesson)]
             self.memory.store.add_episode(episode, actor=self.actor)
-            vectors = self.memory.embed([u.text for u in units])
-            ids = self.memory.store.add(units, vectors, actor=self.actor)
+            every = units + rule_units
+            ids = self.memory.store.add(every, self.memory.embed([u.text for u in every]), actor=self.actor)
+            for rid in dict.fromkeys(retire):
+                self._retire(rid, index)
             profiles = self._observe(members=members, roles=roles, task_type=task_type, outcome=outcome)
-            updated = self.record_use(used_procedures, success=outcome.success) if used_procedures else []
+            credited = self.record_use(used, success=outcome.success) if used else []
             self._tasks = index
-        return TaskRecord(index, episode.id, tuple(ids), written, tuple(profiles), tuple(updated))
+        n = len(units)
+        return TaskRecord(index, episode.id, tuple(ids[:n]), tuple(ids[n:]), lesson, tuple(profiles), tuple(credited))
 
     def _episode_unit(
         self,
@@ -458,20 +530,22 @@ class TeamMemory:
         members: list[str],
         actions: Sequence[Action],
         outcome: Outcome,
-        refl: Reflection,
+        lesson: TaskLesson,
     ) -> Unit:
         status = "success" if outcome.success else "failure"
-        content = f"Task: {_clip(task, 400)}\nOutcome: {status} (score {outcome.score:g})\nLessons: " + " ".join(refl.lessons)
-        if refl.diagnosis:
-            content += f"\nDiagnosis: {refl.diagnosis}"
+        content = f"Task: {_clip(task, 400)}\nOutcome: {status} (score {outcome.score:g})\nLessons: " + " ".join(lesson.lessons)
+        if lesson.diagnosis:
+            content += f"\nDiagnosis: {lesson.diagnosis}"
         return Unit(
+            id=stable_id("episode", self.team, index, pool.key),
             content=content,
             kind=Kind.EPISODE,
             scope=pool.scope,
             owner=pool.owner,
             context=Context(domain=episode.env, task=task_type, tags=(f"team:{self.team}", "layer:episodic")),
-            importance=1.0 if outcome.success else 0.3,
+            importance=SUCCESS_IMPORTANCE if outcome.success else FAILURE_IMPORTANCE,
             provenance=Provenance(source=f"team:{self.team}", episodes=(episode.id,)),
+            created_at=self.stamp(),
             meta={
                 "task": task,
                 "task_type": task_type,
@@ -479,12 +553,66 @@ class TeamMemory:
                 "team": members,
                 "actions": [{"agent": a.agent, "role": a.role, "text": a.text} for a in actions],
                 "outcome": outcome.to_dict(),
-                "lessons": list(refl.lessons),
-                "diagnosis": refl.diagnosis,
-                "reflection": refl.source,
+                "lessons": list(lesson.lessons),
+                "diagnosis": lesson.diagnosis,
+                "reflection": lesson.source,
                 "episode_id": episode.id,
             },
         )
+
+    def _rule_units(
+        self, pool: _Pool, episode: Episode, index: int, env: str, task_type: str, rules: Sequence[str], lesson: TaskLesson
+    ) -> list[Unit]:
+        """Reflection's rules as units of ``pool``, via :func:`forge.reflect.apply_reflection`."""
+        have = {
+            " ".join(u.content.lower().split())
+            for u in self.memory.store.list(viewer=Viewer.admin(), filter=self.pool_filter(pool, Kind.RULE), limit=1_000_000)
+        }
+        fresh = tuple(r for r in dict.fromkeys(rules) if " ".join(r.lower().split()) not in have)
+        if not fresh:
+            return []
+        applied = apply_reflection(
+            (),
+            Reflection(edits=(RuleEdit(ACTOR_ROLE, (), fresh),), fallback=lesson.source == "fallback"),
+            owner=pool.owner,
+            scope=pool.scope,
+            context=Context(domain=env, task=task_type, tags=(f"team:{self.team}", "layer:episodic")),
+            episodes=(episode.id,),
+            now=self.stamp(),
+        )
+        out = []
+        for n, u in enumerate(applied.added):
+            out.append(u.replace(id=stable_id("rule", self.team, index, pool.key, n), meta={**u.meta, "task_index": index}))
+            self._clock = max(self._clock, u.created_at)
+        return out
+
+    def _retire(self, unit_id: str, index: int) -> None:
+        try:
+            unit = self.memory.store.get(unit_id, viewer=Viewer.admin())
+        except NotFoundError:
+            return
+        if unit.kind is Kind.RULE and unit.status is Status.ACTIVE:
+            self.memory.set_status(unit_id, Status.ARCHIVED, reason=f"deleted by the reflection on task {index}", actor=self.actor)
+
+    def _known(self, unit_ids: Sequence[str]) -> None:
+        ids = list(dict.fromkeys(unit_ids))
+        found = {u.id for u in self.memory.store.get_many(ids, viewer=Viewer.admin())}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise NotFoundError(f"no memory unit with id {missing[0]}")
+
+    # -- outcome credit ---------------------------------------------------------------------
+    def record_use(self, unit_ids: Sequence[str], *, success: bool) -> list[str]:
+        """Credit the units shown for a task with its outcome: :meth:`Memory.record_use`.
+
+        That one function moves a procedure's counts (its ``rho``) and every unit's
+        ``validation``. Unknown ids raise :class:`NotFoundError` before anything is written.
+        """
+        ids = list(dict.fromkeys(unit_ids))
+        with self.lock:
+            self._known(ids)
+            self.memory.record_use(ids, success=success, actor=self.actor)
+        return ids
 
     # -- procedural -------------------------------------------------------------------------
     def procedures(self, *, agent: str | None = None, include_archived: bool = False) -> list[Procedure]:
@@ -493,25 +621,6 @@ class TeamMemory:
         status = list(Status) if include_archived else None
         f = self.layer_filter("procedural", Kind.PROCEDURE, status=status)
         return [Procedure.of(u) for u in self.memory.store.list(viewer=viewer, filter=f, limit=100_000)]
-
-    def record_use(self, procedure_ids: Sequence[str], *, success: bool) -> list[str]:
-        """Add a task's outcome to the counts of every procedure it used; returns those updated.
-
-        Unknown ids raise :class:`NotFoundError` before anything is written.
-        """
-        ids = list(dict.fromkeys(procedure_ids))
-        with self.lock:
-            units = {u.id: u for u in self.memory.store.get_many(ids, viewer=Viewer.admin())}
-            missing = [i for i in ids if i not in units or units[i].kind is not Kind.PROCEDURE]
-            if missing:
-                raise NotFoundError(f"no procedure with id {missing[0]}")
-            for i in ids:
-                u = units[i]
-                s = int(u.meta.get("successes", 0)) + (1 if success else 0)
-                f = int(u.meta.get("failures", 0)) + (0 if success else 1)
-                meta = {**u.meta, "successes": s, "failures": f, "rho": round(rho(s, f), 6)}
-                self.memory.store.update(u.replace(meta=meta, validation=min(1.0, rho(s, f))), actor=self.actor)
-        return ids
 
     # -- transactive ------------------------------------------------------------------------
     def _observe(self, *, members: list[str], roles: Mapping[str, str], task_type: str, outcome: Outcome) -> list[str]:
@@ -562,6 +671,8 @@ class TeamMemory:
         meta: dict[str, Any] = _deep(dict(old.meta)) if old else {"profile": subject.split(":", 1)[0]}
         bump(meta)
         content = render(meta)
+        if self.layout.transactive == "both":  # the reader sees both pools: say whose notes
+            content += " [own notes]" if pool.scope.kind == "private" else " [team notes]"
         if old is None:
             unit = Unit(
                 id=uid,
@@ -570,6 +681,7 @@ class TeamMemory:
                 scope=pool.scope,
                 owner=pool.owner,
                 context=Context(tags=(f"team:{self.team}", "layer:transactive", subject)),
+                created_at=self.stamp(),
                 meta=meta,
             )
             self.memory.store.add([unit], self.memory.embed([unit.text]), actor=self.actor)
@@ -584,40 +696,10 @@ class TeamMemory:
         f = self.layer_filter("transactive", Kind.PROFILE)
         return self.memory.store.list(viewer=viewer, filter=f, limit=100_000)
 
-    def render_transactive(self, *, agent: str, budget: int | None = None) -> str:
-        """The "who knows what" block the planner ``agent`` reads to allocate subtasks.
 
-        Lists agent profiles, then team patterns, from the pools ``agent`` may read (in
-        ``both`` mode its own notes and the team's, labelled). Lines past ``budget`` tokens
-        (:func:`~forge.recall.approx_tokens`) are left out, whole.
-        """
-        units = self.profiles(agent=agent)
-        if not units:
-            return ""
-        both = self.topology.transactive == "both"
-        lines = [f"## Who knows what (team {self.team})"]
-        for kind, title in (("agent", "Agents:"), ("pattern", "Team patterns:")):
-            chosen = [u for u in units if u.meta.get("profile") == kind]
-            if not chosen:
-                continue
-            lines.append(title)
-            for u in sorted(chosen, key=lambda u: (str(u.scope), u.content)):
-                label = (" [own notes]" if u.scope.kind == "private" else " [team notes]") if both else ""
-                lines.append(f"- {u.content}{label}")
-        if budget is None:
-            return "\n".join(lines)
-        if budget <= 0:
-            raise ValidationError("budget must be positive")
-        out, used = [], 0
-        for line in lines:
-            cost = approx_tokens(line)
-            if used + cost > budget:
-                if line.startswith("-"):
-                    continue
-                break
-            out.append(line)
-            used += cost
-        return "\n".join(out)
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _inc(table: dict[str, Any], key: str, ok: bool) -> None:

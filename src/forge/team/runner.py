@@ -10,35 +10,46 @@
 ``steps_per_subtask`` env steps. Before each one the planner picks the agent to do it by
 constrained choice among the agent ids (:func:`~forge.llm.choose`, so a small model cannot
 answer outside the team), reading the transactive "who knows what" block. The chosen agent
-acts with one constrained choice among the env's valid actions per step, its prompt carrying
-its own retrieval (:func:`~forge.team.retrieve`) rendered within ``memory_tokens``. A
-violation (a step below the env's ``tau`` or an action the model could not produce) ends the
-subtask and the next is reallocated to someone else. A team of one plans without an LLM call.
+acts with one constrained choice among the env's valid actions per step. A violation (a step
+below the env's ``tau`` or an action the model could not produce) ends the subtask and the
+next is reallocated to someone else. A team of one plans without an LLM call.
+
+**Memory in prompts.** Every memory block is written by :func:`forge.prompt.recollect`
+(:meth:`~forge.team.TeamMemory.recollect`), as the reading agent's viewer: procedures first,
+then the rules reflection wrote, then past tasks, within ``memory_tokens``; the block is kept
+for the agent's whole task (a stable prompt prefix), and the rules naming the current
+situation are repeated next to the question at each step. The units shown are recorded per
+agent and step, and credited with the task's outcome (:meth:`forge.memory.Memory.record_use`).
+A failed task is reflected on by :func:`forge.loop.reflect_on` (the library's reflection,
+grounded by replaying the seeded episode); its rules become units of the episodic pools.
 
 **Memory modes, one code path** (:data:`MEMORY_MODES`): ``none`` (nothing read or written),
 ``raw`` (the newest raw task transcripts, whole, within the token budget), and the
-LLMA-Mem topologies ``local``, ``shared``, ``hybrid`` (:class:`~forge.team.TeamMemory`,
-consolidation every ``consolidate_every`` tasks on a background thread).
+LLMA-Mem layouts ``local``, ``shared``, ``hybrid`` (:class:`~forge.team.TeamMemory`,
+consolidation every ``consolidate_every`` tasks).
 
-**Determinism and resume.** Each task's result (actions, scores, tokens, the reflections) is
+**Determinism and resume.** Each task's result (actions, scores, tokens, the reflection) is
 written to ``RUN/tasks/task-NNNN.json`` *before* memory is updated from it, so the file is
-the commit point: on resume a task whose file exists but whose episodes are missing from
-``memory.db`` is replayed into memory from the file (no LLM call), and a consolidation that
-was due but left no ``RUN/consolidations/after-NNNN.json`` is run again (it skips clusters a
-procedure already covers). Background consolidation overlaps the next task's env reset and
-first allocation, and is waited for before the first retrieval, so with a deterministic LLM
-a resumed run equals an uninterrupted one.
+the commit point. Then the memory store is copied to ``RUN/memory.task-NNNN.bak``, the task is
+recorded in memory, consolidation runs if due (synchronously, at this task boundary, its
+report written to ``RUN/consolidations/after-NNNN.json``), and the copy is deleted. A run
+killed anywhere in between resumes from the copy and replays the task from its file (no LLM
+call for the task itself), so half-written memory never survives, and what a task sees never
+depends on how fast consolidation ran: with a deterministic LLM a resumed run equals an
+uninterrupted one.
 
     RUN/config.json  events.jsonl  memory.db  tasks/task-NNNN.json
-    RUN/consolidations/after-NNNN.json  final.json
+    RUN/consolidations/after-NNNN.json  final.json  (memory.task-NNNN.bak while recording)
 """
 
 from __future__ import annotations
 
 import os
+import re
+import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from contextlib import closing
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -46,15 +57,26 @@ from typing import Any
 from forge.envs import Env, EnvSpec
 from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError, StructuredOutputError
 from forge.llm import LLM, Message, MeteredLLM, TokenLedger, choose, open_llm
+from forge.loop import Trajectory, failure_point, reflect_on
 from forge.memory import Memory
-from forge.model import Kind, Viewer
+from forge.model import Kind, Step, Viewer
+from forge.policy import summarize_observation
+from forge.prompt import Recollection
 from forge.protocols.runs import RunDir
 from forge.recall import approx_tokens
 from forge.store import Filter
-from forge.team.consolidate import ConsolidationReport, Consolidator
-from forge.team.memories import Action, Outcome, Reflection, TeamMemory, write_reflection
-from forge.team.retrieve import retrieve
+from forge.team.consolidate import Consolidator
+from forge.team.memories import (
+    ACTOR_ROLE,
+    TEAM_SECTIONS,
+    Action,
+    Outcome,
+    TaskLesson,
+    TeamMemory,
+    task_lesson,
+)
 from forge.team.streams import (
+    DB_ENV,
     STREAMS,
     TeamTask,
     coordination_score,
@@ -159,6 +181,18 @@ class _TeamDir(RunDir):
     def consolidation_path(self, after: int) -> Path:
         return self.path / "consolidations" / f"after-{after:04d}.json"
 
+    def snapshot_path(self, index: int) -> Path:
+        return self.path / f"memory.task-{index:04d}.bak"
+
+    def snapshots(self) -> list[tuple[int, Path]]:
+        """Memory copies left by a run killed while recording a task, oldest first."""
+        out = []
+        for p in self.path.glob("memory.task-*.bak"):
+            m = re.fullmatch(r"memory\.task-(\d{4,})\.bak", p.name)
+            if m:
+                out.append((int(m.group(1)), p))
+        return sorted(out)
+
     def create(self, config: TeamConfig) -> None:  # type: ignore[override]
         if self.config_path.exists():
             raise ConfigError(f"{self.path} already holds a run; resume it with --resume {self.path} or pick another --run-dir")
@@ -200,16 +234,33 @@ class _TeamDir(RunDir):
 # -- memory modes -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """One agent's memory for one task: the prompt block, the recollection it came from
+    (for the rules of the current situation and the ids shown), and a label for the result."""
+
+    block: str = ""
+    recollection: Recollection | None = None
+    label: str = "none"
+
+    @property
+    def ids(self) -> list[str]:
+        return self.recollection.ids if self.recollection is not None else []
+
+    def now(self, situation: str) -> tuple[str, list[str]]:
+        return self.recollection.now_text(situation) if self.recollection is not None else ("", [])
+
+
 class _Mode:
     """What one memory mode reads into prompts and writes after a task (the only difference
     between baselines)."""
 
     tm: TeamMemory | None = None
 
-    def actor_context(self, task: TeamTask, agent: str, budget: int) -> tuple[str, list[str], str]:
-        return "", [], "none"
+    def actor_context(self, agent: str, query: str, budget: int, valid: Sequence[str]) -> _Context:
+        return _Context()
 
-    def planner_context(self, agent: str, budget: int) -> str:
+    def planner_context(self, agent: str, query: str, budget: int) -> str:
         return ""
 
     def record(self, result: Mapping[str, Any]) -> None:
@@ -226,7 +277,7 @@ class _RawMode(_Mode):
     def __init__(self) -> None:
         self.history: list[str] = []
 
-    def actor_context(self, task: TeamTask, agent: str, budget: int) -> tuple[str, list[str], str]:
+    def actor_context(self, agent: str, query: str, budget: int, valid: Sequence[str]) -> _Context:
         lines, used = ["## Past tasks (raw transcripts, newest first)"], 0
         used = approx_tokens(lines[0])
         for text in reversed(self.history):
@@ -235,7 +286,7 @@ class _RawMode(_Mode):
                 break
             lines.append(text)
             used += cost
-        return ("\n".join(lines), [], "raw") if len(lines) > 1 else ("", [], "raw")
+        return _Context("\n".join(lines), None, "raw") if len(lines) > 1 else _Context("", None, "raw")
 
     def record(self, result: Mapping[str, Any]) -> None:
         status = "success" if result["success"] else "failure"
@@ -244,21 +295,27 @@ class _RawMode(_Mode):
         )
 
 
+_SECTION_OF = {kind: name for name, kinds in TEAM_SECTIONS.items() for kind in kinds}
+
+
 class _TeamMode(_Mode):
-    """LLMA-Mem: hierarchical retrieval for actors, transactive memory for the planner."""
+    """LLMA-Mem: actors read procedures, rules and past tasks; the planner "who knows what";
+    both through :meth:`TeamMemory.recollect`."""
 
     def __init__(self, tm: TeamMemory) -> None:
         self.tm = self._tm = tm
 
-    def actor_context(self, task: TeamTask, agent: str, budget: int) -> tuple[str, list[str], str]:
-        got = retrieve(self._tm, task.text, agent=agent)
-        return got.render(budget=budget), got.procedure_ids, got.path
+    def actor_context(self, agent: str, query: str, budget: int, valid: Sequence[str]) -> _Context:
+        rec = self._tm.recollect(agent, query, budget=budget, valid_actions=valid)
+        label = "+".join(dict.fromkeys(_SECTION_OF[u.kind] for u in rec.shown)) or "none"
+        return _Context(rec.block, rec, label)
 
-    def planner_context(self, agent: str, budget: int) -> str:
-        return self._tm.render_transactive(agent=agent, budget=budget)
+    def planner_context(self, agent: str, query: str, budget: int) -> str:
+        return self._tm.recollect(agent, query, layers=("transactive",), budget=budget, role="planner").block
 
     def record(self, result: Mapping[str, Any]) -> None:
         task = TeamTask.from_dict(result["task"])
+        reflection = result.get("reflection") or {}
         self._tm.record_task(
             task=result["text"],
             outcome=Outcome(
@@ -273,12 +330,34 @@ class _TeamMode(_Mode):
             team=result["members"],
             task_type=task.task_type,
             env=task.env,
-            used_procedures=result["used_procedures"],
-            reflections={k: Reflection(tuple(v["lessons"]), v["diagnosis"], v["source"]) for k, v in result["reflections"].items()},
+            lesson=TaskLesson.from_dict(result["lesson"]) if result.get("lesson") else None,
+            rules=reflection.get("rules", ()),
+            retire=reflection.get("retire", ()),
+            used=result.get("used", ()),
         )
 
     def recorded(self) -> int | None:
         return self._tm.tasks_recorded
+
+
+# -- the memory copy that makes recording a task all-or-nothing -------------------------------
+
+
+def _copy_db(src: Path, dst: Path) -> None:
+    """A consistent copy of the SQLite file ``src`` (its WAL included), written atomically."""
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    with closing(sqlite3.connect(str(src))) as a, closing(sqlite3.connect(str(tmp))) as b:
+        a.backup(b)
+    os.replace(tmp, dst)
+
+
+def _restore_db(copy: Path, db: Path) -> None:
+    """Put ``copy`` back as the store ``db``. Its WAL and the derived vector index go first:
+    a stale WAL would be replayed onto the copy, and the index is rebuilt from the file."""
+    for suffix in ("-wal", "-shm", ".usearch", ".usearch.json", ".usearch.tmp", ".usearch.json.tmp"):
+        db.with_name(db.name + suffix).unlink(missing_ok=True)
+    _copy_db(copy, db)
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -292,6 +371,8 @@ class _Run:
         self.hooks = [h for h in (hook, progress) if h is not None]
         self.tasks = make_stream(config.stream, config.tasks, seed=config.seed, envs=config.envs or None)
         self.envs: dict[str, Env] = {}
+        self.durable = config.memory not in ("none", "raw")
+        self.recovered = self._recover() if self.durable else None
         try:
             self.memory = Memory.open(run.db_path, embedder=config.embedder)
         except ForgeError as exc:
@@ -299,15 +380,26 @@ class _Run:
         self.cons_ledger = TokenLedger()
         self.cons_seen = (0, 0)
         self.cons: Consolidator | None = None
-        self.pending: tuple[int, Future[ConsolidationReport]] | None = None
         self.mode: _Mode
         if config.memory == "none":
             self.mode = _Mode()
         elif config.memory == "raw":
             self.mode = _RawMode()
         else:
-            tm = TeamMemory(self.memory, team=config.team, agents=config.agents, topology=config.memory, llm=None)
+            tm = TeamMemory(self.memory, team=config.team, agents=config.agents, layout=config.memory, llm=None)
             self.mode = _TeamMode(tm)
+
+    def _recover(self) -> int | None:
+        """Put back the memory copy of a task whose recording was interrupted; its index."""
+        snaps = self.run.snapshots()
+        if not snaps:
+            return None
+        index, path = snaps[-1]
+        _restore_db(path, self.run.db_path)
+        self.run.consolidation_path(index).unlink(missing_ok=True)  # redone from the restored memory
+        for _, older in snaps[:-1]:
+            older.unlink()
+        return index
 
     def emit(self, event: str, **data: Any) -> None:
         if event in ("task_done", "consolidated", "run_done"):
@@ -327,9 +419,14 @@ class _Run:
     # -- restore ------------------------------------------------------------------------
     def restore(self) -> list[dict[str, Any]]:
         done = self.run.committed(self.config.tasks)
+        if self.recovered is not None and self.recovered != len(done):
+            raise StoreError(
+                f"{self.run.snapshot_path(self.recovered)} belongs to task {self.recovered} but {len(done)} tasks are "
+                "committed; the run directory is inconsistent"
+            )
         have = self.mode.recorded()
         if have is not None:
-            if have == len(done) - 1:  # killed between the commit and the memory update
+            if have == len(done) - 1:  # killed between the commit and the end of the memory update
                 self.mode.record(done[-1])
                 self.run.event("replayed", task=len(done))
             elif have != len(done):
@@ -342,20 +439,20 @@ class _Run:
                 self.mode.record(r)
         if self.mode.tm is not None:
             llm = MeteredLLM(self.llm, self.cons_ledger, role="consolidate") if self.config.reflect else None
-            self.cons = Consolidator(self.mode.tm, every=self.config.consolidate_every, background=True, llm=llm)
+            self.cons = Consolidator(self.mode.tm, every=self.config.consolidate_every, llm=llm)
             last = len(done) - len(done) % self.config.consolidate_every
             if last and not self.run.consolidation_path(last).is_file():
-                self.pending = (last, self.cons.start())
-                self.barrier()
+                self.consolidate(last)
+        if self.recovered is not None:
+            self.run.snapshot_path(self.recovered).unlink(missing_ok=True)
         return done
 
-    def barrier(self) -> None:
-        """Wait for the background consolidation and commit its report."""
-        if self.pending is None:
-            return
-        after, fut = self.pending
-        self.pending = None
-        report = fut.result()
+    def consolidate(self, after: int) -> None:
+        """Consolidate now, at this task boundary, and commit the report: every later task
+        sees the same procedures however long consolidation took."""
+        assert self.cons is not None
+        self.emit("consolidating", after=after)
+        report = self.cons.run()
         usage = self.cons_ledger.total()
         data = report.to_dict()
         data["tokens"] = {"in": usage.prompt_tokens - self.cons_seen[0], "out": usage.completion_tokens - self.cons_seen[1]}
@@ -375,14 +472,13 @@ class _Run:
             self.envs[name] = open_task_env(name, max_steps=self.config.max_steps)
         return self.envs[name]
 
-    def allocate(self, task: TeamTask, spec: EnvSpec, obs: str, n: int, exclude: set[str], ledger: TokenLedger) -> str:
+    def allocate(self, task: TeamTask, spec: EnvSpec, obs: str, n: int, exclude: set[str], ledger: TokenLedger, block: str) -> str:
         agents = self.config.agents
         options = [a for a in agents if a not in exclude] or agents
         if len(options) == 1:
             return options[0]
         lead = agents[0]
         roster = ", ".join(f"{a} ({self.config.role(a)})" for a in agents)
-        block = self.mode.planner_context(lead, self.config.memory_tokens)
         note = f"\n{', '.join(sorted(exclude))} just failed a subtask; give it to someone else." if exclude else ""
         prompt = [
             Message("system", f"You are {lead}, the lead planner of a team: {roster}. Give each subtask to the agent most likely to do it well."),
@@ -395,15 +491,25 @@ class _Run:
         llm = MeteredLLM(self.llm, ledger, role="planner")
         return choose(llm, prompt, options, retries=1, fallback=options[0])
 
-    def act(self, agent: str, spec: EnvSpec, obs: str, recent: Sequence[str], context: str, valid: Sequence[str], ledger: TokenLedger) -> tuple[str, bool]:
+    def act(
+        self, agent: str, spec: EnvSpec, obs: str, recent: Sequence[str], context: _Context, valid: Sequence[str], ledger: TokenLedger
+    ) -> tuple[str, bool, list[str]]:
+        """One constrained choice; the memory block stays in the system prompt for the whole
+        task, the rules for this exact situation come right before the question."""
         role = self.config.role(agent)
-        system = f"You are {agent}, the {role} of a team of agents. {spec.description}" + (f"\n\n{context}" if context else "")
-        user = obs + (f"\nRecent team actions: {'; '.join(recent[-6:])}" if recent else "") + "\nChoose your next action."
+        system = f"You are {agent}, the {role} of a team of agents. {spec.description}" + (f"\n\n{context.block}" if context.block else "")
+        now, now_ids = context.now(summarize_observation(obs))
+        user = (
+            obs
+            + (f"\nRecent team actions: {'; '.join(recent[-6:])}" if recent else "")
+            + (f"\n{now}" if now else "")
+            + "\nChoose your next action."
+        )
         llm = MeteredLLM(self.llm, ledger, role="actor", agent=agent)
         try:
-            return choose(llm, [Message("system", system), Message("user", user)], list(valid), retries=1), False
+            return choose(llm, [Message("system", system), Message("user", user)], list(valid), retries=1), False, now_ids
         except StructuredOutputError:
-            return valid[0], True
+            return valid[0], True, now_ids
 
     def play(self, task: TeamTask) -> dict[str, Any]:
         started = time.perf_counter()
@@ -413,22 +519,30 @@ class _Run:
         spec = env.spec
         ledger = TokenLedger()
         actions: list[tuple[str, str, str]] = []
+        observations: list[str] = []
+        rewards: list[float] = []
+        now_ids: list[list[str]] = []
         transcript: list[str] = []
         subtasks: list[dict[str, Any]] = []
         violations: list[str] = []
-        contexts: dict[str, tuple[str, list[str], str]] = {}
+        contexts: dict[str, _Context] = {}
         total, steps, done, messages = 0.0, 0, False, 0
+        failing: int | None = None
         exclude: set[str] = set()
+        who_knows = self.mode.planner_context(cfg.agents[0], task.text, cfg.memory_tokens) if len(cfg.agents) > 1 else ""
         while not done and steps < spec.max_steps:
-            agent = self.allocate(task, spec, obs, len(subtasks) + 1, exclude, ledger)
+            agent = self.allocate(task, spec, obs, len(subtasks) + 1, exclude, ledger, who_knows)
             messages += 1
-            self.barrier()
             if agent not in contexts:
-                contexts[agent] = self.mode.actor_context(task, agent, cfg.memory_tokens)
+                query = f"{task.text}\n{spec.description}\n{summarize_observation(obs)}"
+                contexts[agent] = self.mode.actor_context(agent, query, cfg.memory_tokens, env.valid_actions())
             sub: dict[str, Any] = {"agent": agent, "start": steps, "steps": 0, "ok": True, "reallocated": bool(exclude), "violation": ""}
             for _ in range(cfg.steps_per_subtask):
-                action, fallback = self.act(agent, spec, obs, transcript, contexts[agent][0], env.valid_actions(), ledger)
+                action, fallback, now = self.act(agent, spec, obs, transcript, contexts[agent], env.valid_actions(), ledger)
                 res = env.step(action)
+                observations.append(obs)
+                rewards.append(float(res.reward))
+                now_ids.append(now)
                 steps += 1
                 sub["steps"] += 1
                 total += res.reward
@@ -436,6 +550,8 @@ class _Run:
                 actions.append((agent, cfg.role(agent), action))
                 transcript.append(f"{agent}: {action} -> {res.reward:g}")
                 self.emit("step", task=task.index, step=steps, agent=agent, action=action, reward=res.reward)
+                if res.reward < spec.tau and failing is None:
+                    failing = steps - 1
                 why = "no valid action produced" if fallback else (f"reward {res.reward:g} < tau {spec.tau:g}" if res.reward < spec.tau else "")
                 if why:
                     sub.update(ok=False, violation=why)
@@ -450,7 +566,8 @@ class _Run:
         acted = list(dict.fromkeys(s["agent"] for s in subtasks))
         members = list(dict.fromkeys([cfg.agents[0], *acted]))
         per_agent = {a: all(s["ok"] for s in subtasks if s["agent"] == a) for a in acted}
-        used = sorted({p for a in acted for p in contexts.get(a, ("", [], ""))[1]})
+        shown = {a: contexts[a].ids for a in acted if a in contexts}
+        used = list(dict.fromkeys([*(i for a in acted for i in shown.get(a, [])), *(i for ids in now_ids for i in ids)]))
         result: dict[str, Any] = {
             "index": task.index,
             "task": task.to_dict(),
@@ -468,10 +585,23 @@ class _Run:
             "messages": messages,
             "members": members,
             "per_agent": per_agent,
-            "used_procedures": used,
-            "retrieval": {a: contexts[a][2] for a in sorted(contexts)},
+            "retrieval": {a: contexts[a].label for a in sorted(contexts)},
+            "shown": shown,  # unit ids in each acting agent's memory block
+            "now": now_ids,  # per step: the rules repeated for that exact situation
+            "used": used,  # credited with the outcome (Memory.record_use)
         }
-        result["reflections"] = self.reflect(task, result, ledger)
+        traj = Trajectory(
+            steps=[
+                Step(observation=o, action=a[2], reward=r, role=ACTOR_ROLE, info={"t": t, "agent": a[0]})
+                for t, (o, a, r) in enumerate(zip(observations, actions, rewards, strict=True))
+            ],
+            actions=[a[2] for a in actions],
+            observations=observations,
+            rewards=rewards,
+            failing=failing,
+            done=done,
+        )
+        result.update(self.reflect(task, env, traj, result, contexts, ledger))
         usage = ledger.total()
         result["tokens"] = {
             "in": usage.prompt_tokens,
@@ -481,32 +611,63 @@ class _Run:
         result["seconds"] = round(time.perf_counter() - started, 3)
         return result
 
-    def reflect(self, task: TeamTask, result: Mapping[str, Any], ledger: TokenLedger) -> dict[str, Any]:
-        """Lessons per episodic pool, written now so the result file can replay them."""
-        tm = self.mode.tm
-        if tm is None:
-            return {}
-        llm = MeteredLLM(self.llm, ledger, role="reflect") if self.config.reflect else None
+    def reflect(
+        self, task: TeamTask, env: Env, traj: Trajectory, result: Mapping[str, Any], contexts: Mapping[str, _Context], ledger: TokenLedger
+    ) -> dict[str, Any]:
+        """The task's lesson, written now so the result file can replay it: on failure the
+        library's reflection (:func:`forge.loop.reflect_on`) on the team's trajectory, seen
+        as the agent whose step failed; on success, what was done."""
+        if self.mode.tm is None:
+            return {"lesson": None, "reflection": None}
         actions = [Action(agent=a, text=t, role=r) for a, r, t in result["actions"]]
         outcome = Outcome(success=result["success"], score=result["ts"], errors=tuple(result["violations"]))
-        out = {}
-        for pool in tm.pools("episodic", agents=result["members"]):
-            mine = [a for a in actions if not pool.owner or a.agent == pool.owner] or actions
-            role = self.config.role(pool.owner) if pool.owner else ""
-            r = write_reflection(llm, task=task.text, actions=mine, outcome=outcome, role=role)
-            out[pool.owner or "team"] = {"lessons": list(r.lessons), "diagnosis": r.diagnosis, "source": r.source}
-        return out
+        point = failure_point(traj, success_return=env.spec.success_return, reflect_on_stall=True)
+        if point is None:
+            return {"lesson": task_lesson(None, task=task.text, actions=actions, outcome=outcome).to_dict(), "reflection": None}
+        at, stalled = point
+        agent = result["actions"][at][0]
+        rec = contexts[agent].recollection if agent in contexts else None
+        if rec is not None:
+            traj.recollections = {ACTOR_ROLE: rec}
+        llm = MeteredLLM(self.llm, ledger, role="reflect") if self.config.reflect else None
+        reflection = reflect_on(
+            traj,
+            env=env,
+            roles=(ACTOR_ROLE,),
+            acting_roles=(ACTOR_ROLE,),
+            llm=llm,
+            seed=task.seed,
+            tau=env.spec.tau,
+            at=at,
+            stalled=stalled,
+            probe_alternatives=task.env != DB_ENV,  # replaying a diagnosis rebuilds a database per action
+        )
+        what = "went in circles from there" if stalled else f"got reward {traj.rewards[at]:g} (below tau {env.spec.tau:g})"
+        diagnosis = f"step {at + 1} by {agent}: {traj.actions[at]} in '{summarize_observation(traj.observations[at])}' {what}"
+        shown_rules = [u for u in (rec.shown if rec is not None else ()) if u.kind is Kind.RULE]
+        retire = [shown_rules[i].id for e in reflection.edits for i in e.delete if 0 <= i < len(shown_rules)]
+        lesson = task_lesson(reflection, task=task.text, actions=actions, outcome=outcome, diagnosis=diagnosis)
+        data = reflection.to_dict()
+        data.update(rules=[r for e in reflection.edits for r in e.add], retire=retire, step=at, agent=agent)
+        return {"lesson": lesson.to_dict(), "reflection": data}
 
     # -- the loop -------------------------------------------------------------------------
     def execute(self, started: float) -> TeamResult:
         done = self.restore()
         results = list(done)
+        every = self.config.consolidate_every
         for task in self.tasks[len(done):]:
             self.emit("task_started", task=task.index, env=task.env, total=len(self.tasks))
             result = self.play(task)
             self.run.write_json(self.run.task_path(task.index), result)  # the commit point
+            snapshot = self.run.snapshot_path(task.index)
+            if self.durable:
+                _copy_db(self.run.db_path, snapshot)  # memory before this task: all or nothing
             self.emit("task_committed", task=task.index)
             self.mode.record(result)
+            if self.cons is not None and task.index % every == 0:
+                self.consolidate(task.index)
+            snapshot.unlink(missing_ok=True)
             results.append(result)
             j = [(r["ts"] + r["cs"]) / 2 for r in results]
             self.emit(
@@ -519,11 +680,6 @@ class _Run:
                 ap=sum(j) / len(j),
                 tokens=result["tokens"]["in"] + result["tokens"]["out"],
             )
-            if self.cons is not None:
-                fut = self.cons.task_done()
-                if isinstance(fut, Future):
-                    self.pending = (task.index, fut)
-        self.barrier()
         final = self.summarise(results)
         final["wall_seconds"] = round(time.perf_counter() - started, 3)
         self.run.write_json(self.run.final_path, final)

@@ -1,0 +1,189 @@
+"""The agent loop: observe, recall, act, record; and on failure, reflect into new units.
+
+Every place that plays episodes (the evolution protocols' workers, :class:`~forge.agent.Agent`
+and the swarm built on it, the team runner) uses :func:`play_episode` and :func:`reflect_on`,
+so memory reaches prompts one way and failures become memory one way.
+
+Memory is recalled once per episode and role (:class:`Recaller`), so the prompt prefix is
+stable across steps; each step records which units were shown and which named its exact
+situation, and :attr:`Trajectory.used` hands them to :meth:`forge.memory.Memory.record_use`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge.envs.base import Env
+from forge.errors import ForgeError
+from forge.llm.base import LLM
+from forge.model import Step, Viewer
+from forge.policy import ANALYST_TOOLS, Policy, summarize_observation
+from forge.prompt import PROMPT_WEIGHTS, Recollection, empty, recollect
+from forge.recall import Weights
+from forge.reflect import (
+    Reflection,
+    Snapshot,
+    fallback_reflection,
+    reflect,
+    safe_alternatives,
+    stall_step,
+)
+from forge.store.base import Filter
+
+__all__ = ["Recaller", "Trajectory", "failure_point", "play_episode", "reflect_on"]
+
+RecallFn = Callable[[str, str], Recollection]
+"""``recall(role, query) -> Recollection``: how a loop asks for memory."""
+
+
+@dataclass(slots=True)
+class Trajectory:
+    """One episode as played: every role's steps, env rewards, where it failed, and which
+    memory units were shown (``shown``) or named the situation of a step (``now``)."""
+
+    steps: list[Step] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)  # before each action
+    rewards: list[float] = field(default_factory=list)
+    failing: int | None = None  # first env step index whose reward fell below tau
+    done: bool = False
+    recollections: dict[str, Recollection] = field(default_factory=dict)
+    now: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        return float(sum(self.rewards))
+
+    @property
+    def used(self) -> list[str]:
+        """Units that were in front of the model during this episode, once each."""
+        ids = [i for r in self.recollections.values() for i in r.ids]
+        return list(dict.fromkeys([*ids, *self.now]))
+
+
+class Recaller:
+    """Recall from a :class:`~forge.memory.Memory` as one agent, for one policy's roles."""
+
+    def __init__(
+        self,
+        memory: Any,
+        viewer: Viewer,
+        *,
+        budget: int = 600,
+        filter: Filter = Filter(),
+        weights: Weights = PROMPT_WEIGHTS,
+        valid_actions: Sequence[str] = (),
+    ) -> None:
+        self.memory = memory
+        self.viewer = viewer
+        self.budget = budget
+        self.filter = filter
+        self.weights = weights
+        self.valid_actions = tuple(valid_actions)
+
+    def __call__(self, role: str, query: str) -> Recollection:
+        return recollect(
+            self.memory,
+            viewer=self.viewer,
+            query=query,
+            role=role,
+            budget=self.budget,
+            filter=self.filter,
+            weights=self.weights,
+            valid_actions=self.valid_actions,
+        )
+
+
+def no_memory(role: str, query: str) -> Recollection:
+    """The recaller of an agent without memory (zero-shot)."""
+    return empty(role)
+
+
+def play_episode(
+    env: Env,
+    policy: Policy,
+    recall: RecallFn | None,
+    *,
+    seed: int,
+    tau: float,
+    abort: bool,
+    max_steps: int | None = None,
+) -> Trajectory:
+    """Play one episode from step 0 with ``seed``; with ``abort`` stop at the first reward < tau.
+
+    Memory is recalled once, for the task and the first situation, per role.
+    """
+    traj = Trajectory()
+    obs = env.reset(seed=seed)
+    recall = recall or no_memory
+    query = f"{env.spec.description}\n{summarize_observation(obs)}"
+    traj.recollections = {role: recall(role, query) for role in policy.roles}
+    for _ in range(max_steps or env.spec.max_steps):
+        choice = policy.act(observation=obs, valid_actions=list(env.valid_actions()), history=traj.actions, memory=traj.recollections)
+        result = env.step(choice.action)
+        t = len(traj.actions)
+        traj.observations.append(obs)
+        traj.actions.append(choice.action)
+        traj.rewards.append(float(result.reward))
+        traj.now.extend(i for i in choice.now if i not in traj.now)
+        for s in choice.steps:
+            info: dict[str, Any] = {"t": t}
+            reward = 0.0
+            if s.role in policy.acting_roles[:1]:
+                reward = float(result.reward)
+                info.update(event=result.info.get("event", ""), shown=list(choice.shown), now=list(choice.now))
+            traj.steps.append(Step(observation=s.observation, thought=s.thought, action=s.action, reward=reward, role=s.role, info=info))
+        obs = result.observation
+        if result.reward < tau and traj.failing is None:
+            traj.failing = t
+            if abort:
+                break
+        if result.done:
+            traj.done = True
+            break
+    return traj
+
+
+def failure_point(traj: Trajectory, *, success_return: float, reflect_on_stall: bool) -> tuple[int, bool] | None:
+    """Where to reflect: ``(step, stalled)`` for the first step below tau, or for the start
+    of the loop of an unsuccessful episode that never fell (a stall); None after a success."""
+    if traj.failing is not None:
+        return traj.failing, False
+    if reflect_on_stall and traj.actions and traj.total < success_return:
+        return stall_step(traj.observations, traj.actions), True
+    return None
+
+
+def reflect_on(
+    traj: Trajectory,
+    *,
+    env: Env,
+    roles: Sequence[str],
+    acting_roles: Sequence[str],
+    llm: LLM | None,
+    seed: int,
+    tau: float,
+    at: int,
+    stalled: bool,
+    representation: str = "rules",
+    probe_alternatives: bool = True,
+) -> Reflection:
+    """Reflect on the attempt failing at step ``at``: ground the failure by replaying the
+    seeded episode (which other actions were safe), then ask ``llm``; no LLM, or one that
+    fails outright, gives the trajectory-derived fallback, recorded as such."""
+    safe: tuple[str, ...] = ()
+    if probe_alternatives:
+        safe = safe_alternatives(env, seed=seed, prefix=traj.actions[:at], failed=traj.actions[at], tau=tau, must_move=stalled)
+    shown: Mapping[str, Sequence[Any]] = {role: r.shown for role, r in traj.recollections.items()}
+    snapshot = Snapshot.of(
+        traj, env=env, failing=at, roles=roles, acting_roles=acting_roles,
+        shown=shown, tau=tau, stalled=stalled, safe_actions=safe, known_names=ANALYST_TOOLS,
+    )
+    if llm is None:
+        return fallback_reflection(snapshot, representation=representation, error="no LLM")
+    try:
+        return reflect(llm, snapshot, representation=representation)
+    except ForgeError as exc:  # anything the LLM layer raises: keep learning anyway
+        return fallback_reflection(snapshot, representation=representation, error=str(exc))

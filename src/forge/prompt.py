@@ -1,0 +1,171 @@
+"""One path from memory to a prompt: units the engine recalls, written into sections.
+
+Every prompt in every loop (the evolution protocols, :class:`~forge.agent.Agent` and the
+swarm, the team runner) gets its memory from :func:`recollect`: the engine's hybrid recall
+for the situation, as the agent's viewer, scored by relevance *and* by what the memory has
+earned (validation from outcomes and corroboration, importance, recency), then packed into a
+token budget by section (rules, procedures, examples, facts).
+
+Two things make a small local model use its memory:
+
+- the block is written once per episode and kept byte-identical across its steps (sections in
+  a fixed order, units in creation order), so llama.cpp reuses the KV cache of the prompt
+  prefix instead of re-reading the memory at every step;
+- at each step, :meth:`Recollection.now` picks the rules whose situation is the current one,
+  and the policy repeats them right before the question ("Memory for this situation: ...").
+  A 1.5B model follows a rule next to the question far more often than one in a list.
+
+A :class:`Recollection` also says which units were shown, so every decision records the
+memories that drove it and outcomes flow back to them (:meth:`forge.memory.Memory.record_use`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from forge import rules as rulebook
+from forge.model import Kind, Unit, Viewer
+from forge.recall import Packed, Recalled, Weights, approx_tokens, pack
+from forge.store.base import Filter
+
+__all__ = [
+    "PROMPT_SECTIONS",
+    "PROMPT_WEIGHTS",
+    "Recollection",
+    "empty",
+    "recollect",
+    "render_unit",
+    "used_ids",
+]
+
+#: Prompt sections in the order they are written, and the kinds each one holds.
+PROMPT_SECTIONS: dict[str, frozenset[Kind]] = {
+    "rules": frozenset({Kind.RULE, Kind.LESSON, Kind.PREFERENCE}),
+    "procedures": frozenset({Kind.PROCEDURE}),
+    "examples": frozenset({Kind.EXAMPLE}),
+    "facts": frozenset({Kind.FACT, Kind.EPISODE, Kind.PROFILE}),
+}
+
+#: Relevance plus what a unit has earned: validation (outcomes, corroboration, procedure
+#: success rate), importance and recency all move what an agent sees.
+PROMPT_WEIGHTS = Weights(validation=1.0, importance=0.5, recency=0.25)
+
+
+def render_unit(unit: Unit) -> str:
+    """One unit as a prompt line; examples and procedures show their steps."""
+    meta = unit.meta if isinstance(unit.meta, Mapping) else {}
+    if unit.kind is Kind.EXAMPLE and meta.get("steps"):
+        lines = [f"- Example {meta.get('name') or 'demo'}: {meta.get('description') or ''}".rstrip()]
+        for s in meta["steps"]:
+            thought = f" ({s['thought']})" if s.get("thought") else ""
+            lines.append(f"  {s.get('observation', '')}{thought} -> {s.get('answer', '')}")
+        return "\n".join(lines)
+    body = " ".join(unit.content.split()) if unit.kind is not Kind.PROCEDURE else unit.content.strip()
+    if unit.kind is Kind.PROCEDURE:
+        s, f = int(meta.get("successes", 0)), int(meta.get("failures", 0))
+        if s + f:
+            body += f" (worked {s} of {s + f} times)"
+    title = meta.get("name") if unit.kind is not Kind.EXAMPLE else None
+    return f"- {title}: {body}" if title else f"- {body}"
+
+
+@dataclass(frozen=True, slots=True)
+class Recollection:
+    """What one role of one agent remembers for one episode.
+
+    ``block`` is the prompt text (stable for the episode); ``shown`` the units in it, in
+    order; ``candidates`` every recalled unit, shown or not, which :meth:`now` searches, so a
+    rule for the current situation reaches the prompt even when the block is full.
+    """
+
+    role: str
+    block: str = ""
+    shown: tuple[Unit, ...] = ()
+    candidates: tuple[Recalled, ...] = ()
+    valid_actions: tuple[str, ...] = ()
+    _parsed: tuple[tuple[Unit, rulebook.ParsedRule], ...] = field(default=(), repr=False)
+
+    @property
+    def ids(self) -> list[str]:
+        return [u.id for u in self.shown]
+
+    def now(self, situation: str) -> list[Unit]:
+        """The rules that name this situation, best recalled first."""
+        if not situation:
+            return []
+        return [u for u, p in self._parsed if rulebook.applies(p, situation)]
+
+    def now_text(self, situation: str, *, limit: int = 3) -> tuple[str, list[str]]:
+        """``("Memory for this situation: ...", ids)``, or ``("", [])`` when no rule applies."""
+        hits = self.now(situation)[:limit]
+        if not hits:
+            return "", []
+        lines = "\n".join(f"- {' '.join(u.content.split())}" for u in hits)
+        return f"Memory for this situation:\n{lines}", [u.id for u in hits]
+
+    def forbidden(self, situation: str) -> set[str]:
+        """Actions that rules for this situation forbid (for the optional rule guard)."""
+        out: set[str] = set()
+        for _, p in ((u, p) for u, p in self._parsed if rulebook.applies(p, situation)):
+            out.update(p.avoid)
+        return out
+
+
+def recollect(
+    memory: Any,
+    *,
+    viewer: Viewer,
+    query: str,
+    role: str = "",
+    budget: int = 600,
+    k: int = 40,
+    filter: Filter = Filter(),
+    valid_actions: Sequence[str] = (),
+    weights: Weights = PROMPT_WEIGHTS,
+    sections: Mapping[str, frozenset[Kind]] = PROMPT_SECTIONS,
+    count_tokens: Callable[[str], int] = approx_tokens,
+    touch: bool = False,
+) -> Recollection:
+    """Recall for ``query`` as ``viewer`` and write the memory block for ``role``.
+
+    ``memory`` is a :class:`~forge.memory.Memory` (or anything with its ``recall``). Units
+    whose context names another role are left out; units with no role serve every role.
+    """
+    recalled = memory.recall(query, viewer=viewer, k=k, filter=filter, weights=weights, touch=touch) if query.strip() else []
+    mine = [r for r in recalled if not r.unit.context.role or not role or r.unit.context.role == role]
+    packed: Packed = pack(mine, budget=budget, count_tokens=lambda t: count_tokens(t), sections=dict(sections))
+    parts: list[str] = []
+    shown: list[Unit] = []
+    for name in sections:
+        # creation order inside a section: the same units give the same bytes whatever
+        # their scores, which keeps llama.cpp's prefix cache warm across episodes too
+        units = sorted((r.unit for r in packed.sections.get(name, ())), key=lambda u: (u.created_at, u.id))
+        if units:
+            parts.append(f"## {name.capitalize()}\n" + "\n".join(render_unit(u) for u in units))
+            shown += units
+    parsed = []
+    for r in mine:
+        if r.unit.kind in (Kind.RULE, Kind.LESSON):
+            p = rulebook.parse(r.unit.content, valid_actions)
+            if p is not None:
+                parsed.append((r.unit, p))
+    return Recollection(
+        role=role,
+        block="\n\n".join(parts),
+        shown=tuple(shown),
+        candidates=tuple(mine),
+        valid_actions=tuple(valid_actions),
+        _parsed=tuple(parsed),
+    )
+
+
+def empty(role: str = "") -> Recollection:
+    """No memory (zero-shot, or an agent that has learned nothing yet)."""
+    return Recollection(role=role)
+
+
+def used_ids(recollections: Iterable[Recollection]) -> list[str]:
+    """Every unit shown by these recollections, once, in order."""
+    return list(dict.fromkeys(i for r in recollections for i in r.ids))

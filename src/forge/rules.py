@@ -1,0 +1,151 @@
+"""Rules as text: "when <situation>, do not <action>; <safe> was safe there".
+
+One module writes, parses and checks rules, and every part of FORGE that reads them
+(reflection, the prompt builder, the rule guard, test LLMs) imports it. A rule is only
+useful to an agent that can recognise its situation and act on it, so :func:`check` rejects
+or repairs rules that recommend the action that failed, or name no situation the agent met.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["ParsedRule", "applies", "check", "normalize", "parse", "write"]
+
+_WHEN = re.compile(r"^\s*(?:if|when(?:ever)?)\s+(?P<body>.+?)\s*\.?\s*$", re.IGNORECASE | re.DOTALL)
+_THEN = re.compile(r",?\s+then\s+", re.IGNORECASE)
+# what an instruction starts with: where a situation (which may hold commas) ends
+_DIRECTIVE = re.compile(
+    r"(?:do\b|don't|dont|never|avoid|always|go\b|move\b|take\b|choose\b|pick\b|use\b|try\b|prefer\b|"
+    r"press\b|step\b|turn\b|keep\b|stay\b|call\b|wait\b|instead\b|you should|it is safe|safe\b)",
+    re.IGNORECASE,
+)
+_NEGATION = re.compile(
+    r"\b(?:do not|don't|dont|never|avoid|instead of|rather than|not)\s+(?:to\s+)?(?:move\s+|go\s+|going\s+|moving\s+|take\s+|taking\s+|choose\s+|choosing\s+|pick\s+|use\s+)?(?P<action>[\w-]+)",
+    re.IGNORECASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRule:
+    """A rule's parts: the situation it names, the actions it forbids and the ones it advises."""
+
+    when: str
+    avoid: tuple[str, ...] = ()
+    do: tuple[str, ...] = ()
+
+
+def normalize(text: str) -> str:
+    """Lower-case, single-spaced, without trailing punctuation: how situations are compared."""
+    return " ".join(str(text).lower().split()).strip(" .;:!")
+
+
+def _mentioned(text: str, actions: Iterable[str]) -> list[str]:
+    low = text.lower()
+    found = []
+    for a in actions:
+        m = re.search(r"(?<![\w-])" + re.escape(a.lower()) + r"(?![\w-])", low)
+        if m:
+            found.append((m.start(), a))
+    return [a for _, a in sorted(found)]
+
+
+def parse(text: str, valid_actions: Sequence[str] = ()) -> ParsedRule | None:
+    """The parts of a "when X, (then) Y" rule, or None for text that is not one.
+
+    With ``valid_actions``, ``avoid`` holds the valid actions the rule forbids ("do not A",
+    "never A", "avoid A") and ``do`` the other valid actions it names; without them, ``avoid``
+    holds the words after each negation.
+    """
+    m = _WHEN.match(text or "")
+    if not m:
+        return None
+    body = m["body"]
+    split = _THEN.search(body)
+    if split:
+        when, then = body[: split.start()], body[split.end() :]
+    else:
+        starts = {a.lower() for a in valid_actions}
+        cut = None
+        for c in re.finditer(r",\s*", body):
+            rest = body[c.end() :]
+            first = rest.split(" ", 1)[0].strip(";,.").lower()
+            if _DIRECTIVE.match(rest) or first in starts:
+                cut = c
+                break
+        if cut is None:
+            commas = list(re.finditer(r",\s*", body))
+            if not commas:
+                return None
+            cut = commas[-1]
+        when, then = body[: cut.start()], body[cut.end() :]
+    lowered = {a.lower(): a for a in valid_actions}
+    avoid: list[str] = []
+    for n in _NEGATION.finditer(then):
+        word = n["action"].lower()
+        if valid_actions:
+            if word in lowered and lowered[word] not in avoid:
+                avoid.append(lowered[word])
+        elif word not in avoid:
+            avoid.append(word)
+    do = [a for a in _mentioned(then, valid_actions) if a not in avoid]
+    return ParsedRule(when=" ".join(when.split()), avoid=tuple(avoid), do=tuple(do))
+
+
+def write(situation: str, avoid: str, safe: Sequence[str] = ()) -> str:
+    """The canonical rule: what to avoid, and what was safe instead."""
+    situation = " ".join(situation.split()).rstrip(".")
+    situation = situation[:1].lower() + situation[1:]
+    rule = f"when {situation}, do not {avoid}"
+    if safe:
+        rule += f"; {', '.join(safe)} {'was' if len(safe) == 1 else 'were'} safe there"
+    return rule
+
+
+def applies(rule: ParsedRule, situation: str) -> bool:
+    """Whether a rule's situation is this one: equal, or contained in it (at least 8 chars)."""
+    when, now = normalize(rule.when), normalize(situation)
+    if not when or not now:
+        return False
+    return when == now or (len(when) >= 8 and when in now)
+
+
+def check(
+    text: str,
+    *,
+    valid_actions: Sequence[str],
+    situations: Sequence[str],
+    failing_situation: str,
+    failing_action: str,
+    safe_actions: Sequence[str] = (),
+) -> tuple[str | None, str]:
+    """Hold a reflected rule against the trajectory it came from.
+
+    Returns ``(rule, why)``: the rule to keep (``text`` itself, or a repaired rule) and, when
+    it was repaired or rejected (``rule`` is None), the reason, so the caller can record it.
+
+    - a rule must be "when <situation>, ..." and its situation must be one the agent met
+      (one of ``situations``), else the agent can never recognise when it applies;
+    - in the failing situation, a rule that advises the failing action, or an action that
+      replaying the episode showed to be unsafe, is repaired into "do not <failing action>;
+      <safe> was safe there".
+    """
+    parsed = parse(text, valid_actions)
+    if parsed is None:
+        return None, f"not a 'when <situation>, ...' rule: {text[:80]!r}"
+    if not parsed.avoid and not parsed.do:
+        return None, f"rule names no valid action ({', '.join(valid_actions)}): {text[:80]!r}"
+    if not any(applies(parsed, s) for s in situations):
+        return None, f"rule names no situation the agent met ({parsed.when[:60]!r})"
+    if applies(parsed, failing_situation):
+        unsafe = failing_action in parsed.do or (safe_actions and any(a not in safe_actions for a in parsed.do))
+        forgets = failing_action not in parsed.avoid
+        if unsafe or forgets:
+            repaired = write(failing_situation, failing_action, safe_actions)
+            what = "recommends the action that failed" if failing_action in parsed.do else (
+                "recommends an action that was not safe" if unsafe else "does not say what to avoid"
+            )
+            return repaired, f"repaired: rule {what} ({text[:60]!r})"
+    return text, ""

