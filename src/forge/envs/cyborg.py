@@ -11,13 +11,13 @@ Text, built for small models on slow CPUs:
 
 - ``spec.description`` is the same at every step: the task, what the words of an observation
   mean, and every action, written as a grammar (``sleep | monitor | VERB HOST`` with the verbs
-  and hosts listed once, ~130 tokens instead of a 145-line listing of ~1,300). A prompt can put
+  and hosts listed once: ~110 tokens instead of a 145-line listing of ~1,300). A prompt can put
   it before the observation so the model's prefix cache reuses it across steps.
 - An observation is two lines. The first is the situation: the state of CybORG's
   ``BlueTableWrapper`` table (activity seen last step, compromise level as far as blue knows)
   for the hosts where it is not "None"/"No", hosts in a fixed order, e.g. ``Step 4 of 30.
   Activity: exploit User1, scan User2; compromised: User1 user.`` The table's subnet and IP
-  columns (72% of its tokens) are dropped: actions name hosts, never addresses, and the
+  columns (~70% of its tokens) are dropped: actions name hosts, never addresses, and the
   host-to-subnet map never changes within a scenario. The second line is the last action,
   whether CybORG says it succeeded, and the step's reward.
 - ``spec.situation`` returns that first line without the step counter, the "when" of a rule.
@@ -26,10 +26,13 @@ Rewards are CybORG's, unchanged: each step's reward is minus the damage red hold
 (-0.1 per user host or Op_Host where red has root, -1 per Enterprise host or Op_Server0, -10
 while red disrupts Op_Server0) and -1 for each blue restore. tau = -1.1 (the paper's value: a
 step worse than one restore means red holds a server or is disrupting operations). theta,
-success and major-failure returns are ours and scale with ``max_steps`` (per step -0.5,
--1/3 and -10/3: -15, -10 and -100 over 30 steps), so a short run does not graduate a passive
-blue; each can be passed explicitly. Over 30 steps a blue that only sleeps returns about -200
-and a simple rule-based blue about -10 (``bench/cage2.py`` prints both).
+success and major-failure returns are ours and scale with ``max_steps``: -15, -10 and -100
+over 30 steps, pro rata otherwise (a fixed -15 let a passive -10.3 graduate at 15 steps);
+each can be passed explicitly. Measured over seeds 0-29 at 30 steps (``bench/cage2.py``):
+sleep -214.0, CybORG's BlueReactRestoreAgent -35.3, :func:`rule_based_action` (text only) -10.8.
+Below ~15 steps B_line has not reached the servers, so no threshold tells a passive blue from a
+good one (sleep reaches the scaled theta in 26/30 episodes at 10 steps, 2/30 at 15, 0/30 at 20):
+use 20 steps or more.
 
 Seeding: CybORG draws from Python's ``random`` and numpy's global generator, so ``reset(seed=s)``
 seeds both: reproducible, at the cost of touching global state.
@@ -257,7 +260,8 @@ class CybORGCage2Env:
             "Each observation lists hosts where red was seen last step (scan: probed; "
             "exploit: red got in) and hosts you believe compromised (user: red has user "
             "access; privileged: red has root, found by analyse; unknown: you removed red's "
-            "user access but it may have had more). Hosts not named are quiet and clean.\n"
+            "user access but it may have had more). Other hosts: nothing seen, not known "
+            "compromised.\n"
             "Verbs: analyse (look for red's malware: shows privileged), remove (end red's user "
             "access; not root), restore (reimage: ends all access, costs 1), decoy_* (a fake "
             "service that makes red's exploits fail), monitor (just watch), sleep (nothing).\n"
