@@ -1,8 +1,8 @@
 """CAGE-2 through FORGE's adapter: prompt sizes, baseline returns, reward fidelity.
 
-    python bench/cage2.py                     # 30 steps, 10 seeds, SmolLM2's tokenizer if present
+    python bench/cage2.py                     # 30 steps, 10 seeds
     python bench/cage2.py --seeds 30 --fidelity 108 --json
-    python bench/cage2.py --tokenizer /path/model.gguf
+    python bench/cage2.py --tokenizers qwen,/path/model.gguf
 
 Needs CybORG (git-only: ``pip install -e cage-challenge-2/CybORG``). Prints, never asserts:
 
@@ -39,21 +39,25 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def token_counter(path: str | None) -> tuple[str, Callable[[str], int]]:
-    """A real tokenizer (a .gguf's vocabulary via llama.cpp) when one is at hand, else an estimate."""
-    try:
-        from llama_cpp import Llama
+def token_counters(names: list[str]) -> dict[str, Callable[[str], int]]:
+    """Real tokenizers (a .gguf's vocabulary via llama.cpp), by local model name or path;
+    the tokenizer-free estimate when none can be loaded."""
+    counters: dict[str, Callable[[str], int]] = {}
+    for name in names:
+        try:
+            from llama_cpp import Llama
 
-        if path is None:
-            from forge.llm.local import default_model_path
+            from forge.llm.models import MODELS, resolve_model
 
-            path = str(default_model_path())
-        vocab = Llama(model_path=path, vocab_only=True, verbose=False)
-    except Exception as exc:  # no llama.cpp or no model: fall back, and say so
-        log(f"no tokenizer ({exc}); using forge.recall.approx_tokens")
-        return "approx_tokens", approx_tokens
-    name = Path(path).name
-    return name, lambda text: len(vocab.tokenize(text.encode(), add_bos=False, special=False))
+            path = str(resolve_model(name, build=False)) if name in MODELS else name
+            vocab = Llama(model_path=path, vocab_only=True, verbose=False)
+        except Exception as exc:  # no llama.cpp or no model: say so and go on
+            log(f"no tokenizer {name} ({type(exc).__name__}: {exc})")
+            continue
+        counters[Path(path).stem] = lambda text, v=vocab: len(
+            v.tokenize(text.encode(), add_bos=False, special=False)
+        )
+    return counters or {"approx_tokens": approx_tokens}
 
 
 def listing(actions: list[str]) -> str:
@@ -150,24 +154,30 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--horizons", default="10,15,20,30", help="horizons for the theta check")
     parser.add_argument("--fidelity", type=int, default=20, help="episodes for the reward check")
-    parser.add_argument("--tokenizer", help="a .gguf whose vocabulary counts tokens")
+    parser.add_argument(
+        "--tokenizers", default="qwen,smollm2", help="local model names or .gguf paths"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    tok_name, count = token_counter(args.tokenizer)
+    counters = token_counters([t for t in args.tokenizers.split(",") if t])
     env = make_env("cyborg-cage2", max_steps=args.steps)
     obs = [env.reset(seed=0)]
     while not env.spec.max_steps <= len(obs) - 1:
         obs.append(env.step(oracle_action(env)).observation)
     actions = list(env.valid_actions())
-    sizes = {
-        "tokenizer": tok_name,
+    sizes: dict[str, Any] = {
         "actions": len(actions),
-        "description_tokens": count(env.spec.description),
-        "option_listing_tokens": count(listing(actions)),
-        "observation_tokens_mean": round(statistics.mean(count(o) for o in obs), 1),
-        "observation_tokens_max": max(count(o) for o in obs),
         "situation_example": env.spec.situation(obs[len(obs) // 2]),
+        "tokens": {
+            name: {
+                "description": count(env.spec.description),
+                "option_listing": count(listing(actions)),
+                "observation_mean": round(statistics.mean(count(o) for o in obs), 1),
+                "observation_max": max(count(o) for o in obs),
+            }
+            for name, count in counters.items()
+        },
     }
     env.close()
     log(f"sizes: {sizes}")
@@ -209,9 +219,10 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
     print(f"CAGE-2 via forge.envs.cyborg, {args.steps} steps, seeds 0..{args.seeds - 1}")
-    print(f"tokens ({tok_name}): stable task text incl. all {sizes['actions']} actions "
-          f"{sizes['description_tokens']}; per-step option listing {sizes['option_listing_tokens']}; "
-          f"observation mean {sizes['observation_tokens_mean']} (max {sizes['observation_tokens_max']})")
+    for name, t in sizes["tokens"].items():
+        print(f"tokens ({name}): stable task text incl. all {sizes['actions']} actions "
+              f"{t['description']}; per-step option listing {t['option_listing']}; "
+              f"observation mean {t['observation_mean']} (max {t['observation_max']})")
     print(f"situation, e.g.: {sizes['situation_example']}")
     print(f"{'blue':24s} {'mean':>8s} {'stdev':>7s} {'min':>8s} {'max':>8s}")
     for name, s in scores.items():
