@@ -73,7 +73,7 @@ def test_env_spec_situation_is_optional_and_ignored_by_equality() -> None:
         "name": "x", "description": "d", "max_steps": 3, "tau": -1.0, "theta": 1.0,
         "success_return": 1.0, "major_failure_return": -1.0,
     }
-    assert EnvSpec(**base).situation is None
+    assert EnvSpec(**base).situation is None and not EnvSpec(**base).actions_in_description
     assert EnvSpec(**base, situation=cage2_situation) == EnvSpec(**base)
 
 
@@ -138,6 +138,7 @@ def test_cage2_description_names_all_145_actions_and_never_changes() -> None:
     env.reset(seed=0)
     actions = list(env.valid_actions())
     assert len(actions) == 145 and expand_actions(description) == set(actions)
+    assert env.spec.actions_in_description
     for _ in range(5):
         env.step(oracle_action(env))
     env.reset(seed=9)

@@ -35,6 +35,8 @@ class EnvSpec:
 
     ``description`` is the stable part of a prompt: the same text at every step of every
     episode, so it can sit before the observation and a model's prefix cache can reuse it.
+    ``actions_in_description`` says it already names every valid action (a large action set
+    written compactly, as CAGE-2's 145), so a prompt need not list them again.
 
     ``situation``, when an env sets it, maps one of its observations to a one-line state (no
     step counter, stable word order) for a rule's "when" clause; None means the caller's
@@ -50,6 +52,7 @@ class EnvSpec:
     success_return: float
     major_failure_return: float
     situation: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
+    actions_in_description: bool = False
 
 
 @runtime_checkable

@@ -203,6 +203,7 @@ class CybORGCage2Env:
                 scaled[2] if major_failure_return is None else major_failure_return
             ),
             situation=cage2_situation,
+            actions_in_description=True,
         )
         self._started = False
         self._done = False
