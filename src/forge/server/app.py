@@ -235,7 +235,9 @@ def create_app(
     def context(body: m.ContextReq, p: Who) -> dict[str, Any]:
         """Recall packed into a prompt block of at most ``budget`` tokens."""
         packed = service.context(p, body.query, budget=body.budget, k=body.k, filter=body.filter.build(), hops=body.hops)
-        return {"prompt": packed.render(), "tokens": packed.tokens, "budget": packed.budget, "units": [u.id for u in packed.units]}
+        return {"prompt": packed.render(), "tokens": packed.tokens, "budget": packed.budget, "units": [u.id for u in packed.units],
+                "sections": {name: [_recalled(r) for r in rs] for name, rs in packed.sections.items()},
+                "dropped": [r.unit.id for r in packed.dropped]}
 
     # -- relations, episodes --------------------------------------------------------------
     @app.post("/v1/relations", response_model=m.RelationOut, status_code=201, tags=["relations"], responses={k: E[k] for k in (404, 422)})
@@ -305,12 +307,19 @@ def create_app(
         since_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
         max_events: Annotated[int, Query(ge=1, le=1_000_000)] = 1_000_000,
         poll_s: Annotated[float, Query(ge=0.05, le=10)] = 0.5,
+        timeout_s: Annotated[float, Query(gt=0, le=86_400)] = 3600,
     ) -> StreamingResponse:
-        """New audit entries as server-sent events, as they are written."""
+        """New audit entries as server-sent events, as they are written (an agent: its own).
+
+        The stream ends after ``max_events`` entries or ``timeout_s`` seconds; reconnect with
+        ``since_seq`` set to the last ``id`` received.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
 
         async def gen() -> AsyncIterator[bytes]:
             seq, sent = since_seq, 0
-            while sent < max_events:
+            while sent < max_events and loop.time() < deadline:
                 batch = await run_in_threadpool(service.events, p, since_seq=seq, limit=min(500, max_events - sent))
                 for e in batch:
                     seq = e.seq

@@ -121,6 +121,10 @@ def guard(app: Any, auth: Authenticator) -> Any:
     from forge.server.app import error_response
 
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not scope.get("path", "").startswith("/mcp"):
+            # Mounted at the root as the fallback route: everything else is an unknown path.
+            await error_response(404, "not_found", f"no route {scope.get('path', '')}")(scope, receive, send)
+            return
         if scope["type"] == "http":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
             client = scope.get("client")

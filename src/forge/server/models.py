@@ -157,6 +157,8 @@ class ContextOut(BaseModel):
     tokens: int
     budget: int
     units: list[str]
+    sections: dict[str, list[RecalledOut]]
+    dropped: list[str]
 
 
 class RelationIn(_Strict):
