@@ -18,6 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from forge.errors import ForgeError
 
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
 from forge.server.keys import Principal
@@ -29,6 +32,8 @@ __all__ = ["build_mcp", "guard", "http_principal"]
 
 def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MCPServer:
     """An MCP server over ``service``; ``principal(ctx)`` says who each call is from."""
+    service = _Reported(service)  # type: ignore[assignment]
+    principal = _reported(principal)
     server = MCPServer(
         "forge",
         instructions="Shared long-term memory. recall before acting; remember what you learn; forget what is wrong.",
@@ -99,6 +104,28 @@ def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MC
         return json.dumps(service.run(principal(ctx), name))
 
     return server
+
+
+class _Reported:
+    """The service, with FORGE's errors turned into tool errors the calling model can read."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        return _reported(getattr(self._service, name))
+
+
+def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ForgeError, Unauthorized, RateLimited) as exc:
+            from forge.server.app import status_of
+
+            raise ToolError(f"{status_of(exc)[1]}: {exc}") from None
+
+    return call
 
 
 def http_principal(auth: Authenticator, ctx: Context) -> Principal:
