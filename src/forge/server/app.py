@@ -40,6 +40,7 @@ from forge.server import models as m
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
 from forge.server.keys import KeyStore, Principal
 from forge.server.service import Service, event_dict
+from forge.store import Filter
 
 __all__ = ["create_app", "error_response", "status_of"]
 
@@ -67,6 +68,18 @@ def status_of(exc: BaseException) -> tuple[int, str]:
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"status": status, "code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def _allowed(app: FastAPI, request: Request) -> list[str]:
+    from starlette.routing import Match, Route
+
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.methods:
+            match, _ = route.matches({**request.scope, "method": next(iter(route.methods))})
+            if match is Match.FULL:
+                methods |= route.methods
+    return sorted(methods)
 
 
 def _unit(u: Any) -> dict[str, Any]:
@@ -125,7 +138,7 @@ def create_app(
         version="0.1.0",
         description="Shared, scoped, audited memory for LLM agents. Authenticate with 'Authorization: Bearer <key>'.",
         lifespan=lifespan,
-        responses={401: m.ERRORS[401], 429: m.ERRORS[429], 500: m.ERRORS[500]},
+        responses={code: m.ERRORS[code] for code in (400, 401, 403, 404, 409, 422, 429, 500, 503)},
     )
     app.state.service = service
     app.state.auth = auth
@@ -158,7 +171,10 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:  # Starlette names only the first route's methods; name every route's
+            headers["Allow"] = ", ".join(_allowed(app, request))
+        return error_response(exc.status_code, code, str(exc.detail), headers or None)
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
@@ -193,7 +209,7 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=1000)] = 50,
         offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
     ) -> dict[str, Any]:
-        f = m.FilterIn(kinds=kind, status=status or None, tags_all=tag, owner=owner, scopes=[scope] if scope else []).build()
+        f = Filter.make(kinds=kind, status=status or None, tags_all=tag, owner=owner, scopes=[scope] if scope else [])
         units, total = service.list(p, filter=f, limit=limit, offset=offset)
         return {"units": [_unit(u) for u in units], "total": total, "limit": limit, "offset": offset}
 
@@ -361,7 +377,7 @@ def create_app(
     def run_summary(name: str, p: Who) -> dict[str, Any]:
         return service.run(p, name)
 
-    @app.get("/v1/runs/{name}/report", tags=["runs"], response_class=HTMLResponse, responses={404: E[404]})
+    @app.get("/v1/runs/{name}/report", tags=["runs"], responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}}, 404: E[404]})
     def run_report(name: str, p: Who) -> HTMLResponse:
         return HTMLResponse(service.run_report(p, name))
 

@@ -21,7 +21,9 @@ Text = Field(default="", max_length=200)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Request bodies: unknown fields and type coercion (``0`` for ``false``) are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ContextIn(_Strict):
@@ -44,7 +46,7 @@ class UnitIn(_Strict):
     kind: KindName = "fact"
     id: str | None = Field(default=None, min_length=1, max_length=128)
     context: ContextIn = Field(default_factory=ContextIn)
-    scope: str = Field(default="global", max_length=200, examples=["global", "private", "group:ops"])
+    scope: str = Field(default="global", max_length=200, pattern=r"^(global|private|group:\S.*)$", examples=["global", "private", "group:ops"])
     owner: str | None = Field(default=None, max_length=200)
     confidence: float = Score
     validation: float = Score

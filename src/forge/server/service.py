@@ -219,7 +219,12 @@ class Service:
 
     def import_records(self, who: Principal, records: Iterable[Mapping[str, Any]]) -> int:
         _admin(who, "import records")
-        return self.memory.import_records([dict(r) for r in records], actor=who.actor)
+        rows = []
+        for i, r in enumerate(records, 1):
+            if not isinstance(r, Mapping):
+                raise ValidationError(f"record {i}: a record must be a JSON object")
+            rows.append(dict(r))
+        return self.memory.import_records(rows, actor=who.actor)
 
     def stats(self, who: Principal) -> dict[str, Any]:
         if who.admin:
