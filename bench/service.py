@@ -29,14 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from _common import CACHE_DIR, ROOT, log, parser, table
-
 from forge.client import Client
 from forge.memory import Memory
 from forge.model import Unit, Viewer
 from forge.server.keys import KeyStore
 
-WORDS = ("ice lake river rope camp fire map storm trail ridge boat snow bridge cave forest wind rain valley "
-         "signal radio tent stove water food pole crack hazard route summit glacier shelter compass").split()
+WORDS = ["ice", "lake", "river", "rope", "camp", "fire", "map", "storm", "trail", "ridge", "boat", "snow", "bridge", "cave", "forest", "wind", "rain", "valley", "signal", "radio", "tent", "stove", "water", "food", "pole", "crack", "hazard", "route", "summit", "glacier", "shelter", "compass"]
 EMBEDDER = "hash:384"
 
 

@@ -11,14 +11,13 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from server_support import make_setup  # noqa: E402
-
 from forge.client import AsyncClient, Client  # noqa: E402
 from forge.errors import AccessError, ConflictError, NotFoundError, ValidationError  # noqa: E402
 from forge.model import Episode, Step, Unit, Viewer  # noqa: E402
 from forge.recall import Packed, Recalled  # noqa: E402
 from forge.server.testing import running  # noqa: E402
 from forge.store import Filter  # noqa: E402
+from server_support import make_setup  # noqa: E402
 
 
 @pytest.fixture
@@ -120,7 +119,6 @@ def test_sixteen_clients_mixing_writes_and_reads_lose_nothing(served) -> None:
             for uid in ids:
                 assert admin.get(uid).content.startswith(f"agent {i} ")
             # Each agent's private units are visible to it and to nobody else in the team.
-            with Client(served.url, tokens[(i + 1) % 16]) as other:
-                with pytest.raises(NotFoundError):
-                    other.get(ids[1])
+            with Client(served.url, tokens[(i + 1) % 16]) as other, pytest.raises(NotFoundError):
+                other.get(ids[1])
         assert len(admin.events(op="relate", limit=1000)) == total // 2

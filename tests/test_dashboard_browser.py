@@ -16,10 +16,9 @@ import pytest
 pytest.importorskip("fastapi")
 sync_api = pytest.importorskip("playwright.sync_api")
 
-from server_support import make_setup  # noqa: E402
-
 from forge.model import Context, Provenance, Status, Unit, Viewer  # noqa: E402
 from forge.server.testing import running  # noqa: E402
+from server_support import make_setup  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:

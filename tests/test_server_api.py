@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
-from server_support import make_setup  # noqa: E402
 
 from forge.capsule import Capsule, Keyring  # noqa: E402
 from forge.embed import HashingEmbedder  # noqa: E402
@@ -19,6 +18,7 @@ from forge.model import Unit  # noqa: E402
 from forge.server.app import create_app  # noqa: E402
 from forge.server.keys import KeyStore  # noqa: E402
 from forge.store import SQLiteStore  # noqa: E402
+from server_support import make_setup  # noqa: E402
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
+
 from server_support import make_setup  # noqa: E402
 
 schemathesis.serializer.alias("application/x-ndjson", "text/plain")  # /v1/import takes JSON lines as text

@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
-from server_support import make_setup  # noqa: E402
 
 from forge.server.keys import Principal  # noqa: E402
 from forge.server.mcp import build_mcp  # noqa: E402
+from server_support import make_setup  # noqa: E402
 
 SECRET = "zebra quartz 7431 alice private plan"
 GROUP = "walrus 9902 red team runbook"
@@ -60,7 +60,7 @@ def test_no_rest_endpoint_leaks(world) -> None:
         ("GET", "/v1/health", None), ("GET", "/v1/whoami", None),
         ("POST", "/v1/units", {"units": [{"content": "probe", "id": a}]}),
         ("GET", "/v1/units", None), ("GET", "/v1/units?status=active&status=quarantined&status=archived", None),
-        ("GET", f"/v1/units?owner=alice&scope=private", None), ("GET", "/v1/units?scope=group:red", None),
+        ("GET", "/v1/units?owner=alice&scope=private", None), ("GET", "/v1/units?scope=group:red", None),
         ("GET", f"/v1/units/{a}", None), ("GET", f"/v1/units/{g}", None),
         ("PATCH", f"/v1/units/{a}", {"content": "overwritten"}), ("PATCH", f"/v1/units/{g}", {"importance": 1.0}),
         ("POST", f"/v1/units/{a}/status", {"status": "archived", "reason": "x"}),
@@ -131,7 +131,7 @@ def test_no_dashboard_page_leaks(world) -> None:
     a, g = ids
     c.cookies.set("forge_key", world.bob)
     pages = ["/ui/", f"/ui/?q={Q_SECRET}", f"/ui/search?q={Q_SECRET}&status=active", f"/ui/search?q={Q_GROUP}&agent=alice&groups=red",
-             f"/ui/search?q=x&status=quarantined", f"/ui/units/{a}", f"/ui/units/{g}", "/ui/quarantine", "/ui/conflicts",
+             "/ui/search?q=x&status=quarantined", f"/ui/units/{a}", f"/ui/units/{g}", "/ui/quarantine", "/ui/conflicts",
              "/ui/agents", "/ui/runs", "/ui/events", "/ui/events?actor=alice"]
     for path in pages:
         r = c.get(path)

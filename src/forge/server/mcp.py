@@ -21,7 +21,6 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from forge.errors import ForgeError
-
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
 from forge.server.keys import Principal
 from forge.server.service import Service
