@@ -266,3 +266,13 @@ def test_openapi_documents_every_route_with_the_error_model(s) -> None:
     assert "/v1/recall" in spec["paths"] and "ErrorOut" in spec["components"]["schemas"]
     assert "401" in spec["paths"]["/v1/units"]["post"]["responses"]
     assert s.c.get("/docs").status_code == 200
+
+
+def test_capsules_with_per_agent_ed25519_keys(tmp_path: Path) -> None:
+    senders = Keyring.generate(["carol"])  # carol's private key stays with carol; the server gets public keys
+    public = Keyring.load(senders.save_public(tmp_path / "senders.keys"))  # what `forge serve --capsule-keys` loads
+    setup = make_setup(tmp_path, capsule_keyring=public)
+    cap = senders.sign(Capsule.of(Unit("When the bridge ices over, cross on foot.", kind="rule", owner="carol", scope="private"), sender="carol").addressed(["alice"]))
+    with TestClient(setup.app) as c:
+        assert c.post("/v1/capsules", json=cap.to_dict(), headers=setup.h(setup.alice)).json()["outcome"] == "accepted"
+    setup.memory.close()

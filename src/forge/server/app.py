@@ -107,6 +107,7 @@ def create_app(
     burst: float | None = None,
     runs_dir: str | None = None,
     capsule_secret: str | None = None,
+    capsule_keyring: Any = None,
     host: str = "127.0.0.1",
     mcp: bool = True,
     dashboard: bool = True,
@@ -114,7 +115,7 @@ def create_app(
     clock: Any = None,
 ) -> FastAPI:
     """The ASGI app over one Memory. ``close_memory`` closes it at shutdown (``forge serve``)."""
-    service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret)
+    service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret, capsule_keyring=capsule_keyring)
     auth = Authenticator(keys, rate=rate, burst=burst, **({"clock": clock} if clock else {}))
     mcp_server = None
     if mcp:

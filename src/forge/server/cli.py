@@ -34,10 +34,12 @@ def _emit(obj: Any, data: Any, human: str) -> None:
 @click.option("--keys", "keys_path", default=None, help="API key file. Default: <db>.keys.json.")
 @click.option("--runs", "runs_dir", default="runs", show_default=True, help="Folder of evolution runs shown by /v1/runs and the dashboard.")
 @click.option("--rate", type=float, default=50.0, show_default=True, help="Default requests/s per key (a key can set its own).")
+@click.option("--capsule-keys", default=None, help="Keyring file of senders' public keys: agents may POST capsules to /v1/capsules.")
 @click.option("--no-mcp", is_flag=True, help="Do not mount the MCP endpoint at /mcp.")
 @click.option("--no-dashboard", is_flag=True, help="Do not serve the dashboard at /ui.")
 @click.pass_obj
-def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_dir: str, rate: float, no_mcp: bool, no_dashboard: bool) -> None:
+def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_dir: str, rate: float, capsule_keys: str | None,
+                  no_mcp: bool, no_dashboard: bool) -> None:
     """Serve the REST API (/v1, docs at /docs), MCP (/mcp) and the dashboard (/ui) over one memory."""
     import uvicorn
 
@@ -52,8 +54,13 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
         click.echo("local mode: no API keys configured; only this machine (127.0.0.1) can connect, as the operator", err=True)
     if rate <= 0:
         raise ConfigError("--rate must be positive")
+    keyring = None
+    if capsule_keys:
+        from forge.capsule import Keyring
+
+        keyring = Keyring.load(capsule_keys)
     mem = obj.memory()
-    app = create_app(mem, keys=keys, rate=rate, runs_dir=runs_dir, capsule_secret=os.environ.get("FORGE_CAPSULE_SECRET"),
+    app = create_app(mem, keys=keys, rate=rate, runs_dir=runs_dir, capsule_secret=os.environ.get("FORGE_CAPSULE_SECRET"), capsule_keyring=keyring,
                      host=host, mcp=not no_mcp, dashboard=not no_dashboard, close_memory=True)
     click.echo(f"FORGE serving {obj.db} on http://{host}:{port}  (API /v1, docs /docs{'' if no_mcp else ', MCP /mcp'}{'' if no_dashboard else ', dashboard /ui'})", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10, access_log=False)

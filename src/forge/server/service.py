@@ -37,11 +37,24 @@ _CHANGE_OPS = ("add", "update", "status")
 class Service:
     """One :class:`Memory` served to many principals."""
 
-    def __init__(self, memory: Memory, *, runs_dir: str | os.PathLike[str] | None = None, capsule_secret: str | None = None) -> None:
+    def __init__(
+        self,
+        memory: Memory,
+        *,
+        runs_dir: str | os.PathLike[str] | None = None,
+        capsule_secret: str | None = None,
+        capsule_keyring: Any = None,
+    ) -> None:
+        """``capsule_keyring`` (a :class:`forge.capsule.Keyring` of senders' public keys) or the
+        legacy shared ``capsule_secret`` lets agents receive capsules through the service."""
         self.memory = memory
         self.store = memory.store
         self.runs_dir = Path(runs_dir) if runs_dir else None
-        self.capsule_secret = capsule_secret
+        if capsule_keyring is None and capsule_secret:
+            from forge.capsule import Keyring
+
+            capsule_keyring = Keyring.from_secret(capsule_secret)
+        self.capsule_keyring = capsule_keyring
         self._exchanges: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -275,15 +288,14 @@ class Service:
         return self.exchange(who.agent, who.groups).receive_raw(dict(capsule)).to_dict()
 
     def exchange(self, agent: str, groups: Iterable[str] = ()) -> Any:
-        if not self.capsule_secret:
-            raise ConfigError("this server has no capsule secret; start it with FORGE_CAPSULE_SECRET set")
-        from forge.capsule import Keyring
+        if self.capsule_keyring is None:
+            raise ConfigError("this server has no capsule keyring; start it with --capsule-keys FILE (or FORGE_CAPSULE_SECRET)")
         from forge.exchange import Exchange
 
         with self._lock:
             ex = self._exchanges.get(agent)
             if ex is None:
-                ex = self._exchanges[agent] = Exchange(self.memory, agent, Keyring.from_secret(self.capsule_secret), groups=groups)
+                ex = self._exchanges[agent] = Exchange(self.memory, agent, self.capsule_keyring, groups=groups)
             return ex
 
     def quarantine(self, who: Principal, *, limit: int = 100) -> list[Unit]:
