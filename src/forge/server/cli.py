@@ -24,6 +24,15 @@ def _keys(obj: Any, path: str | None) -> Any:
     return KeyStore(path) if path else KeyStore.beside(obj.db)
 
 
+def _need_server_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import mcp  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"this command needs the server extra ({exc.name} is missing): pip install 'forge-memory[server]'") from None
+
+
 def _emit(obj: Any, data: Any, human: str) -> None:
     click.echo(json.dumps(data, indent=2, default=str) if obj.as_json else human)
 
@@ -41,6 +50,7 @@ def _emit(obj: Any, data: Any, human: str) -> None:
 def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_dir: str, rate: float, capsule_keys: str | None,
                   no_mcp: bool, no_dashboard: bool) -> None:
     """Serve the REST API (/v1, docs at /docs), MCP (/mcp) and the dashboard (/ui) over one memory."""
+    _need_server_extra()
     import uvicorn
 
     from forge.server.app import create_app
@@ -141,6 +151,7 @@ def audit_command(obj: Any, agent: str | None, ops: tuple[str, ...], unit_id: st
 @click.pass_obj
 def mcp_command(obj: Any, keys_path: str | None, runs_dir: str) -> None:
     """Serve MCP over stdio (for desktop and coding agents). The caller is FORGE_API_KEY's agent."""
+    _need_server_extra()
     import anyio
 
     from forge.errors import AccessError
