@@ -7,6 +7,7 @@ refused, and no response may be a 5xx, for an agent key and for an admin key.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -27,6 +28,13 @@ _SETUP = make_setup(_TMP, mcp=False, capsule_secret="fuzz")
 _SETUP.memory.add([__import__("forge").Unit("When the ice is thin, step back.", kind="rule", id="seed-unit")])
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", _SETUP.app).exclude(path_regex=r"/v1/events/stream$")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cleanup():
+    yield
+    _SETUP.memory.close()
+    shutil.rmtree(_TMP, ignore_errors=True)
 
 
 @pytest.fixture(params=["agent", "admin"])
