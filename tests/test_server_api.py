@@ -257,7 +257,7 @@ def test_runs_list_summary_and_report(tmp_path: Path) -> None:
         assert "<polyline" in page and "forge-1" in page
         pytest.importorskip("matplotlib")
         report = c.get("/v1/runs/forge-1/report", headers=setup.h(setup.alice))
-        assert report.status_code == 200 and "Learning curve" in report.text
+        assert report.status_code == 200 and "FORGE report" in report.text and "data:image/png;base64" in report.text
     setup.memory.close()
 
 
