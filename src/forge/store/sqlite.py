@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from forge.errors import (
+    ConflictError,
     DimensionError,
     NotFoundError,
     StoreError,
@@ -119,6 +120,7 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
+CREATE INDEX IF NOT EXISTS events_actor ON events(actor, seq);
 """
 
 _STOPWORDS = frozenset(
@@ -292,7 +294,7 @@ class SQLiteStore:
                     f"SELECT id FROM units WHERE id IN ({','.join('?' * len(units))})", [u.id for u in units]
                 )
             ]
-            raise ValidationError(f"unit id already exists: {existing[0] if existing else '?'}") from None
+            raise ConflictError(f"unit id already exists: {existing[0] if existing else '?'}") from None
         tag_rows = [(u.id, t) for u in units for t in u.context.tags]
         if tag_rows:
             db.executemany(
@@ -384,7 +386,7 @@ class SQLiteStore:
                     (episode.id, episode.agent, episode.task, episode.env, episode.created_at, json.dumps(episode.to_dict())),
                 )
             except sqlite3.IntegrityError:
-                raise ValidationError(f"episode id already exists: {episode.id}") from None
+                raise ConflictError(f"episode id already exists: {episode.id}") from None
             db.execute(
                 "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'episode', NULL, ?, ?)",
                 (time.time(), actor, json.dumps({"episode": episode.id, "steps": len(episode.steps)})),
@@ -443,14 +445,41 @@ class SQLiteStore:
             raise NotFoundError(f"no episode with id {episode_id}")
         return Episode.from_dict(json.loads(row[0][0]))
 
-    def events(self, *, since_seq: int = 0, unit_id: str | None = None, limit: int = 1000) -> list[Event]:
+    def events(
+        self,
+        *,
+        since_seq: int = 0,
+        unit_id: str | None = None,
+        limit: int = 1000,
+        actor: str | None = None,
+        ops: Iterable[str] = (),
+        since: float | None = None,
+        until: float | None = None,
+        newest_first: bool = False,
+    ) -> list[Event]:
         sql = "SELECT seq, ts, op, unit_id, actor, data FROM events WHERE seq > ?"
         params: list[Any] = [since_seq]
-        if unit_id is not None:
-            sql += " AND unit_id = ?"
-            params.append(unit_id)
-        rows = self._q(sql + " ORDER BY seq LIMIT ?", (*params, limit))
+        ops = sorted(set(ops))
+        for clause, value in (("unit_id = ?", unit_id), ("actor = ?", actor), ("ts >= ?", since), ("ts < ?", until)):
+            if value is not None:
+                sql += f" AND {clause}"
+                params.append(value)
+        if ops:
+            sql += f" AND op IN ({','.join('?' * len(ops))})"
+            params.extend(ops)
+        order = "DESC" if newest_first else ""
+        rows = self._q(sql + f" ORDER BY seq {order} LIMIT ?", (*params, limit))
         return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+
+    def log_event(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> int:
+        if not op:
+            raise ValidationError("an event needs an op")
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, ?, ?, ?, ?)",
+                (time.time(), op, unit_id, actor, json.dumps(dict(data or {}), default=str)),
+            )
+            return int(cur.lastrowid)
 
     # -- search ---------------------------------------------------------------------------
     def _sync_index_after_write(self) -> None:
@@ -682,7 +711,7 @@ class SQLiteStore:
                         (ep.id, ep.agent, ep.task, ep.env, ep.created_at, json.dumps(ep.to_dict())),
                     )
                 except sqlite3.IntegrityError:
-                    raise ValidationError(f"episode id already exists: {ep.id}") from None
+                    raise ConflictError(f"episode id already exists: {ep.id}") from None
             db.execute(
                 "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'import', NULL, ?, ?)",
                 (now, actor, json.dumps({"units": len(units), "relations": len(relations), "episodes": len(episodes)})),
