@@ -260,7 +260,7 @@ class Agent:
         self.memory.add_episode(episode, actor=f"agent:{self.id}")
         self.episodes += 1
         self.returns.append(trajectory.total)
-        point = failure_point(trajectory, success_return=spec.success_return, reflect_on_stall=stalls and (trajectory.done or trajectory.failing is not None))
+        point = failure_point(trajectory, success_return=spec.success_return, reflect_on_stall=stalls and (trajectory.done or trajectory.failing is not None), situation=spec.situation)
         if point is None:
             return []
         at, stalled = point

@@ -345,6 +345,7 @@ def _write_atomically(target: Path, records: Any) -> int:
 
 
 from forge.protocols.cli import evolve_command, report_command  # noqa: E402  (after cli is defined)
+from forge.server.cli import register as _register_service  # noqa: E402
 from forge.swarm_cli import swarm_command  # noqa: E402
 from forge.team.cli import team_command  # noqa: E402
 
@@ -352,6 +353,7 @@ cli.add_command(evolve_command, "evolve")
 cli.add_command(report_command, "report")
 cli.add_command(swarm_command, "swarm")
 cli.add_command(team_command, "team")
+_register_service(cli)  # serve, keys, audit, mcp
 
 
 def _one_line(text: str) -> str:

@@ -7,8 +7,10 @@ they occur. Errors are split by blame:
     ForgeError
     ├── UserError               the caller can fix it: bad input, bad configuration
     │   ├── ValidationError     a value breaks the data model (kind, content, score...)
+    │   │   └── ConflictError   an id that must be new already exists
     │   ├── NotFoundError       a unit, episode, run or relation target does not exist
     │   ├── ConfigError         an unknown backend, env, condition or option
+    │   ├── AccessError         the caller's key may not do this (not an admin, not the owner)
     │   └── DimensionError      a vector's size does not match the store's
     └── BackendError            something outside the caller's control failed
         ├── StoreError          the database is corrupt, foreign or unreachable
@@ -25,9 +27,11 @@ non-zero.
 from __future__ import annotations
 
 __all__ = [
+    "AccessError",
     "BackendError",
     "BusError",
     "ConfigError",
+    "ConflictError",
     "DimensionError",
     "EmbedError",
     "EnvError",
@@ -53,8 +57,16 @@ class ValidationError(UserError):
     """A value breaks the data model."""
 
 
+class ConflictError(ValidationError):
+    """An id that must be new (a unit's, an episode's) already exists."""
+
+
 class NotFoundError(UserError):
     """Something referred to by id does not exist (or is not visible to the caller)."""
+
+
+class AccessError(UserError):
+    """The caller is known but may not do this: an agent key asking for an admin's action."""
 
 
 class ConfigError(UserError):

@@ -19,7 +19,7 @@ from forge.envs.base import Env
 from forge.errors import ForgeError
 from forge.llm.base import LLM
 from forge.model import Step, Viewer
-from forge.policy import ANALYST_TOOLS, Policy, summarize_observation
+from forge.policy import ANALYST_TOOLS, Policy, situation_of
 from forge.prompt import PROMPT_WEIGHTS, Recollection, empty, recollect
 from forge.recall import Weights
 from forge.reflect import (
@@ -118,7 +118,7 @@ def play_episode(
     traj = Trajectory()
     obs = env.reset(seed=seed)
     recall = recall or no_memory
-    query = f"{env.spec.description}\n{summarize_observation(obs)}"
+    query = f"{env.spec.name}: {situation_of(obs, env.spec)}"
     traj.recollections = {role: recall(role, query) for role in policy.roles}
     for _ in range(max_steps or env.spec.max_steps):
         choice = policy.act(observation=obs, valid_actions=list(env.valid_actions()), history=traj.actions, memory=traj.recollections)
@@ -146,13 +146,15 @@ def play_episode(
     return traj
 
 
-def failure_point(traj: Trajectory, *, success_return: float, reflect_on_stall: bool) -> tuple[int, bool] | None:
+def failure_point(
+    traj: Trajectory, *, success_return: float, reflect_on_stall: bool, situation: Callable[[str], str] | None = None,
+) -> tuple[int, bool] | None:
     """Where to reflect: ``(step, stalled)`` for the first step below tau, or for the start
     of the loop of an unsuccessful episode that never fell (a stall); None after a success."""
     if traj.failing is not None:
         return traj.failing, False
     if reflect_on_stall and traj.actions and traj.total < success_return:
-        return stall_step(traj.observations, traj.actions), True
+        return stall_step(traj.observations, traj.actions, situation=situation), True
     return None
 
 

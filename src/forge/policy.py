@@ -35,6 +35,7 @@ __all__ = [
     "Policy",
     "make_policy",
     "strip_map",
+    "situation_of",
     "summarize_observation",
 ]
 
@@ -61,6 +62,14 @@ def summarize_observation(observation: str, *, limit: int = 140) -> str:
     first = _PARENS.sub("", lines[0])
     sentence = re.split(r"(?<=[.!?])\s", first, maxsplit=1)[0].rstrip(".!? ")
     return sentence[:limit].rstrip()
+
+
+def situation_of(observation: str, spec: EnvSpec | None = None) -> str:
+    """The situation a rule's "when" clause names: the env's own one-line state when it has
+    one (``EnvSpec.situation``, e.g. CAGE-2's host states), else :func:`summarize_observation`."""
+    if spec is not None and spec.situation is not None:
+        return spec.situation(observation)
+    return summarize_observation(observation)
 
 
 def strip_map(observation: str) -> str:
@@ -124,7 +133,7 @@ def _system(role_prompt: str, spec: EnvSpec, memory_block: str, actions: Sequenc
     it forms the prompt prefix llama.cpp keeps cached (an option list after the observation
     would be re-read at every step)."""
     text = f"{role_prompt}\nTask ({spec.name}): {spec.description}"
-    if actions:
+    if actions and not spec.actions_in_description:
         text += f"\nValid actions: {', '.join(actions)}. Answer with exactly one of them."
     return f"{text}\n\n{memory_block}" if memory_block else text
 
@@ -196,7 +205,7 @@ class FlatPolicy:
     ) -> ActionChoice:
         llm = self._llm("actor")
         rec = _recollection(memory, "actor")
-        situation = summarize_observation(observation)
+        situation = situation_of(observation, self.spec)
         system = _system("You are an agent acting in an environment.", self.spec, rec.block, valid_actions)
         shown = observation if self.show_map else strip_map(observation)
         now_text, now_ids = rec.now_text(situation)
@@ -258,7 +267,7 @@ class HierarchicalPolicy:
         history: Sequence[str],
         memory: Memory,
     ) -> ActionChoice:
-        situation = summarize_observation(observation)
+        situation = situation_of(observation, self.spec)
         full, observation = observation, (observation if self.show_map else strip_map(observation))
         steps: list[Step] = []
         shown: list[str] = []

@@ -22,7 +22,7 @@ rejected. Both are recorded in the reflection (``repaired``, ``dropped``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from forge.errors import ForgeError, LLMError, ValidationError
 from forge.llm.base import LLM, Message
 from forge.llm.structured import complete_json
 from forge.model import Context, Kind, Provenance, Scope, Step, Unit
-from forge.policy import summarize_observation
+from forge.policy import situation_of, summarize_observation
 
 __all__ = [
     "safe_alternatives",
@@ -115,6 +115,7 @@ class Snapshot:
     known_names: tuple[str, ...] = ()
     reason: str = "abort"  # "abort": a reward fell below tau; "stall": ended unsuccessful
     episode_return: float = 0.0
+    describe: Callable[[str], str] | None = field(default=None, compare=False, repr=False)  # EnvSpec.situation
 
     @classmethod
     def of(
@@ -150,20 +151,24 @@ class Snapshot:
             known_names=tuple(known_names),
             reason="stall" if stalled else "abort",
             episode_return=trajectory.total,
+            describe=env.spec.situation,
         )
 
     def rules(self, role: str) -> list[str]:
         """The rule texts shown to ``role``, in the order their indexes refer to."""
         return [u.content for u in self.shown.get(role, ())]
 
+    def situation_of(self, observation: str) -> str:
+        return self.describe(observation) if self.describe is not None else summarize_observation(observation)
+
     @property
     def situation(self) -> str:
-        return summarize_observation(self.failing_observation)
+        return self.situation_of(self.failing_observation)
 
     @property
     def situations(self) -> list[str]:
         """Every situation the agent met in this attempt (what a rule may name)."""
-        return list(dict.fromkeys(summarize_observation(s.observation) for s in self.steps if s.observation))
+        return list(dict.fromkeys(self.situation_of(s.observation) for s in self.steps if s.observation))
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +236,7 @@ def _trajectory(snapshot: Snapshot, limit: int = 8) -> str:
     lines = []
     start = max(0, snapshot.failing - limit + 1)
     for t, s in enumerate(acting[start : snapshot.failing + 1], start):
-        lines.append(f"step {t}: {summarize_observation(s.observation)} -> {s.action} (reward {s.reward:g})")
+        lines.append(f"step {t}: {snapshot.situation_of(s.observation)} -> {s.action} (reward {s.reward:g})")
     others = [s for s in snapshot.steps if s.role and s.role not in snapshot.acting_roles[:1]]
     for s in others[-3:]:
         lines.append(f"{s.role}: {s.action} {s.thought}".strip())
@@ -444,7 +449,7 @@ def _ask_example(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int)
     except LLMError as exc:
         return None, [], str(exc)
     dropped: list[str] = []
-    failing_situation = summarize_observation(snapshot.failing_observation).lower()
+    failing_situation = snapshot.situation.lower()
     known = {n.lower() for n in snapshot.known_names}
     steps: list[dict[str, str]] = []
     for s in (data.get("steps") or [])[:8]:
@@ -496,13 +501,13 @@ def _fallback_examples(snapshot: Snapshot) -> list[Example]:
     start = max(0, snapshot.failing - 4)
     steps: list[dict[str, str]] = []
     for s in acting[start : snapshot.failing]:
-        steps.append({"thought": "", "tool": "", "observation": summarize_observation(s.observation), "answer": s.action})
+        steps.append({"thought": "", "tool": "", "observation": snapshot.situation_of(s.observation), "answer": s.action})
     alt = _alternative(snapshot)
     steps.append(
         {
             "thought": f"{snapshot.failing_action} failed here" + (" (it went in circles)" if snapshot.reason == "stall" else f" (reward {snapshot.failing_reward:g})"),
             "tool": "",
-            "observation": summarize_observation(snapshot.failing_observation),
+            "observation": snapshot.situation,
             "answer": alt,
         }
     )
@@ -638,7 +643,7 @@ def safe_alternatives(
             for a in prefix:
                 before = env.step(a).observation
             result = env.step(action)
-            moved = summarize_observation(result.observation) != summarize_observation(before)
+            moved = situation_of(result.observation, env.spec) != situation_of(before, env.spec)
             if result.reward >= tau and (moved or not must_move):
                 safe.append(action)
         except ForgeError:
@@ -646,12 +651,12 @@ def safe_alternatives(
     return tuple(safe)
 
 
-def stall_step(observations: Sequence[str], actions: Sequence[str]) -> int:
+def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation: Callable[[str], str] | None = None) -> int:
     """Where an unsuccessful episode that never fell below tau went wrong: the first
     (situation, action) pair that comes back later (the start of a loop), else the last step."""
     seen: dict[tuple[str, str], int] = {}
     for t, (obs, action) in enumerate(zip(observations, actions, strict=True)):
-        key = (summarize_observation(obs), action)
+        key = ((situation or summarize_observation)(obs), action)
         if key in seen:
             return seen[key]
         seen[key] = t

@@ -7,7 +7,7 @@ which is what lets a small model be constrained to a legal move.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -32,6 +32,16 @@ class EnvSpec:
     it); ``theta`` the graduation threshold on a checkpoint return; ``success_return`` the
     return at or above which an episode counts as a success, ``major_failure_return`` the
     return at or below which it counts as a major failure.
+
+    ``description`` is the stable part of a prompt: the same text at every step of every
+    episode, so it can sit before the observation and a model's prefix cache can reuse it.
+    ``actions_in_description`` says it already names every valid action (a large action set
+    written compactly, as CAGE-2's 145), so a prompt need not list them again.
+
+    ``situation``, when an env sets it, maps one of its observations to a one-line state (no
+    step counter, stable word order) for a rule's "when" clause; None means the caller's
+    generic summary will do. It must be a pure function of the observation text, because
+    reflection calls it on recorded observations long after the episode.
     """
 
     name: str
@@ -41,6 +51,8 @@ class EnvSpec:
     theta: float
     success_return: float
     major_failure_return: float
+    situation: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
+    actions_in_description: bool = False
 
 
 @runtime_checkable

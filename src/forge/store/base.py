@@ -185,9 +185,27 @@ class Store(Protocol):
     def get_episode(self, episode_id: str) -> Episode: ...
 
     def events(
-        self, *, viewer: Viewer, since_seq: int = 0, unit_id: str | None = None, limit: int = 1000
+        self,
+        *,
+        viewer: Viewer,
+        since_seq: int = 0,
+        unit_id: str | None = None,
+        limit: int = 1000,
+        actor: str | None = None,
+        ops: Iterable[str] = (),
+        since: float | None = None,
+        until: float | None = None,
+        newest_first: bool = False,
     ) -> list[Event]:
-        """The change log as ``viewer`` may see it (values it could not see then are hidden)."""
+        """The event log as ``viewer`` may see it (values it could not see then are hidden),
+        oldest first (or newest first), narrowed by any of the given fields."""
+        ...
+
+    def log_event(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> int:
+        """Append one event that is not a change (a read, a recall, a review) and return its seq.
+
+        The service's audit trail uses it: who read what, when, and why it was returned.
+        """
         ...
 
     # -- bulk ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import numpy as np
 
 from forge.errors import (
     ConfigError,
+    ConflictError,
     DimensionError,
     NotFoundError,
     StoreError,
@@ -126,6 +127,7 @@ CREATE TABLE IF NOT EXISTS events (
     data TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
+CREATE INDEX IF NOT EXISTS events_actor ON events(actor, seq);
 """
 
 _STOPWORDS = frozenset(
@@ -449,7 +451,7 @@ class SQLiteStore:
                 )
             first = next((i for i, uid in enumerate(batch_ids) if uid in existing), None)
             where = f"unit {first + 1} of {len(units)}, id {batch_ids[first]}" if first is not None else "unknown unit"
-            raise ValidationError(f"unit id already exists: {where}") from None
+            raise ConflictError(f"unit id already exists: {where}") from None
         db.execute("RELEASE forge_insert")
         tag_rows = [(u.id, t) for u in units for t in u.context.tags]
         if tag_rows:
@@ -540,7 +542,7 @@ class SQLiteStore:
                     (episode.id, episode.agent, episode.task, episode.env, episode.created_at, json.dumps(episode.to_dict())),
                 )
             except sqlite3.IntegrityError:
-                raise ValidationError(f"episode id already exists: {episode.id}") from None
+                raise ConflictError(f"episode id already exists: {episode.id}") from None
             db.execute(
                 "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'episode', NULL, ?, ?)",
                 (time.time(), actor, json.dumps({"episode": episode.id, "steps": len(episode.steps)})),
@@ -627,9 +629,20 @@ class SQLiteStore:
         return Episode.from_dict(json.loads(row[0][0]))
 
     def events(
-        self, *, viewer: Viewer, since_seq: int = 0, unit_id: str | None = None, limit: int = 1000
+        self,
+        *,
+        viewer: Viewer,
+        since_seq: int = 0,
+        unit_id: str | None = None,
+        limit: int = 1000,
+        actor: str | None = None,
+        ops: Iterable[str] = (),
+        since: float | None = None,
+        until: float | None = None,
+        newest_first: bool = False,
     ) -> list[Event]:
-        """The change log, oldest first, as ``viewer`` may see it.
+        """The change log as ``viewer`` may see it, oldest first (or newest first), narrowed
+        by any of the given fields.
 
         The operator sees every event. An agent sees the events of units it may see now,
         and of each event only what it could see then: a unit that was private to another
@@ -638,21 +651,29 @@ class SQLiteStore:
         """
         limit = _count_arg(limit, "limit")
         since_seq = _int_arg(since_seq, "since_seq")
+        ops = sorted(set(ops))
+        narrow, params = "", [since_seq]
+        for clause, value in (("e.unit_id = ?", unit_id), ("e.actor = ?", actor), ("e.ts >= ?", since), ("e.ts < ?", until)):
+            if value is not None:
+                narrow += f" AND {clause}"
+                params.append(value)
+        if ops:
+            narrow += f" AND e.op IN ({','.join('?' * len(ops))})"
+            params.extend(ops)
+        order = "DESC" if newest_first else ""
         if viewer.operator:
-            sql = "SELECT seq, ts, op, unit_id, actor, data FROM events WHERE seq > ?"
-            params: list[Any] = [since_seq]
-            if unit_id is not None:
-                sql += " AND unit_id = ?"
-                params.append(unit_id)
-            rows = self._q(sql + " ORDER BY seq LIMIT ?", (*params, limit))
+            rows = self._q(
+                f"SELECT e.seq, e.ts, e.op, e.unit_id, e.actor, e.data FROM events e WHERE e.seq > ?{narrow} "
+                f"ORDER BY e.seq {order} LIMIT ?",
+                (*params, limit),
+            )
             return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
         where, wparams = _where(viewer, ANY_STATUS, alias="u")
-        sql = (
+        rows = self._q(
             "SELECT e.seq, e.ts, e.op, e.unit_id, e.actor, e.data, u.scope, u.owner FROM events e "
-            f"JOIN units u ON u.id = e.unit_id WHERE e.seq > ?{' AND e.unit_id = ?' if unit_id is not None else ''} AND {where}"
+            f"JOIN units u ON u.id = e.unit_id WHERE e.seq > ?{narrow} AND {where} ORDER BY e.seq {order} LIMIT ?",
+            (*params, *wparams, limit),
         )
-        params = [since_seq, *([unit_id] if unit_id is not None else []), *wparams]
-        rows = self._q(sql + " ORDER BY e.seq LIMIT ?", (*params, limit))
         if not rows:
             return []
         # Scope and owner changes after each event, to know what the unit was at that time.
@@ -661,7 +682,7 @@ class SQLiteStore:
         for chunk in _chunks(ids, 500):
             for seq, uid, data in self._q(
                 f"SELECT seq, unit_id, data FROM events WHERE op = 'update' AND seq > ? AND unit_id IN ({','.join('?' * len(chunk))}) ORDER BY seq DESC",
-                (rows[0][0] - 1, *chunk),
+                (min(r[0] for r in rows) - 1, *chunk),
             ):
                 d = json.loads(data)
                 if "scope" in d or "owner" in d:
@@ -690,6 +711,16 @@ class SQLiteStore:
                 d = {"hidden": _HIDDEN}
             out.append(Event(seq, ts, op, uid, actor, d))
         return out
+
+    def log_event(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> int:
+        if not op:
+            raise ValidationError("an event needs an op")
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, ?, ?, ?, ?)",
+                (time.time(), op, unit_id, actor, json.dumps(dict(data or {}), default=str)),
+            )
+            return int(cur.lastrowid)
 
     # -- search ---------------------------------------------------------------------------
     def _sync_index_after_write(self) -> None:
@@ -962,7 +993,7 @@ class SQLiteStore:
                         (ep.id, ep.agent, ep.task, ep.env, ep.created_at, json.dumps(ep.to_dict())),
                     )
                 except sqlite3.IntegrityError:
-                    raise ValidationError(f"episode id already exists: {ep.id}") from None
+                    raise ConflictError(f"episode id already exists: {ep.id}") from None
             db.execute(
                 "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'import', NULL, ?, ?)",
                 (now, actor, json.dumps({"units": len(units), "relations": len(relations), "episodes": len(episodes)})),

@@ -1,0 +1,239 @@
+"""CAGE-2 through FORGE's adapter: prompt sizes, baseline returns, reward fidelity.
+
+    python bench/cage2.py                     # 30 steps, 10 seeds
+    python bench/cage2.py --seeds 30 --fidelity 108 --json
+    python bench/cage2.py --tokenizers qwen,/path/model.gguf
+
+Needs CybORG (git-only: ``pip install -e cage-challenge-2/CybORG``). Prints, never asserts:
+
+- tokens of the stable task text (``spec.description``, which holds every action) against
+  the per-step 145-line option listing ``choose()`` appends, and tokens per observation;
+- mean, spread and range of the return over seeds 0..N-1 for: sleep; CybORG's own
+  BlueReactRestoreAgent and BlueReactRemoveAgent (fed CybORG's raw observation, acting
+  through the adapter); the adapter's scripted blue (``rule_based_action``), which reads
+  only the adapter's text; and how many reach the spec's theta at several horizons;
+- reward fidelity: random blue actions played through the adapter and through raw CybORG
+  (same seeds), step rewards compared exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import random
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from forge.envs import make_env, oracle_action
+from forge.envs.cyborg import CybORGCage2Env
+from forge.recall import approx_tokens
+
+Policy = Callable[[CybORGCage2Env, str], str]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def token_counters(names: list[str]) -> dict[str, Callable[[str], int]]:
+    """Real tokenizers (a .gguf's vocabulary via llama.cpp), by local model name or path;
+    the tokenizer-free estimate when none can be loaded."""
+    counters: dict[str, Callable[[str], int]] = {}
+    for name in names:
+        try:
+            from llama_cpp import Llama
+
+            from forge.llm.models import MODELS, resolve_model
+
+            path = str(resolve_model(name, build=False)) if name in MODELS else name
+            vocab = Llama(model_path=path, vocab_only=True, verbose=False)
+        except Exception as exc:  # no llama.cpp or no model: say so and go on
+            log(f"no tokenizer {name} ({type(exc).__name__}: {exc})")
+            continue
+        counters[Path(path).stem] = lambda text, v=vocab: len(
+            v.tokenize(text.encode(), add_bos=False, special=False)
+        )
+    return counters or {"approx_tokens": approx_tokens}
+
+
+def listing(actions: list[str]) -> str:
+    """The per-step option list as ``forge.llm.choose`` writes it."""
+    return "Answer with exactly one of these options and nothing else:\n" + "\n".join(
+        f"- {a}" for a in actions
+    )
+
+
+# -- policies -------------------------------------------------------------------------------
+
+
+def sleep(env: CybORGCage2Env, obs: str) -> str:
+    return "sleep"
+
+
+def scripted(env: CybORGCage2Env, obs: str) -> str:
+    return oracle_action(env)
+
+
+def cyborg_agent(name: str) -> Policy:
+    """One of CybORG's own blue agents, fed CybORG's raw observation, acting via the adapter."""
+    import CybORG.Agents as agents
+
+    agent = getattr(agents, name)()
+
+    def act(env: CybORGCage2Env, obs: str) -> str:
+        if obs.startswith("Step 0 "):
+            agent.end_episode()
+        raw = env.cyborg.get_observation("Blue")
+        action = agent.get_action(raw, env.cyborg.get_action_space("Blue"))
+        return env.action_name(action)
+
+    return act
+
+
+def returns(policy: Policy, *, steps: int, seeds: range) -> list[float]:
+    env = make_env("cyborg-cage2", max_steps=steps)
+    out = []
+    for seed in seeds:
+        obs, total = env.reset(seed=seed), 0.0
+        for _ in range(steps):
+            result = env.step(policy(env, obs))
+            obs, total = result.observation, total + result.reward
+            if result.done:
+                break
+        out.append(round(total, 2))
+    env.close()
+    return out
+
+
+# -- fidelity -------------------------------------------------------------------------------
+
+
+def raw_rewards(seed: int, names: list[str], env: CybORGCage2Env) -> list[float]:
+    """The same actions straight through CybORG (no wrapper), seeded as the adapter seeds."""
+    import numpy as np
+    from CybORG import CybORG
+    from CybORG.Agents import B_lineAgent
+
+    scenario = Path(inspect.getfile(CybORG)).parent / "Shared" / "Scenarios" / "Scenario2.yaml"
+    cyborg = CybORG(str(scenario), "sim", agents={"Red": B_lineAgent})
+    random.seed(seed)
+    np.random.seed(seed)
+    cyborg.reset(agent="Blue")
+    out = []
+    for name in names:
+        out.append(float(cyborg.step(agent="Blue", action=env.cyborg_action(name)).reward))
+    return out
+
+
+def fidelity(episodes: int, steps: int) -> dict[str, Any]:
+    env = make_env("cyborg-cage2", max_steps=steps)
+    mismatched, compared = [], 0
+    for seed in range(episodes):
+        env.reset(seed=seed)
+        rng = random.Random(seed)
+        names = [rng.choice(list(env.valid_actions())) for _ in range(steps)]
+        mine = [env.step(n).reward for n in names]
+        theirs = raw_rewards(seed, names, env)
+        compared += len(mine)
+        if mine != theirs:
+            mismatched.append(seed)
+    env.close()
+    return {"episodes": episodes, "steps_compared": compared, "mismatched_seeds": mismatched}
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--horizons", default="10,15,20,30", help="horizons for the theta check")
+    parser.add_argument("--fidelity", type=int, default=20, help="episodes for the reward check")
+    parser.add_argument(
+        "--tokenizers", default="qwen,smollm2", help="local model names or .gguf paths"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    counters = token_counters([t for t in args.tokenizers.split(",") if t])
+    env = make_env("cyborg-cage2", max_steps=args.steps)
+    obs = [env.reset(seed=0)]
+    while not env.spec.max_steps <= len(obs) - 1:
+        obs.append(env.step(oracle_action(env)).observation)
+    actions = list(env.valid_actions())
+    sizes: dict[str, Any] = {
+        "actions": len(actions),
+        "situation_example": env.spec.situation(obs[len(obs) // 2]),
+        "tokens": {
+            name: {
+                "description": count(env.spec.description),
+                "option_listing": count(listing(actions)),
+                "observation_mean": round(statistics.mean(count(o) for o in obs), 1),
+                "observation_max": max(count(o) for o in obs),
+            }
+            for name, count in counters.items()
+        },
+    }
+    env.close()
+    log(f"sizes: {sizes}")
+
+    seeds = range(args.seeds)
+    policies: dict[str, Policy] = {
+        "sleep": sleep,
+        "BlueReactRestoreAgent": cyborg_agent("BlueReactRestoreAgent"),
+        "BlueReactRemoveAgent": cyborg_agent("BlueReactRemoveAgent"),
+        "scripted (text only)": scripted,
+    }
+    scores: dict[str, Any] = {}
+    for name, policy in policies.items():
+        got = returns(policy, steps=args.steps, seeds=seeds)
+        scores[name] = {
+            "mean": round(statistics.mean(got), 2),
+            "stdev": round(statistics.stdev(got), 2) if len(got) > 1 else 0.0,
+            "min": min(got),
+            "max": max(got),
+        }
+        log(f"{name}: {scores[name]}")
+
+    horizons = [int(h) for h in args.horizons.split(",") if h]
+    graduation: dict[str, Any] = {}
+    for h in horizons:
+        spec = make_env("cyborg-cage2", max_steps=h).spec
+        row: dict[str, Any] = {"theta": round(spec.theta, 2), "success_return": round(spec.success_return, 2)}
+        for name in ("sleep", "scripted (text only)"):
+            got = returns(policies[name], steps=h, seeds=seeds)
+            row[name] = f"{sum(r >= spec.theta for r in got)}/{len(got)} (mean {statistics.mean(got):.1f})"
+        graduation[str(h)] = row
+        log(f"horizon {h}: {row}")
+
+    fid = fidelity(args.fidelity, args.steps)
+    log(f"fidelity: {fid}")
+    result = {"steps": args.steps, "seeds": args.seeds, "sizes": sizes, "returns": scores,
+              "reaching_theta": graduation, "fidelity": fid}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"CAGE-2 via forge.envs.cyborg, {args.steps} steps, seeds 0..{args.seeds - 1}")
+    for name, t in sizes["tokens"].items():
+        print(f"tokens ({name}): stable task text incl. all {sizes['actions']} actions "
+              f"{t['description']}; per-step option listing {t['option_listing']}; "
+              f"observation mean {t['observation_mean']} (max {t['observation_max']})")
+    print(f"situation, e.g.: {sizes['situation_example']}")
+    print(f"{'blue':24s} {'mean':>8s} {'stdev':>7s} {'min':>8s} {'max':>8s}")
+    for name, s in scores.items():
+        print(f"{name:24s} {s['mean']:8.2f} {s['stdev']:7.2f} {s['min']:8.2f} {s['max']:8.2f}")
+    print("episodes at or above theta:")
+    for h, row in graduation.items():
+        print(f"  {h:>3s} steps, theta {row['theta']:7.2f}: sleep {row['sleep']}; "
+              f"scripted {row['scripted (text only)']}")
+    print(f"reward fidelity: {fid['episodes']} episodes, {fid['steps_compared']} steps, "
+          f"mismatched seeds: {fid['mismatched_seeds'] or 'none'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The memory service against in-process calls: requests/s and p50/p95 latency for recall,
+add and context, at 1 and 16 concurrent clients, side by side in the same run.
+
+The store is built once into .bench/ (hashing embedder, 384-d, so the model is not what is
+measured; texts from a small vocabulary with topic words). The server is ``forge serve`` in
+its own process with one API key (auth, rate limit and audit logging included: every
+recall also writes an audit row); clients are threads with keep-alive ``forge.client.Client``
+connections. In-process rows call ``Memory`` directly from the same number of threads.
+
+    python bench/service.py [--quick] [--json] [--units N] [--seconds S]
+
+Targets (issue 10): HTTP adds <= 2 ms p50 over in-process for recall; >= 500 recalls/s at
+100k units on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _common import CACHE_DIR, ROOT, log, parser, table
+from forge.client import Client
+from forge.memory import Memory
+from forge.model import Unit, Viewer
+from forge.server.keys import KeyStore
+
+WORDS = ["ice", "lake", "river", "rope", "camp", "fire", "map", "storm", "trail", "ridge", "boat", "snow", "bridge", "cave", "forest", "wind", "rain", "valley", "signal", "radio", "tent", "stove", "water", "food", "pole", "crack", "hazard", "route", "summit", "glacier", "shelter", "compass"]
+EMBEDDER = "hash:384"
+
+
+def build(units: int) -> Path:
+    path = CACHE_DIR / f"service-{units}.db"
+    if path.exists():
+        return path
+    CACHE_DIR.mkdir(exist_ok=True)
+    tmp = path.with_suffix(".tmp.db")
+    for p in (tmp, Path(str(tmp) + ".usearch")):
+        p.unlink(missing_ok=True)
+    rng = random.Random(0)
+    t0 = time.perf_counter()
+    with Memory.open(tmp, embedder=EMBEDDER) as mem:
+        for i in range(0, units, 2000):
+            batch = [Unit(" ".join(rng.choices(WORDS, k=12)) + f" note {j}", kind=rng.choice(["fact", "rule", "lesson"]),
+                          scope="global" if j % 10 else "private", owner="" if j % 10 else f"agent-{j % 7}")
+                     for j in range(i, min(units, i + 2000))]
+            mem.add(batch, actor="bench")
+            log(f"  built {min(units, i + 2000):,}/{units:,} units ({time.perf_counter() - t0:.0f}s)")
+    tmp.rename(path)
+    if Path(str(tmp) + ".usearch").exists():
+        Path(str(tmp) + ".usearch").rename(str(path) + ".usearch")
+    return path
+
+
+def drive(n_clients: int, seconds: float, make: Callable[[], Any], op: Callable[[Any, random.Random], None]) -> dict[str, float]:
+    """Run ``op`` from ``n_clients`` threads for ``seconds``; latencies in ms."""
+    lat: list[list[float]] = [[] for _ in range(n_clients)]
+    start = threading.Barrier(n_clients + 1)
+    stop = [0.0]
+
+    def worker(i: int) -> None:
+        rng = random.Random(i)
+        handle = make()
+        op(handle, rng)  # warm the connection / caches
+        start.wait()
+        while time.perf_counter() < stop[0]:
+            t = time.perf_counter()
+            op(handle, rng)
+            lat[i].append((time.perf_counter() - t) * 1000)
+        if hasattr(handle, "close") and isinstance(handle, Client):
+            handle.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_clients)]
+    for t in threads:
+        t.start()
+    stop[0] = time.perf_counter() + 3600
+    start.wait()
+    t0 = time.perf_counter()
+    stop[0] = t0 + seconds
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    flat = sorted(x for xs in lat for x in xs)
+    return {"rps": len(flat) / wall, "p50": statistics.median(flat), "p95": flat[int(0.95 * (len(flat) - 1))], "n": len(flat)}
+
+
+def ops(agent: str) -> dict[str, Callable[[Any, random.Random], None]]:
+    viewer = Viewer.of(agent)
+
+    def q(rng: random.Random) -> str:
+        return " ".join(rng.choices(WORDS, k=3))
+
+    return {
+        "recall": lambda h, rng: h.recall(q(rng), viewer=viewer, k=10, touch=False),
+        "add": lambda h, rng: h.add(Unit(q(rng) + " added", kind="fact")),
+        "context": lambda h, rng: h.context(q(rng), viewer=viewer, budget=256),
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = parser(__doc__.split("\n\n")[0])
+    ap.add_argument("--units", type=int, default=None, help="store size (default 100000; --quick 5000)")
+    ap.add_argument("--seconds", type=float, default=None, help="seconds per measurement (default 8; --quick 2)")
+    args = ap.parse_args()
+    units = args.units or (5000 if args.quick else 100_000)
+    seconds = args.seconds or (2.0 if args.quick else 8.0)
+    src = build(units)
+    work = CACHE_DIR / f"service-run-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    db = work / "m.db"
+    shutil.copy(src, db)
+    if Path(str(src) + ".usearch").exists():
+        shutil.copy(str(src) + ".usearch", str(db) + ".usearch")
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    agent = "bench-agent"
+    try:
+        # In-process: Memory from 1 and 16 threads (one Memory, as a server has).
+        mem = Memory.open(db, embedder=EMBEDDER)
+        for name, op in ops(agent).items():
+            for n in (1, 16):
+                results.setdefault(name, {})[f"in-process x{n}"] = drive(n, seconds, lambda: mem, op)
+                log(f"  in-process {name} x{n}: {results[name][f'in-process x{n}']}")
+        mem.close()
+        # HTTP: forge serve in its own process, an agent key, keep-alive clients.
+        token = KeyStore.beside(db).create(agent=agent, rate=1e9)
+        port = free_port()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        server = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--port", str(port), "--no-dashboard", "--no-mcp"],
+                                  env=env, stderr=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with Client(url, token, retries=0) as c:
+                        c.whoami()
+                    break
+                except Exception:  # noqa: BLE001 - not up yet
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise RuntimeError("forge serve did not start") from None
+                    time.sleep(0.2)
+            for name, op in ops(agent).items():
+                for n in (1, 16):
+                    results[name][f"HTTP x{n}"] = drive(n, seconds, lambda: Client(url, token, timeout=120), op)
+                    log(f"  HTTP {name} x{n}: {results[name][f'HTTP x{n}']}")
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        import json
+
+        print(json.dumps({"units": units, "seconds": seconds, "results": results}, indent=1))
+        return
+    cols = ["in-process x1", "HTTP x1", "in-process x16", "HTTP x16"]
+    rows = []
+    for name, res in results.items():
+        rows.append([name, *(f"{res[c]['rps']:,.0f}/s  {res[c]['p50']:.2f} / {res[c]['p95']:.2f}" for c in cols)])
+    print(table(f"Service vs in-process, {units:,} units, hashing embedder, {os.cpu_count()} cores (req/s  p50 / p95 ms)", ["op", *cols], rows))
+    rec = results["recall"]
+    print(f"\nHTTP overhead on recall p50 at 1 client: {rec['HTTP x1']['p50'] - rec['in-process x1']['p50']:+.2f} ms (target <= 2 ms); "
+          f"recalls/s over HTTP at 16 clients: {rec['HTTP x16']['rps']:,.0f} (target >= 500)")
+
+
+if __name__ == "__main__":
+    main()

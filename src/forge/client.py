@@ -1,0 +1,289 @@
+"""A client for the memory service with the same verbs and types as :class:`forge.Memory`.
+
+    from forge.client import Client
+    mem = Client("http://127.0.0.1:8765", key=os.environ["FORGE_API_KEY"])   # was: Memory.open("team.db")
+    mem.add([Unit("When the ice is thin, step back", kind="rule")])
+    for r in mem.recall("thin ice", viewer=Viewer.of("scout")):             # r is a forge.Recalled
+        print(r.score, r.unit.content, r.reasons)
+
+The viewer comes from the key on the server, never from the request: ``viewer=`` is accepted
+so code moves between embedded and remote unchanged, and it is checked against the key
+(asking for another agent's view raises :class:`~forge.errors.AccessError`).
+:class:`AsyncClient` has the same methods as coroutines. Server errors come back as the
+same :class:`~forge.errors.ForgeError` subclasses the library raises; a 429 is retried after
+its ``Retry-After`` (up to ``retries`` times).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from forge.errors import (
+    AccessError,
+    BackendError,
+    ConflictError,
+    ForgeError,
+    NotFoundError,
+    StoreError,
+    ValidationError,
+)
+from forge.model import Episode, Relation, Status, Unit, Viewer
+from forge.recall import Packed, Recalled
+from forge.store import Filter
+from forge.store.base import Event
+
+__all__ = ["AsyncClient", "Client"]
+
+_ERRORS: dict[int, type[ForgeError]] = {400: ValidationError, 401: AccessError, 403: AccessError, 404: NotFoundError, 409: ConflictError, 422: ValidationError}
+
+
+def _filter(f: Filter) -> dict[str, Any]:
+    return {
+        "kinds": sorted(k.value for k in f.kinds),
+        "status": sorted(s.value for s in f.status),
+        "tags_all": sorted(f.tags_all),
+        "tags_any": sorted(f.tags_any),
+        "domain": f.domain, "task": f.task, "role": f.role, "owner": f.owner,
+        "scopes": sorted(f.scopes), "since": f.since, "until": f.until,
+    }
+
+
+def _unit_in(u: Unit) -> dict[str, Any]:
+    d = u.to_dict()
+    for k in ("access_count", "last_access", "created_at", "updated_at"):
+        d.pop(k)
+    if not d["owner"]:
+        d.pop("owner")
+    return d
+
+
+def _recalled(d: Mapping[str, Any]) -> Recalled:
+    return Recalled(Unit.from_dict(d["unit"]), float(d["score"]), dict(d["why"]))
+
+
+def _event(d: Mapping[str, Any]) -> Event:
+    return Event(d["seq"], d["ts"], d["op"], d["unit_id"], d["actor"], d["data"])
+
+
+def _raise_for(resp: httpx.Response) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        err = resp.json()["error"]
+        message = f"{err['message']} (HTTP {resp.status_code} {err['code']})"
+    except (ValueError, KeyError, TypeError):
+        message = f"HTTP {resp.status_code}: {resp.text[:200]}"
+    if resp.status_code == 429:
+        raise BackendError(f"rate limited: {message}")
+    raise _ERRORS.get(resp.status_code, StoreError if resp.status_code == 503 else BackendError)(message)
+
+
+class _Calls:
+    """Request building and response parsing shared by the sync and async clients."""
+
+    def __init__(self, url: str, key: str | None) -> None:
+        self.base = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.me: dict[str, Any] | None = None
+
+    def check_viewer(self, viewer: Viewer | None) -> None:
+        if viewer is None or self.me is None or viewer.operator:
+            return
+        me = self.me
+        if me["admin"] or viewer.agent != me["agent"] or not set(viewer.groups) <= set(me["groups"]):
+            raise AccessError(
+                f"this client's key acts as {'the operator' if me['admin'] else repr(me['agent'])}; the server takes the viewer "
+                f"from the key, so use {viewer.agent!r}'s own key to see through its eyes"
+            )
+
+    @staticmethod
+    def units(units: Unit | Sequence[Unit]) -> dict[str, Any]:
+        units = [units] if isinstance(units, Unit) else list(units)
+        return {"units": [_unit_in(u) for u in units]}
+
+
+class Client:
+    """Synchronous client. ``transport`` lets tests pass an in-process ASGI transport."""
+
+    def __init__(self, url: str, key: str | None = None, *, timeout: float = 30.0, retries: int = 3, transport: httpx.BaseTransport | None = None) -> None:
+        self._c = _Calls(url, key)
+        self.retries = retries
+        self._http = httpx.Client(base_url=self._c.base, headers=self._c.headers, timeout=timeout, transport=transport)
+
+    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self._http.request(method, path, **kw)
+            except httpx.HTTPError as exc:
+                raise StoreError(f"cannot reach the FORGE server at {self._c.base}: {exc}") from None
+            if resp.status_code == 429 and attempt < self.retries:
+                time.sleep(min(float(resp.headers.get("retry-after", "1")), 10.0))
+                continue
+            _raise_for(resp)
+            return resp
+        raise AssertionError("unreachable")
+
+    def _viewer(self, viewer: Viewer | None) -> None:
+        if viewer is not None and self._c.me is None:
+            self._c.me = self.whoami()
+        self._c.check_viewer(viewer)
+
+    def whoami(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/whoami").json()
+
+    # -- writing --------------------------------------------------------------------------
+    def add(self, units: Unit | Sequence[Unit], *, actor: str = "", batch_size: int = 256) -> list[str]:
+        """Add units (one transaction per batch); ``actor`` is ignored: the key is the actor."""
+        units = [units] if isinstance(units, Unit) else list(units)
+        ids: list[str] = []
+        for i in range(0, len(units), batch_size):
+            ids += self._call("POST", "/v1/units", json=_Calls.units(units[i : i + batch_size])).json()["ids"]
+        return ids
+
+    def update(self, unit: Unit, *, actor: str = "", reembed: bool = True) -> Unit:
+        fields = {k: v for k, v in _unit_in(unit).items() if k in ("content", "kind", "context", "scope", "confidence", "importance", "meta")}
+        return Unit.from_dict(self._call("PATCH", f"/v1/units/{unit.id}", json=fields).json())
+
+    def set_status(self, unit_id: str, status: Status | str, *, reason: str, actor: str = "") -> None:
+        self._call("POST", f"/v1/units/{unit_id}/status", json={"status": Status.parse(status).value, "reason": reason})
+
+    def relate(self, src: str, dst: str, type: str = "related_to", *, weight: float = 1.0, note: str = "", actor: str = "") -> Relation:
+        body = {"src": src, "dst": dst, "type": str(type), "weight": weight, "note": note}
+        return Relation.from_dict(self._call("POST", "/v1/relations", json=body).json())
+
+    def add_episode(self, episode: Episode, *, actor: str = "") -> str:
+        d = episode.to_dict()
+        d.pop("created_at")
+        return self._call("POST", "/v1/episodes", json=d).json()["id"]
+
+    def get_episode(self, episode_id: str) -> Episode:
+        return Episode.from_dict(self._call("GET", f"/v1/episodes/{episode_id}").json())
+
+    # -- reading --------------------------------------------------------------------------
+    def get(self, unit_id: str, *, viewer: Viewer | None = None) -> Unit:
+        self._viewer(viewer)
+        return Unit.from_dict(self._call("GET", f"/v1/units/{unit_id}").json())
+
+    def recall(self, query: str, *, viewer: Viewer | None = None, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True) -> list[Recalled]:
+        self._viewer(viewer)
+        body = {"query": query, "k": k, "hops": hops, "filter": _filter(filter), "touch": touch}
+        return [_recalled(r) for r in self._call("POST", "/v1/recall", json=body).json()["results"]]
+
+    def context(self, query: str, *, viewer: Viewer | None = None, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1) -> Packed:
+        self._viewer(viewer)
+        d = self._call("POST", "/v1/context", json={"query": query, "budget": budget, "k": k, "filter": _filter(filter), "hops": hops}).json()
+        return Packed({n: [_recalled(r) for r in rs] for n, rs in d["sections"].items()}, d["tokens"], d["budget"], [])
+
+    def relations(self, unit_id: str) -> list[Relation]:
+        return [Relation.from_dict(r) for r in self._call("GET", f"/v1/units/{unit_id}/relations").json()]
+
+    def trace(self, unit_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/units/{unit_id}/trace").json()
+
+    def events(self, **params: Any) -> list[Event]:
+        return [_event(e) for e in self._call("GET", "/v1/events", params=params).json()["events"]]
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/stats").json()
+
+    # -- bulk -----------------------------------------------------------------------------
+    def export(self) -> Iterator[dict[str, Any]]:
+        with self._http.stream("GET", "/v1/export") as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                _raise_for(resp)
+            for line in resp.iter_lines():
+                if line.strip():
+                    yield json.loads(line)
+
+    def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
+        body = "".join(json.dumps(r) + "\n" for r in records)
+        return self._call("POST", "/v1/import", content=body.encode(), headers={"content-type": "application/x-ndjson"}).json()["records"]
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """The same verbs as coroutines, over ``httpx.AsyncClient``."""
+
+    def __init__(self, url: str, key: str | None = None, *, timeout: float = 30.0, retries: int = 3, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._c = _Calls(url, key)
+        self.retries = retries
+        self._http = httpx.AsyncClient(base_url=self._c.base, headers=self._c.headers, timeout=timeout, transport=transport)
+
+    async def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        for attempt in range(self.retries + 1):
+            try:
+                resp = await self._http.request(method, path, **kw)
+            except httpx.HTTPError as exc:
+                raise StoreError(f"cannot reach the FORGE server at {self._c.base}: {exc}") from None
+            if resp.status_code == 429 and attempt < self.retries:
+                await asyncio.sleep(min(float(resp.headers.get("retry-after", "1")), 10.0))
+                continue
+            _raise_for(resp)
+            return resp
+        raise AssertionError("unreachable")
+
+    async def _viewer(self, viewer: Viewer | None) -> None:
+        if viewer is not None and self._c.me is None:
+            self._c.me = await self.whoami()
+        self._c.check_viewer(viewer)
+
+    async def whoami(self) -> dict[str, Any]:
+        return (await self._call("GET", "/v1/whoami")).json()
+
+    async def add(self, units: Unit | Sequence[Unit], *, actor: str = "", batch_size: int = 256) -> list[str]:
+        units = [units] if isinstance(units, Unit) else list(units)
+        ids: list[str] = []
+        for i in range(0, len(units), batch_size):
+            ids += (await self._call("POST", "/v1/units", json=_Calls.units(units[i : i + batch_size]))).json()["ids"]
+        return ids
+
+    async def set_status(self, unit_id: str, status: Status | str, *, reason: str, actor: str = "") -> None:
+        await self._call("POST", f"/v1/units/{unit_id}/status", json={"status": Status.parse(status).value, "reason": reason})
+
+    async def relate(self, src: str, dst: str, type: str = "related_to", *, weight: float = 1.0, note: str = "", actor: str = "") -> Relation:
+        body = {"src": src, "dst": dst, "type": str(type), "weight": weight, "note": note}
+        return Relation.from_dict((await self._call("POST", "/v1/relations", json=body)).json())
+
+    async def get(self, unit_id: str, *, viewer: Viewer | None = None) -> Unit:
+        await self._viewer(viewer)
+        return Unit.from_dict((await self._call("GET", f"/v1/units/{unit_id}")).json())
+
+    async def recall(self, query: str, *, viewer: Viewer | None = None, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True) -> list[Recalled]:
+        await self._viewer(viewer)
+        body = {"query": query, "k": k, "hops": hops, "filter": _filter(filter), "touch": touch}
+        return [_recalled(r) for r in (await self._call("POST", "/v1/recall", json=body)).json()["results"]]
+
+    async def context(self, query: str, *, viewer: Viewer | None = None, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1) -> Packed:
+        await self._viewer(viewer)
+        d = (await self._call("POST", "/v1/context", json={"query": query, "budget": budget, "k": k, "filter": _filter(filter), "hops": hops})).json()
+        return Packed({n: [_recalled(r) for r in rs] for n, rs in d["sections"].items()}, d["tokens"], d["budget"], [])
+
+    async def stats(self) -> dict[str, Any]:
+        return (await self._call("GET", "/v1/stats")).json()
+
+    async def events(self, **params: Any) -> list[Event]:
+        return [_event(e) for e in (await self._call("GET", "/v1/events", params=params)).json()["events"]]
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,399 @@
+"""The HTTP service: REST API under ``/v1``, MCP at ``/mcp``, the dashboard at ``/ui``.
+
+    app = create_app(Memory.open("team.db"), keys=KeyStore.beside("team.db"))
+    uvicorn.run(app, host="127.0.0.1", port=8765)
+
+Errors all have one shape, ``{"error": {"status", "code", "message"}}``, with the codes the
+CLI's exit statuses stand for: the caller's mistakes are 4xx (400 malformed, 401 no key,
+403 not allowed, 404 not found or not visible, 409 id exists, 422 invalid, 429 too many
+requests) and the backend's failures 5xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any
+
+from fastapi import Body, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from forge.errors import (
+    AccessError,
+    BackendError,
+    ConflictError,
+    DimensionError,
+    ForgeError,
+    NotFoundError,
+    StoreError,
+    UserError,
+)
+from forge.memory import Memory
+from forge.recall import Recalled
+from forge.server import models as m
+from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
+from forge.server.keys import KeyStore, Principal
+from forge.server.service import Service, event_dict
+from forge.store import Filter
+
+__all__ = ["create_app", "error_response", "status_of"]
+
+
+def status_of(exc: BaseException) -> tuple[int, str]:
+    """HTTP status and error code for an exception (the CLI's blame split, in HTTP)."""
+    if isinstance(exc, Unauthorized):
+        return 401, "unauthorized"
+    if isinstance(exc, RateLimited):
+        return 429, "rate_limited"
+    if isinstance(exc, AccessError):
+        return 403, "forbidden"
+    if isinstance(exc, NotFoundError):
+        return 404, "not_found"
+    if isinstance(exc, ConflictError):
+        return 409, "conflict"
+    if isinstance(exc, DimensionError | UserError):
+        return 422, "invalid"
+    if isinstance(exc, StoreError):
+        return 503, "backend_unavailable"
+    if isinstance(exc, BackendError):
+        return 502, "backend_failed"
+    return 500, "internal"
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"status": status, "code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def _allowed(app: FastAPI, request: Request) -> list[str]:
+    from starlette.routing import Match, Route
+
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.methods:
+            match, _ = route.matches({**request.scope, "method": next(iter(route.methods))})
+            if match is Match.FULL:
+                methods |= route.methods
+    return sorted(methods)
+
+
+def _unit(u: Any) -> dict[str, Any]:
+    return u.to_dict()
+
+
+def _recalled(r: Recalled) -> dict[str, Any]:
+    return {"unit": r.unit.to_dict(), "score": r.score if math.isfinite(r.score) else 0.0, "reasons": r.reasons, "why": r.why}
+
+
+def current_principal(request: Request) -> Principal:
+    """The caller, from its API key (or the local operator on a server without keys)."""
+    client = request.client.host if request.client else None
+    return request.app.state.auth.principal(token_from(request.headers, request.cookies), client)
+
+
+Who = Annotated[Principal, Depends(current_principal)]
+
+
+def create_app(
+    memory: Memory,
+    *,
+    keys: KeyStore | None = None,
+    rate: float = 50.0,
+    burst: float | None = None,
+    runs_dir: str | None = None,
+    capsule_secret: str | None = None,
+    capsule_keyring: Any = None,
+    host: str = "127.0.0.1",
+    mcp: bool = True,
+    dashboard: bool = True,
+    close_memory: bool = False,
+    clock: Any = None,
+) -> FastAPI:
+    """The ASGI app over one Memory. ``close_memory`` closes it at shutdown (``forge serve``)."""
+    service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret, capsule_keyring=capsule_keyring)
+    auth = Authenticator(keys, rate=rate, burst=burst, **({"clock": clock} if clock else {}))
+    mcp_server = None
+    if mcp:
+        from forge.server.mcp import build_mcp, http_principal
+
+        mcp_server = build_mcp(service, lambda ctx: http_principal(auth, ctx))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if mcp_server is not None:
+                await stack.enter_async_context(mcp_server.session_manager.run())
+            try:
+                yield
+            finally:
+                if close_memory:
+                    memory.close()
+
+    app = FastAPI(
+        title="FORGE memory service",
+        version="0.1.0",
+        description="Shared, scoped, audited memory for LLM agents. Authenticate with 'Authorization: Bearer <key>'.",
+        lifespan=lifespan,
+        responses={code: m.ERRORS[code] for code in (400, 401, 403, 404, 409, 422, 429, 500, 503)},
+    )
+    app.state.service = service
+    app.state.auth = auth
+
+    # -- errors: one shape ---------------------------------------------------------------
+    @app.exception_handler(ForgeError)
+    async def _forge_error(request: Request, exc: ForgeError) -> JSONResponse:
+        status, code = status_of(exc)
+        return error_response(status, code, str(exc))
+
+    @app.exception_handler(Unauthorized)
+    async def _unauthorized(request: Request, exc: Unauthorized) -> JSONResponse:
+        return error_response(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(RateLimited)
+    async def _limited(request: Request, exc: RateLimited) -> JSONResponse:
+        return error_response(429, "rate_limited", str(exc), {"Retry-After": str(max(1, math.ceil(exc.retry_after)))})
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        malformed = any(e.get("type") == "json_invalid" for e in errors)
+        first = errors[0] if errors else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        msg = f"{where}: {first.get('msg', 'invalid')}" if where else str(first.get("msg", "invalid request"))
+        if malformed:
+            return error_response(400, "malformed", f"malformed JSON body: {first.get('msg', '')}")
+        return error_response(422, "invalid", msg)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:  # Starlette names only the first route's methods; name every route's
+            headers["Allow"] = ", ".join(_allowed(app, request))
+        return error_response(exc.status_code, code, str(exc.detail), headers or None)
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(500, "internal", f"internal error: {type(exc).__name__}")
+
+    E = m.ERRORS
+
+    # -- meta -----------------------------------------------------------------------------
+    @app.get("/v1/health", tags=["meta"])
+    def health() -> dict[str, Any]:
+        """Liveness; needs no key."""
+        return {"ok": True, "local_only": auth.local}
+
+    @app.get("/v1/whoami", response_model=m.WhoAmI, tags=["meta"])
+    def whoami(p: Who) -> dict[str, Any]:
+        return {"agent": p.agent, "groups": sorted(p.groups), "admin": p.admin, "key_id": p.key_id}
+
+    # -- units ----------------------------------------------------------------------------
+    @app.post("/v1/units", response_model=m.AddOut, status_code=201, tags=["units"], responses={k: E[k] for k in (403, 409, 422)})
+    def add_units(body: m.AddIn, p: Who) -> dict[str, Any]:
+        """Add a batch of units in one transaction."""
+        return {"ids": service.add(p, [u.data() for u in body.units])}
+
+    @app.get("/v1/units", response_model=m.UnitPage, tags=["units"], responses={422: E[422]})
+    def list_units(
+        p: Who,
+        kind: Annotated[list[m.KindName], Query()] = [],  # noqa: B006
+        status: Annotated[list[m.StatusName], Query()] = [],  # noqa: B006
+        tag: Annotated[list[str], Query(max_length=200)] = [],  # noqa: B006
+        owner: Annotated[str | None, Query(max_length=200)] = None,
+        scope: Annotated[str | None, Query(max_length=200)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+    ) -> dict[str, Any]:
+        f = Filter.make(kinds=kind, status=status or None, tags_all=tag, owner=owner, scopes=[scope] if scope else [])
+        units, total = service.list(p, filter=f, limit=limit, offset=offset)
+        return {"units": [_unit(u) for u in units], "total": total, "limit": limit, "offset": offset}
+
+    @app.get("/v1/units/{unit_id}", response_model=m.UnitOut, tags=["units"], responses={404: E[404]})
+    def get_unit(unit_id: str, p: Who) -> dict[str, Any]:
+        return _unit(service.get(p, unit_id))
+
+    @app.patch("/v1/units/{unit_id}", response_model=m.UnitOut, tags=["units"], responses={k: E[k] for k in (403, 404, 422)})
+    def update_unit(unit_id: str, body: m.UnitPatch, p: Who) -> dict[str, Any]:
+        changes = body.model_dump(exclude_none=True)
+        return _unit(service.update(p, unit_id, changes))
+
+    @app.post("/v1/units/{unit_id}/status", response_model=m.UnitOut, tags=["units"], responses={k: E[k] for k in (403, 404, 422)})
+    def set_status(unit_id: str, body: m.StatusIn, p: Who) -> dict[str, Any]:
+        """Change status with a reason: archive (forget), approve or reject from quarantine."""
+        return _unit(service.set_status(p, unit_id, body.status, reason=body.reason))
+
+    @app.get("/v1/units/{unit_id}/relations", response_model=list[m.RelationOut], tags=["units"], responses={404: E[404]})
+    def unit_relations(unit_id: str, p: Who) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in service.relations(p, unit_id)]
+
+    @app.get("/v1/units/{unit_id}/history", response_model=m.EventPage, tags=["units"], responses={404: E[404]})
+    def unit_history(unit_id: str, p: Who) -> dict[str, Any]:
+        return {"events": [event_dict(e) for e in service.history(p, unit_id)]}
+
+    @app.get("/v1/units/{unit_id}/trace", tags=["units"], responses={404: E[404]})
+    def unit_trace(unit_id: str, p: Who) -> dict[str, Any]:
+        """Provenance: episodes, derived-from units, broadcast, corroborations, promotion, history."""
+        return service.trace(p, unit_id)
+
+    # -- recall ---------------------------------------------------------------------------
+    @app.post("/v1/recall", response_model=m.RecallOut, tags=["recall"], responses={422: E[422]})
+    def recall(body: m.RecallIn, p: Who) -> dict[str, Any]:
+        """The best units for a query that this key may see, each with why it was returned."""
+        results = service.recall(p, body.query, k=body.k, filter=body.filter.build(), hops=body.hops, touch=body.touch)
+        return {"results": [_recalled(r) for r in results]}
+
+    @app.post("/v1/context", response_model=m.ContextOut, tags=["recall"], responses={422: E[422]})
+    def context(body: m.ContextReq, p: Who) -> dict[str, Any]:
+        """Recall packed into a prompt block of at most ``budget`` tokens."""
+        packed = service.context(p, body.query, budget=body.budget, k=body.k, filter=body.filter.build(), hops=body.hops)
+        return {"prompt": packed.render(), "tokens": packed.tokens, "budget": packed.budget, "units": [u.id for u in packed.units],
+                "sections": {name: [_recalled(r) for r in rs] for name, rs in packed.sections.items()},
+                "dropped": [r.unit.id for r in packed.dropped]}
+
+    # -- relations, episodes --------------------------------------------------------------
+    @app.post("/v1/relations", response_model=m.RelationOut, status_code=201, tags=["relations"], responses={k: E[k] for k in (404, 422)})
+    def relate(body: m.RelationIn, p: Who) -> dict[str, Any]:
+        return service.relate(p, body.src, body.dst, body.type, weight=body.weight, note=body.note).to_dict()
+
+    @app.post("/v1/episodes", response_model=m.IdOut, status_code=201, tags=["episodes"], responses={k: E[k] for k in (403, 409, 422)})
+    def add_episode(body: m.EpisodeIn, p: Who) -> dict[str, Any]:
+        return {"id": service.add_episode(p, body.model_dump(exclude_none=True))}
+
+    @app.get("/v1/episodes/{episode_id}", response_model=m.EpisodeOut, tags=["episodes"], responses={404: E[404]})
+    def get_episode(episode_id: str, p: Who) -> dict[str, Any]:
+        return service.get_episode(p, episode_id).to_dict()
+
+    # -- bulk -----------------------------------------------------------------------------
+    @app.get("/v1/export", tags=["bulk"], response_class=StreamingResponse, responses={403: E[403], 200: {"content": {"application/x-ndjson": {}}}})
+    def export(p: Who) -> StreamingResponse:
+        """Every unit (with its vector), relation and episode as JSON lines (admin)."""
+        records = service.export(p)
+
+        def lines() -> Iterator[bytes]:
+            for rec in records:
+                yield (json.dumps(rec, sort_keys=True) + "\n").encode()
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.post("/v1/import", response_model=m.CountOut, tags=["bulk"], responses={k: E[k] for k in (400, 403, 404, 409, 422)})
+    def import_records(p: Who, body: Annotated[str, Body(media_type="application/x-ndjson", max_length=100_000_000)] = "") -> dict[str, Any]:
+        """JSON lines as written by export; one transaction: every record lands or none does (admin)."""
+        from forge.errors import ValidationError
+
+        records = []
+        for n, line in enumerate(body.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except ValueError as exc:
+                    raise ValidationError(f"line {n}: malformed JSON ({exc})") from None
+        return {"records": service.import_records(p, records)}
+
+    @app.get("/v1/stats", tags=["meta"])
+    def stats(p: Who) -> dict[str, Any]:
+        """Counts by kind, status and scope (an agent's counts cover what it may see)."""
+        return service.stats(p)
+
+    # -- audit ----------------------------------------------------------------------------
+    @app.get("/v1/events", response_model=m.EventPage, tags=["audit"], responses={403: E[403]})
+    def events(
+        p: Who,
+        since_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        unit_id: Annotated[str | None, Query(max_length=128)] = None,
+        actor: Annotated[str | None, Query(max_length=200)] = None,
+        op: Annotated[list[str], Query(max_length=50)] = [],  # noqa: B006
+        since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+        until: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        newest_first: bool = False,
+    ) -> dict[str, Any]:
+        """The audit log: who did what to which unit, when and why. Agents see their own entries."""
+        evs = service.events(p, since_seq=since_seq, unit_id=unit_id, actor=actor, ops=op, since=since, until=until, limit=limit, newest_first=newest_first)
+        return {"events": [event_dict(e) for e in evs]}
+
+    @app.get("/v1/events/stream", tags=["audit"], response_class=StreamingResponse, responses={200: {"content": {"text/event-stream": {}}}})
+    async def event_stream(
+        request: Request,
+        p: Who,
+        since_seq: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        max_events: Annotated[int, Query(ge=1, le=1_000_000)] = 1_000_000,
+        poll_s: Annotated[float, Query(ge=0.05, le=10)] = 0.5,
+        timeout_s: Annotated[float, Query(gt=0, le=86_400)] = 3600,
+    ) -> StreamingResponse:
+        """New audit entries as server-sent events, as they are written (an agent: its own).
+
+        The stream ends after ``max_events`` entries or ``timeout_s`` seconds; reconnect with
+        ``since_seq`` set to the last ``id`` received.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+
+        async def gen() -> AsyncIterator[bytes]:
+            seq, sent = since_seq, 0
+            while sent < max_events and loop.time() < deadline:
+                batch = await run_in_threadpool(service.events, p, since_seq=seq, limit=min(500, max_events - sent))
+                for e in batch:
+                    seq = e.seq
+                    sent += 1
+                    yield f"id: {e.seq}\nevent: {e.op}\ndata: {json.dumps(event_dict(e))}\n\n".encode()
+                if not batch:
+                    if await request.is_disconnected():
+                        return
+                    await asyncio.sleep(poll_s)
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    @app.get("/v1/audit/seen", response_model=m.SeenOut, tags=["audit"], responses={403: E[403]})
+    def seen(
+        p: Who,
+        agent: Annotated[str, Query(min_length=1, max_length=200)],
+        before: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+    ) -> dict[str, Any]:
+        """Which memories ``agent`` was shown before time ``before`` (a decision), and why."""
+        return {"agent": agent, "before": before, "units": service.seen(p, agent, before=before)}
+
+    # -- exchange -------------------------------------------------------------------------
+    @app.post("/v1/capsules", tags=["exchange"], responses={k: E[k] for k in (403, 422)})
+    def receive(p: Who, capsule: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Receive a signed capsule through the calling agent's exchange; returns the decision."""
+        return service.receive(p, capsule)
+
+    @app.get("/v1/quarantine", response_model=list[m.UnitOut], tags=["exchange"])
+    def quarantine(p: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[dict[str, Any]]:
+        return [_unit(u) for u in service.quarantine(p, limit=limit)]
+
+    # -- runs -----------------------------------------------------------------------------
+    @app.get("/v1/runs", tags=["runs"])
+    def runs(p: Who) -> list[dict[str, Any]]:
+        """Run directories under the server's --runs folder."""
+        return service.runs(p)
+
+    @app.get("/v1/runs/{name}", tags=["runs"], responses={404: E[404]})
+    def run_summary(name: str, p: Who) -> dict[str, Any]:
+        return service.run(p, name)
+
+    @app.get("/v1/runs/{name}/report", tags=["runs"], responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}}, 404: E[404]})
+    def run_report(name: str, p: Who) -> HTMLResponse:
+        return HTMLResponse(service.run_report(p, name))
+
+    @app.get("/", include_in_schema=False)
+    def root() -> Response:
+        return Response(status_code=307, headers={"Location": "/ui/" if dashboard else "/docs"})
+
+    if dashboard:
+        from forge.server.dashboard import mount_dashboard
+
+        mount_dashboard(app, service, auth)
+
+    if mcp_server is not None:
+        from forge.server.mcp import guard
+
+        app.mount("/", guard(mcp_server.streamable_http_app(streamable_http_path="/mcp", host=host), auth))
+
+    return app

@@ -1,0 +1,181 @@
+"""``forge serve``, ``forge keys``, ``forge audit`` and ``forge mcp``: the service's commands.
+
+Registered on the main ``forge`` group by :func:`register`; each is a thin call into
+:mod:`forge.server`. Output is human text, or JSON with ``forge --json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from forge.errors import ConfigError
+
+__all__ = ["register"]
+
+
+def _keys(obj: Any, path: str | None) -> Any:
+    from forge.server.keys import KeyStore
+
+    return KeyStore(path) if path else KeyStore.beside(obj.db)
+
+
+def _need_server_extra() -> None:
+    try:
+        import fastapi  # noqa: F401
+        import mcp  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"this command needs the server extra ({exc.name} is missing): pip install 'forge-memory[server]'") from None
+
+
+def _emit(obj: Any, data: Any, human: str) -> None:
+    click.echo(json.dumps(data, indent=2, default=str) if obj.as_json else human)
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; non-loopback needs API keys.")
+@click.option("--port", type=int, default=8765, show_default=True)
+@click.option("--keys", "keys_path", default=None, help="API key file. Default: <db>.keys.json.")
+@click.option("--runs", "runs_dir", default="runs", show_default=True, help="Folder of evolution runs shown by /v1/runs and the dashboard.")
+@click.option("--rate", type=float, default=50.0, show_default=True, help="Default requests/s per key (a key can set its own).")
+@click.option("--capsule-keys", default=None, help="Keyring file of senders' public keys: agents may POST capsules to /v1/capsules.")
+@click.option("--no-mcp", is_flag=True, help="Do not mount the MCP endpoint at /mcp.")
+@click.option("--no-dashboard", is_flag=True, help="Do not serve the dashboard at /ui.")
+@click.pass_obj
+def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_dir: str, rate: float, capsule_keys: str | None,
+                  no_mcp: bool, no_dashboard: bool) -> None:
+    """Serve the REST API (/v1, docs at /docs), MCP (/mcp) and the dashboard (/ui) over one memory."""
+    _need_server_extra()
+    import uvicorn
+
+    from forge.server.app import create_app
+    from forge.server.auth import is_loopback
+
+    keys = _keys(obj, keys_path)
+    if not keys.active():
+        if not is_loopback(host):
+            click.echo(f"no API keys in {keys.path}: binding to 127.0.0.1 only, not {host} (create one with 'forge keys create')", err=True)
+        host = "127.0.0.1"
+        click.echo("local mode: no API keys configured; only this machine (127.0.0.1) can connect, as the operator", err=True)
+    if rate <= 0:
+        raise ConfigError("--rate must be positive")
+    keyring = None
+    if capsule_keys:
+        from forge.capsule import Keyring
+
+        keyring = Keyring.load(capsule_keys)
+    mem = obj.memory()
+    app = create_app(mem, keys=keys, rate=rate, runs_dir=runs_dir, capsule_secret=os.environ.get("FORGE_CAPSULE_SECRET"), capsule_keyring=keyring,
+                     host=host, mcp=not no_mcp, dashboard=not no_dashboard, close_memory=True)
+    click.echo(f"FORGE serving {obj.db} on http://{host}:{port}  (API /v1, docs /docs{'' if no_mcp else ', MCP /mcp'}{'' if no_dashboard else ', dashboard /ui'})", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10, access_log=False)
+
+
+@click.group("keys")
+def keys_group() -> None:
+    """Manage API keys (only their hashes are stored)."""
+
+
+@keys_group.command("create")
+@click.option("--agent", default="", help="The agent id this key acts as.")
+@click.option("--group", "groups", multiple=True, help="A group the agent belongs to (repeatable).")
+@click.option("--admin", is_flag=True, help="An operator key: sees and manages everything.")
+@click.option("--rate", type=float, default=None, help="Requests/s for this key (default: the server's).")
+@click.option("--note", default="")
+@click.option("--keys", "keys_path", default=None, help="API key file. Default: <db>.keys.json.")
+@click.pass_obj
+def keys_create(obj: Any, agent: str, groups: tuple[str, ...], admin: bool, rate: float | None, note: str, keys_path: str | None) -> None:
+    """Create a key and print it once."""
+    store = _keys(obj, keys_path)
+    token = store.create(agent=agent, groups=groups, admin=admin, rate=rate, note=note)
+    rec = store.list()[-1]
+    _emit(obj, {"key": token, **rec.public()}, f"{token}\n(key id {rec.id} for {'admin' if admin else 'agent ' + rec.agent}; shown once, store it now)")
+
+
+@keys_group.command("list")
+@click.option("--keys", "keys_path", default=None)
+@click.pass_obj
+def keys_list(obj: Any, keys_path: str | None) -> None:
+    """List keys (ids, agents, groups; never the keys)."""
+    recs = _keys(obj, keys_path).list()
+    lines = [f"{r.id}  {'admin' if r.admin else r.agent:<16} groups={','.join(r.groups) or '-'}  rate={r.rate or 'default'}"
+             f"  {'REVOKED' if r.revoked_at else 'active'}  {r.note}" for r in recs]
+    _emit(obj, [r.public() for r in recs], "\n".join(lines) or "(no keys: the server runs in local mode)")
+
+
+@keys_group.command("revoke")
+@click.argument("key_id")
+@click.option("--keys", "keys_path", default=None)
+@click.pass_obj
+def keys_revoke(obj: Any, key_id: str, keys_path: str | None) -> None:
+    """Revoke a key by id; a running server refuses it from its next request."""
+    rec = _keys(obj, keys_path).revoke(key_id)
+    _emit(obj, rec.public(), f"revoked {rec.id} ({rec.agent})")
+
+
+@click.command("audit")
+@click.option("--agent", default=None, help="Only entries by this agent.")
+@click.option("--op", "ops", multiple=True, help="Only these ops (add, update, status, relate, read, list, recall, context, export...).")
+@click.option("--unit", "unit_id", default=None, help="Only entries about this unit.")
+@click.option("--since-seq", type=int, default=0, show_default=True)
+@click.option("--before", type=float, default=None, help="Only entries before this Unix time.")
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.option("--seen-by", default=None, help="Which units this agent was shown (recall, context, read) before --before.")
+@click.pass_obj
+def audit_command(obj: Any, agent: str | None, ops: tuple[str, ...], unit_id: str | None, since_seq: int, before: float | None, limit: int, seen_by: str | None) -> None:
+    """Query the audit log: who did what to which unit, when, and why it was recalled."""
+    from forge.server.keys import Principal
+    from forge.server.service import Service, event_dict
+
+    op = Principal.local()
+    with obj.memory(must_exist=True) as mem:
+        service = Service(mem)
+        if seen_by:
+            seen = service.seen(op, seen_by, before=before)
+            lines = [f"{s['id']}  {s['times']}x  {'; '.join(s['reasons'])}" for s in seen]
+            _emit(obj, seen, "\n".join(lines) or f"({seen_by} was shown nothing)")
+            return
+        evs = [event_dict(e) for e in service.events(op, since_seq=since_seq, unit_id=unit_id, actor=agent, ops=ops, until=before, limit=limit)]
+    lines = [f"#{e['seq']} {e['ts']:.3f} {e['actor'] or '-':<14} {e['op']:<8} {e['unit_id'] or '':<22} {json.dumps(e['data'])[:120]}" for e in evs]
+    _emit(obj, evs, "\n".join(lines) or "(no entries)")
+
+
+@click.command("mcp")
+@click.option("--keys", "keys_path", default=None)
+@click.option("--runs", "runs_dir", default="runs", show_default=True)
+@click.pass_obj
+def mcp_command(obj: Any, keys_path: str | None, runs_dir: str) -> None:
+    """Serve MCP over stdio (for desktop and coding agents). The caller is FORGE_API_KEY's agent."""
+    _need_server_extra()
+    import anyio
+
+    from forge.errors import AccessError
+    from forge.server.keys import Principal
+    from forge.server.mcp import build_mcp
+    from forge.server.service import Service
+
+    keys = _keys(obj, keys_path)
+    token = os.environ.get("FORGE_API_KEY")
+    if token:
+        found = keys.authenticate(token)
+        if found is None:
+            raise AccessError("FORGE_API_KEY is unknown or revoked")
+        principal = found[0]
+    elif keys.active():
+        raise AccessError("this store has API keys: set FORGE_API_KEY to the key this MCP server acts as")
+    else:
+        principal = Principal.local()
+    with obj.memory() as mem:
+        server = build_mcp(Service(mem, runs_dir=runs_dir), lambda ctx: principal)
+        print(f"forge mcp: stdio, acting as {principal.agent}", file=sys.stderr)
+        anyio.run(server.run_stdio_async)
+
+
+def register(cli: click.Group) -> None:
+    for command in (serve_command, keys_group, audit_command, mcp_command):
+        cli.add_command(command)

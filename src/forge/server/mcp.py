@@ -1,0 +1,167 @@
+"""The MCP server: FORGE memory as tools and resources for coding and desktop agents.
+
+Tools: ``remember``, ``recall``, ``context``, ``relate``, ``forget`` (archive), ``trace``
+(provenance), ``stats``. Resources: ``forge://units/{id}``, ``forge://units`` (oldest first, ``?limit=``),
+``forge://runs`` and ``forge://runs/{name}``. Every tool calls the same
+:class:`~forge.server.service.Service` method the REST API does, so scope, audit and
+ownership rules are the same.
+
+Over HTTP (mounted at ``/mcp`` by ``forge serve``) the caller is the API key in the
+``Authorization`` header; over stdio (``forge mcp``) it is the key in ``FORGE_API_KEY``,
+or the local operator when the store has no keys.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from forge.errors import ForgeError
+from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
+from forge.server.keys import Principal
+from forge.server.service import Service
+from forge.store import Filter
+
+__all__ = ["build_mcp", "guard", "http_principal"]
+
+
+def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MCPServer:
+    """An MCP server over ``service``; ``principal(ctx)`` says who each call is from."""
+    service = _Reported(service)  # type: ignore[assignment]
+    principal = _reported(principal)
+    server = MCPServer(
+        "forge",
+        instructions="Shared long-term memory. recall before acting; remember what you learn; forget what is wrong.",
+        log_level="WARNING",
+    )
+
+    @server.tool()
+    def remember(content: str, ctx: Context, kind: str = "fact", tags: list[str] | None = None, scope: str = "global",
+                 domain: str = "", confidence: float = 0.5, importance: float = 0.5) -> dict[str, Any]:
+        """Store one memory (kind: fact, rule, lesson, example, preference, procedure, profile, episode)."""
+        unit = {"content": content, "kind": kind, "scope": scope, "confidence": confidence, "importance": importance,
+                "context": {"domain": domain, "tags": list(tags or [])}}
+        [uid] = service.add(principal(ctx), [unit])
+        return {"id": uid}
+
+    @server.tool()
+    def recall(query: str, ctx: Context, k: int = 5, kinds: list[str] | None = None, tags: list[str] | None = None) -> list[dict[str, Any]]:
+        """The memories that best match the query, best first, each with why it was returned."""
+        f = Filter.make(kinds=kinds or (), tags_all=tags or ())
+        return [{"id": r.unit.id, "kind": r.unit.kind.value, "content": r.unit.content, "score": round(r.score, 6), "reasons": r.reasons}
+                for r in service.recall(principal(ctx), query, k=k, filter=f)]
+
+    @server.tool()
+    def context(query: str, ctx: Context, budget: int = 400) -> str:
+        """Relevant memories packed into a prompt block of at most ``budget`` tokens."""
+        return service.context(principal(ctx), query, budget=budget).render()
+
+    @server.tool()
+    def relate(src: str, dst: str, ctx: Context, type: str = "related_to", note: str = "") -> dict[str, Any]:
+        """Link two memories (related_to, supports, contradicts, supersedes, derived_from, prerequisite_of, duplicate_of)."""
+        return service.relate(principal(ctx), src, dst, type, note=note).to_dict()
+
+    @server.tool()
+    def forget(unit_id: str, reason: str, ctx: Context) -> dict[str, Any]:
+        """Archive a memory: it is no longer recalled, but kept with the reason for history."""
+        unit = service.set_status(principal(ctx), unit_id, "archived", reason=reason)
+        return {"id": unit.id, "status": unit.status.value}
+
+    @server.tool()
+    def trace(unit_id: str, ctx: Context) -> dict[str, Any]:
+        """Where a memory came from: episodes, parent units, broadcast, corroborations and history."""
+        return service.trace(principal(ctx), unit_id)
+
+    @server.tool()
+    def stats(ctx: Context) -> dict[str, Any]:
+        """How many memories there are, by kind and status (those this caller may see)."""
+        return service.stats(principal(ctx))
+
+    @server.resource("forge://units/{unit_id}", mime_type="application/json")
+    def unit(unit_id: str, ctx: Context) -> str:
+        """One memory unit."""
+        return json.dumps(service.get(principal(ctx), unit_id).to_dict())
+
+    @server.resource("forge://units{?limit}", mime_type="application/json")
+    def units(ctx: Context, limit: int = 100) -> str:
+        """The oldest active memories this caller may see (``limit``, default 100)."""
+        found, _ = service.list(principal(ctx), limit=max(1, min(int(limit), 1000)))
+        return json.dumps([u.to_dict() for u in found])
+
+    @server.resource("forge://runs{?limit}", mime_type="application/json")
+    def runs(ctx: Context, limit: int = 1000) -> str:
+        """Evolution runs under the server's runs folder."""
+        return json.dumps(service.runs(principal(ctx))[: max(1, int(limit))])
+
+    @server.resource("forge://runs/{name}", mime_type="application/json")
+    def run(name: str, ctx: Context) -> str:
+        """One finished run's summary (learning curve, returns, tokens)."""
+        return json.dumps(service.run(principal(ctx), name))
+
+    return server
+
+
+class _Reported:
+    """The service, with FORGE's errors turned into tool errors the calling model can read."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        return _reported(getattr(self._service, name))
+
+
+def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ForgeError, Unauthorized, RateLimited) as exc:
+            from forge.server.app import status_of
+
+            raise ToolError(f"{status_of(exc)[1]}: {exc}") from None
+
+    return call
+
+
+def http_principal(auth: Authenticator, ctx: Context) -> Principal:
+    """The caller of an MCP request that came over HTTP (the guard already let it in)."""
+    headers = {k.lower(): v for k, v in (ctx.headers or {}).items()}
+    request = getattr(ctx.request_context, "request", None)
+    client = getattr(getattr(request, "client", None), "host", None)
+    if auth.local:
+        return Principal.local()
+    token = token_from(headers)
+    found = auth.keys.authenticate(token) if token and auth.keys is not None else None
+    if found is None:
+        raise Unauthorized("unknown or revoked API key")
+    del client
+    return found[0]
+
+
+def guard(app: Any, auth: Authenticator) -> Any:
+    """ASGI wrapper: MCP over HTTP needs the same key (and obeys the same rate limit) as REST."""
+    from forge.server.app import error_response
+
+    async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not scope.get("path", "").startswith("/mcp"):
+            # Mounted at the root as the fallback route: everything else is an unknown path.
+            await error_response(404, "not_found", f"no route {scope.get('path', '')}")(scope, receive, send)
+            return
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            client = scope.get("client")
+            try:
+                auth.principal(token_from(headers), client[0] if client else None)
+            except Unauthorized as exc:
+                await error_response(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                return
+            except RateLimited as exc:
+                await error_response(429, "rate_limited", str(exc), {"Retry-After": str(max(1, round(exc.retry_after)))})(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return wrapped

@@ -1,0 +1,396 @@
+"""The service core: every verb the REST API, the MCP tools and the dashboard offer.
+
+Each method takes the calling :class:`~forge.server.keys.Principal` first: the viewer (what
+it may see) and the actor (who the audit log names) come from it, never from a request
+field. Reads are written to the store's event log too (``read``, ``list``, ``recall``,
+``context``, ``export``), with the ids returned and, for recall, why each was returned, so
+"which memories did agent X see before decision Y" is one query (:meth:`Service.seen`).
+The edges are thin: they parse, call one method here, and render.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from forge.errors import AccessError, ConfigError, NotFoundError, ValidationError
+from forge.memory import Memory
+from forge.model import Episode, Kind, Relation, Scope, Status, Unit, Viewer
+from forge.recall import Packed, Recalled
+from forge.server.keys import Principal
+from forge.store import Filter
+from forge.store.base import Event
+
+__all__ = ["Service"]
+
+#: Unit fields an update may change; the rest (id, owner, scores kept by the engine) may not.
+UPDATABLE = frozenset({"content", "kind", "context", "scope", "confidence", "importance", "meta", "provenance"})
+#: Change ops a non-admin sees in a unit's history (reads by other agents are theirs to know).
+_CHANGE_OPS = ("add", "update", "status")
+
+
+class Service:
+    """One :class:`Memory` served to many principals."""
+
+    def __init__(
+        self,
+        memory: Memory,
+        *,
+        runs_dir: str | os.PathLike[str] | None = None,
+        capsule_secret: str | None = None,
+        capsule_keyring: Any = None,
+    ) -> None:
+        """``capsule_keyring`` (a :class:`forge.capsule.Keyring` of senders' public keys) or the
+        legacy shared ``capsule_secret`` lets agents receive capsules through the service."""
+        self.memory = memory
+        self.store = memory.store
+        self.runs_dir = Path(runs_dir) if runs_dir else None
+        if capsule_keyring is None and capsule_secret:
+            from forge.capsule import Keyring
+
+            capsule_keyring = Keyring.from_secret(capsule_secret)
+        self.capsule_keyring = capsule_keyring
+        self._exchanges: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- units ----------------------------------------------------------------------------
+    def add(self, who: Principal, units: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Add units in one transaction; an agent writes as itself, into its own groups."""
+        if not units:
+            raise ValidationError("no units to add")
+        built = [self._own(who, Unit.from_dict(self._defaults(who, u))) for u in units]
+        return self.memory.add(built, actor=who.actor)
+
+    def _defaults(self, who: Principal, data: Mapping[str, Any]) -> dict[str, Any]:
+        d = dict(data)
+        if not who.admin:
+            d.setdefault("owner", who.agent)
+        prov = dict(d.get("provenance") or {})
+        prov.setdefault("source", f"api:{who.agent}")
+        d["provenance"] = prov
+        return d
+
+    def _own(self, who: Principal, unit: Unit) -> Unit:
+        """Refuse an agent writing as someone else or into a group it is not in."""
+        if who.admin:
+            return unit
+        if unit.owner != who.agent:
+            raise AccessError(f"agent {who.agent!r} cannot write units owned by {unit.owner!r}")
+        if unit.scope.kind == "group" and unit.scope.name not in who.groups:
+            raise AccessError(f"agent {who.agent!r} is not in group {unit.scope.name!r}")
+        return unit
+
+    def get(self, who: Principal, unit_id: str) -> Unit:
+        unit = self.memory.get(unit_id, viewer=who.viewer)
+        self.store.log_event("read", unit_id=unit.id, actor=who.actor, data={"key": who.key_id})
+        return unit
+
+    def list(self, who: Principal, *, filter: Filter = Filter(), limit: int = 50, offset: int = 0) -> tuple[list[Unit], int]:
+        _page(limit, offset)
+        units = self.store.list(viewer=who.viewer, filter=filter, limit=limit, offset=offset)
+        total = self.store.count(viewer=who.viewer, filter=filter)
+        if units:
+            self.store.log_event("list", actor=who.actor, data={"key": who.key_id, "ids": [u.id for u in units]})
+        return units, total
+
+    def update(self, who: Principal, unit_id: str, changes: Mapping[str, Any]) -> Unit:
+        unknown = set(changes) - UPDATABLE
+        if unknown:
+            raise ValidationError(f"cannot update field(s): {', '.join(sorted(unknown))}; updatable: {', '.join(sorted(UPDATABLE))}")
+        unit = self._writable(who, unit_id)
+        data = {**unit.to_dict(), **{k: v for k, v in changes.items() if v is not None}}
+        new = self._own(who, Unit.from_dict(data))
+        reembed = new.text != unit.text
+        return self.memory.update(new, actor=who.actor, reembed=reembed)
+
+    def set_status(self, who: Principal, unit_id: str, status: str, *, reason: str) -> Unit:
+        """Change a unit's status with a reason (archive = forget, quarantine review, ...)."""
+        if not reason or not reason.strip():
+            raise ValidationError("a status change needs a reason")
+        new = Status.parse(status)
+        unit = self._writable(who, unit_id)
+        if unit.status is Status.QUARANTINED and new is Status.ACTIVE and not who.admin and unit.owner != who.agent:
+            raise AccessError("only an admin or the unit's owner can release it from quarantine")
+        self.memory.set_status(unit_id, new, reason=reason.strip(), actor=who.actor)
+        return self.store.get(unit_id, viewer=Viewer.admin())
+
+    def _writable(self, who: Principal, unit_id: str) -> Unit:
+        unit = self.memory.get(unit_id, viewer=who.viewer)  # NotFound for what it cannot see
+        if not who.admin and unit.owner != who.agent:
+            raise AccessError(f"agent {who.agent!r} can change only its own units; {unit_id} is {unit.owner or 'nobody'}'s")
+        return unit
+
+    # -- recall ---------------------------------------------------------------------------
+    def recall(self, who: Principal, query: str, *, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True) -> list[Recalled]:
+        if not query.strip():
+            raise ValidationError("the query is empty")
+        if not 1 <= k <= 200:
+            raise ValidationError("k must be between 1 and 200")
+        if not 0 <= hops <= 3:
+            raise ValidationError("hops must be between 0 and 3")
+        results = self.memory.recall(query, viewer=who.viewer, k=k, filter=filter, hops=hops, touch=touch)
+        self.store.log_event(
+            "recall",
+            actor=who.actor,
+            data={
+                "key": who.key_id,
+                "query": query[:500],
+                "hits": [{"id": r.unit.id, "score": round(r.score, 6), "reasons": r.reasons} for r in results],
+            },
+        )
+        return results
+
+    def context(self, who: Principal, query: str, *, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1) -> Packed:
+        if not 1 <= budget <= 100_000:
+            raise ValidationError("budget must be between 1 and 100000 tokens")
+        if not query.strip():
+            raise ValidationError("the query is empty")
+        if not 1 <= k <= 200:
+            raise ValidationError("k must be between 1 and 200")
+        packed = self.memory.context(query, viewer=who.viewer, budget=budget, k=k, filter=filter, hops=hops)
+        self.store.log_event(
+            "context",
+            actor=who.actor,
+            data={"key": who.key_id, "query": query[:500], "budget": budget, "tokens": packed.tokens,
+                  "hits": [{"id": r.unit.id, "reasons": r.reasons} for rs in packed.sections.values() for r in rs]},
+        )
+        return packed
+
+    # -- relations and history -------------------------------------------------------------
+    def relate(self, who: Principal, src: str, dst: str, type: str = "related_to", *, weight: float = 1.0, note: str = "") -> Relation:
+        for end in (src, dst):
+            self.memory.get(end, viewer=who.viewer)  # both ends must be visible
+        return self.memory.relate(src, dst, type, weight=weight, note=note, actor=who.actor)
+
+    def relations(self, who: Principal, unit_id: str) -> list[Relation]:
+        self.memory.get(unit_id, viewer=who.viewer)
+        rels = self.store.relations(unit_id, viewer=who.viewer)
+        others = [r.dst if r.src == unit_id else r.src for r in rels]
+        visible = {u.id for u in self.store.get_many(others, viewer=who.viewer)}
+        return [r for r, o in zip(rels, others, strict=True) if o in visible]
+
+    def history(self, who: Principal, unit_id: str, *, limit: int = 200) -> list[Event]:
+        self.memory.get(unit_id, viewer=who.viewer)
+        ops = () if who.admin else _CHANGE_OPS
+        return self.store.events(unit_id=unit_id, ops=ops, limit=limit, viewer=who.viewer)
+
+    def trace(self, who: Principal, unit_id: str) -> dict[str, Any]:
+        """Where a unit came from: episodes -> derived-from units -> broadcast -> corroborations."""
+        unit = self.get(who, unit_id)
+        episodes = []
+        for eid in unit.provenance.episodes:
+            try:
+                ep = self.store.get_episode(eid)
+            except NotFoundError:
+                episodes.append({"id": eid, "missing": True})
+                continue
+            if who.admin or ep.agent in ("", who.agent):
+                episodes.append({"id": ep.id, "agent": ep.agent, "task": ep.task, "env": ep.env, "outcome": dict(ep.outcome), "steps": len(ep.steps)})
+        parents = [{"id": u.id, "kind": u.kind.value, "content": u.content, "source": u.provenance.source}
+                   for u in self.store.get_many(list(unit.provenance.derived_from), viewer=who.viewer)]
+        meta = unit.meta
+        broadcast = {k: meta[k] for k in ("origin", "sender", "capsule", "hops", "received_at", "received_scope", "via") if k in meta}
+        corr = meta.get("corroboration") or {}
+        return {
+            "unit": unit.to_dict(),
+            "source": unit.provenance.source,
+            "episodes": episodes,
+            "derived_from": parents,
+            "broadcast": broadcast,
+            "corroborations": {"origins": list(corr.get("origins", [])), "count": corr.get("count", 0)},
+            "promotion": {k: meta[k] for k in ("promoted_to", "consensus_of", "witnesses") if k in meta},
+            "quarantine": meta.get("quarantine"),
+            "history": [_event(e) for e in self.history(who, unit_id)],
+        }
+
+    # -- episodes -------------------------------------------------------------------------
+    def add_episode(self, who: Principal, data: Mapping[str, Any]) -> str:
+        d = dict(data)
+        if not who.admin:
+            if d.get("agent") not in (None, "", who.agent):
+                raise AccessError(f"agent {who.agent!r} cannot record episodes of {d['agent']!r}")
+            d["agent"] = who.agent
+        return self.memory.add_episode(Episode.from_dict(d), actor=who.actor)
+
+    def get_episode(self, who: Principal, episode_id: str) -> Episode:
+        ep = self.store.get_episode(episode_id)
+        if not who.admin and ep.agent not in ("", who.agent):
+            raise NotFoundError(f"no episode with id {episode_id}")
+        self.store.log_event("read_episode", actor=who.actor, data={"key": who.key_id, "episode": episode_id})
+        return ep
+
+    # -- bulk -----------------------------------------------------------------------------
+    def export(self, who: Principal) -> Iterator[dict[str, Any]]:
+        _admin(who, "export the whole store")
+        self.store.log_event("export", actor=who.actor, data={"key": who.key_id})
+        return self.memory.export(viewer=who.viewer)
+
+    def import_records(self, who: Principal, records: Iterable[Mapping[str, Any]]) -> int:
+        _admin(who, "import records")
+        rows = []
+        for i, r in enumerate(records, 1):
+            if not isinstance(r, Mapping):
+                raise ValidationError(f"record {i}: a record must be a JSON object")
+            rows.append(dict(r))
+        return self.memory.import_records(rows, actor=who.actor)
+
+    def stats(self, who: Principal) -> dict[str, Any]:
+        if who.admin:
+            return self.memory.stats()
+        v = who.viewer
+        any_status = Filter.make(status=[s.value for s in Status])
+        by_kind = {k.value: n for k in Kind if (n := self.store.count(viewer=v, filter=Filter.make(kinds=[k], status=[s.value for s in Status])))}
+        by_status = {s.value: n for s in Status if (n := self.store.count(viewer=v, filter=Filter.make(status=[s])))}
+        return {"units": self.store.count(viewer=v, filter=any_status), "by_kind": by_kind, "by_status": by_status, "agent": who.agent}
+
+    # -- audit ----------------------------------------------------------------------------
+    def events(
+        self, who: Principal, *, since_seq: int = 0, unit_id: str | None = None, actor: str | None = None,
+        ops: Iterable[str] = (), since: float | None = None, until: float | None = None, limit: int = 100,
+        newest_first: bool = False,
+    ) -> list[Event]:
+        """The audit log; an agent sees only its own entries."""
+        _page(limit, 0)
+        if not who.admin:
+            if actor not in (None, who.actor):
+                raise AccessError("an agent key reads only its own audit entries")
+            actor = who.actor
+        # An agent's own entries, whole: what it did and was shown (the unit-scoped
+        # redaction of store.events is for other agents' changes, not one's own trail).
+        return self.store.events(since_seq=since_seq, unit_id=unit_id, actor=actor, ops=ops, since=since, until=until,
+                                 limit=limit, newest_first=newest_first, viewer=Viewer.admin())
+
+    def seen(self, who: Principal, agent: str, *, before: float | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """Every unit ``agent`` was shown (recall, context, read) before ``before``, with why."""
+        if not who.admin and agent != who.agent:
+            raise AccessError("an agent key can trace only what it saw itself")
+        out: dict[str, dict[str, Any]] = {}
+        for e in self.store.events(actor=agent, ops=("recall", "context", "read"), until=before, limit=limit,
+                                   viewer=Viewer.admin()):  # access checked above: its own trail
+            hits = e.data.get("hits") if e.op != "read" else [{"id": e.unit_id, "reasons": ["read by id"]}]
+            for h in hits or ():
+                entry = out.setdefault(h["id"], {"id": h["id"], "times": 0, "first_seq": e.seq, "reasons": []})
+                entry["times"] += 1
+                entry["last_seq"], entry["last_ts"] = e.seq, e.ts
+                entry["queries"] = [*entry.get("queries", []), e.data.get("query")][-5:] if e.op != "read" else entry.get("queries", [])
+                for r in h.get("reasons", []):
+                    if r not in entry["reasons"]:
+                        entry["reasons"].append(r)
+        return list(out.values())
+
+    # -- the receiving side ---------------------------------------------------------------
+    def receive(self, who: Principal, capsule: Mapping[str, Any]) -> dict[str, Any]:
+        """Judge a capsule through the caller's exchange (verify, screen, dedup, assess, integrate)."""
+        if who.admin:
+            raise AccessError("capsules are received by an agent; use an agent's key")
+        return self.exchange(who.agent, who.groups).receive_raw(dict(capsule)).to_dict()
+
+    def exchange(self, agent: str, groups: Iterable[str] = ()) -> Any:
+        if self.capsule_keyring is None:
+            raise ConfigError("this server has no capsule keyring; start it with --capsule-keys FILE (or FORGE_CAPSULE_SECRET)")
+        from forge.exchange import Exchange
+
+        with self._lock:
+            ex = self._exchanges.get(agent)
+            if ex is None:
+                ex = self._exchanges[agent] = Exchange(self.memory, agent, self.capsule_keyring, groups=groups)
+            return ex
+
+    def quarantine(self, who: Principal, *, limit: int = 100) -> list[Unit]:
+        f = Filter.make(status=["quarantined"], owner=None if who.admin else who.agent)
+        return self.store.list(viewer=who.viewer, filter=f, limit=limit)
+
+    def decisions(self, who: Principal, *, outcomes: Iterable[str] = ("conflict", "resolved"), limit: int = 200) -> list[dict[str, Any]]:
+        """Ledger decisions (conflicts and resolutions by default) across every agent's ledger."""
+        _admin(who, "read every agent's decisions")
+        wanted = set(outcomes)
+        out = []
+        for key, value in _settings(self.store).items():
+            if key.startswith("ledger/"):
+                d = json.loads(value)
+                if not wanted or d.get("outcome") in wanted:
+                    out.append(d)
+        return sorted(out, key=lambda d: d.get("at", 0), reverse=True)[:limit]
+
+    def reputations(self, who: Principal) -> dict[str, dict[str, float]]:
+        """Reputation per book (the judging agent) and per judged agent."""
+        _admin(who, "read reputations")
+        from forge.consensus import Reputation
+
+        books = sorted({k.split("/")[1] for k in _settings(self.store) if k.startswith("reputation/")})
+        return {b: Reputation(self.store, book=b).all() for b in books}
+
+    def agents(self, who: Principal) -> list[dict[str, Any]]:
+        """Agents seen in the audit log with their activity counts."""
+        _admin(who, "list agents")
+        counts: dict[str, dict[str, int]] = {}
+        for e in self.store.events(limit=100_000, newest_first=True, viewer=Viewer.admin()):
+            if e.actor:
+                counts.setdefault(e.actor, {}).setdefault(e.op, 0)
+                counts[e.actor][e.op] += 1
+        return [{"agent": a, "ops": ops, "total": sum(ops.values())} for a, ops in sorted(counts.items())]
+
+    # -- runs -----------------------------------------------------------------------------
+    def runs(self, who: Principal) -> list[dict[str, Any]]:
+        if self.runs_dir is None or not self.runs_dir.is_dir():
+            return []
+        out = []
+        for d in sorted(p for p in self.runs_dir.iterdir() if (p / "config.json").is_file()):
+            try:
+                cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            out.append({"name": d.name, "finished": (d / "final.json").is_file(), "env": cfg.get("env"),
+                        "condition": cfg.get("condition"), "representation": cfg.get("representation"), "llm": cfg.get("llm")})
+        return out
+
+    def run(self, who: Principal, name: str) -> dict[str, Any]:
+        from forge.report import _summary_row, load_run
+
+        run = load_run(self._run_dir(name))
+        return _summary_row(run)
+
+    def run_report(self, who: Principal, name: str) -> str:
+        from forge.report import build_report
+
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = build_report([self._run_dir(name)], tmp)
+            return paths["html"].read_text(encoding="utf-8")
+
+    def _run_dir(self, name: str) -> Path:
+        if self.runs_dir is None or "/" in name or name in ("", ".", "..") or not (self.runs_dir / name).is_dir():
+            raise NotFoundError(f"no run named {name!r}")
+        return self.runs_dir / name
+
+
+def _admin(who: Principal, what: str) -> None:
+    if not who.admin:
+        raise AccessError(f"only an admin key can {what}")
+
+
+def _page(limit: int, offset: int) -> None:
+    if not 1 <= limit <= 1000 or offset < 0:
+        raise ValidationError("limit must be between 1 and 1000 and offset non-negative")
+
+
+def _settings(store: Any) -> dict[str, str]:
+    get = getattr(store, "settings", None)
+    return get() if callable(get) else {}
+
+
+def _event(e: Event) -> dict[str, Any]:
+    return {"seq": e.seq, "ts": e.ts, "op": e.op, "unit_id": e.unit_id, "actor": e.actor, "data": dict(e.data)}
+
+
+def event_dict(e: Event) -> dict[str, Any]:
+    """An event as JSON-ready data."""
+    return _event(e)
+
+
+def parse_scope(value: str) -> str:
+    return str(Scope.parse(value))

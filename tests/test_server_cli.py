@@ -1,0 +1,115 @@
+"""forge keys / audit / serve: thin commands over the service, and a real server process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from click.testing import CliRunner  # noqa: E402
+
+from forge.cli import cli  # noqa: E402
+from forge.client import Client  # noqa: E402
+from forge.model import Unit  # noqa: E402
+
+SRC = str(Path(__file__).parents[1] / "src")
+
+
+def _run(*args: str, db: Path) -> object:
+    r = CliRunner().invoke(cli, ["--db", str(db), "--embedder", "hash:64", "--json", *args], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_keys_create_list_revoke_and_audit(tmp_path: Path) -> None:
+    db = tmp_path / "k.db"
+    made = _run("keys", "create", "--agent", "scout", "--group", "ops", "--rate", "5", db=db)
+    assert made["key"].startswith("fk_") and made["agent"] == "scout" and made["groups"] == ["ops"]
+    listed = _run("keys", "list", db=db)
+    assert [k["id"] for k in listed] == [made["id"]] and "key" not in listed[0] and "hash" not in listed[0]
+    assert made["key"] not in (tmp_path / "k.db.keys.json").read_text()
+    revoked = _run("keys", "revoke", made["id"], db=db)
+    assert revoked["revoked_at"] is not None
+    bad = CliRunner().invoke(cli, ["--db", str(db), "keys", "revoke", "nope"])
+    assert bad.exit_code != 0
+    _run("add", "When the ice is thin, step back", "--kind", "rule", db=db)
+    _run("recall", "thin ice", "--agent", "scout", db=db)
+    entries = _run("audit", "--op", "add", db=db)
+    assert [e["op"] for e in entries] == ["add"] and entries[0]["actor"] == "cli"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_forge_serve_starts_serves_and_shuts_down_gracefully(tmp_path: Path) -> None:
+    db = tmp_path / "served.db"
+    _run("add", "seed", db=db)
+    token = _run("keys", "create", "--agent", "scout", db=db)["key"]
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [SRC, os.environ.get("PYTHONPATH", "")] if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--port", str(port), "--runs", str(tmp_path)],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with Client(url, token, retries=0) as c:
+                    me = c.whoami()
+                break
+            except Exception:  # noqa: BLE001 - not listening yet
+                assert proc.poll() is None and time.monotonic() < deadline, "forge serve did not start"
+                time.sleep(0.2)
+        assert me["agent"] == "scout"
+        with Client(url, token) as c:
+            [uid] = c.add(Unit("written just before shutdown"))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        # uvicorn shuts down gracefully, then re-raises the signal it caught.
+        assert proc.returncode in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "FORGE serving" in err and "Traceback" not in err
+    units = _run("recall", "written just before shutdown", db=db)
+    assert uid in [u["id"] for u in units]
+
+
+def test_serve_without_keys_binds_loopback_and_says_so(tmp_path: Path) -> None:
+    db = tmp_path / "local.db"
+    _run("add", "seed", db=db)
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [SRC, os.environ.get("PYTHONPATH", "")] if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--host", "0.0.0.0", "--port", str(port)],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with Client(f"http://127.0.0.1:{port}", retries=0) as c:
+                    assert c.whoami()["admin"] is True
+                break
+            except Exception:  # noqa: BLE001 - not listening yet
+                assert proc.poll() is None and time.monotonic() < deadline, "forge serve did not start"
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "binding to 127.0.0.1 only" in err and "local mode" in err
