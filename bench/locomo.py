@@ -63,7 +63,7 @@ MODES: dict[str, Weights] = {
     "hybrid_rrf": Weights(fusion="rrf", keyword=1.0),  # reciprocal rank fusion, equal weights
     "hybrid_old": Weights(fusion="rrf", keyword=0.5),  # the default before issue 13
 }
-DEFAULT_CONTEXT = ("speaker", "date", "prev")
+DEFAULT_CONTEXT = ("speaker", "prev")  # chosen on the tuning split: --sweep-context
 CONTEXT_CHOICES = ("speaker", "date", "prev", "next")
 KS = (5, 10)
 TUNE_KEYWORD = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
@@ -228,7 +228,7 @@ class CachedEmbedder:
     Single texts (the questions) always go to the model, so query timings stay real.
     """
 
-    def __init__(self, inner: Any, cache_dir: Path = CACHE_DIR) -> None:
+    def __init__(self, inner: Any, cache_dir: Path = CACHE_DIR, *, queries: bool = False) -> None:
         import hashlib
         import pickle
 
@@ -239,11 +239,12 @@ class CachedEmbedder:
         self._pickle = pickle
         self._vecs: dict[bytes, Any] = pickle.loads(self.path.read_bytes()) if self.path.exists() else {}
         self._new = 0
+        self.queries = queries  # sweeps cache the questions too: their timing is not what they measure
 
     def embed(self, texts: Sequence[str]) -> Any:
         import numpy as np
 
-        if len(texts) <= 2:
+        if len(texts) <= 2 and not self.queries:
             return self.inner.embed(texts)
         keys = [self._hash(t) for t in texts]
         missing = [i for i, k in enumerate(keys) if k not in self._vecs]
@@ -275,11 +276,14 @@ def data_path(arg: Path | None) -> Path:
 
 def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None = None,
         ks: Sequence[int] = KS, context: Sequence[str] = DEFAULT_CONTEXT, which: str | None = None,
-        modes: dict[str, Weights] | None = None, emb: Any = None, cache: bool = False) -> dict[str, Any]:
+        modes: dict[str, Weights] | None = None, emb: Any = None, cache: bool = False,
+        only: Sequence[str] = ()) -> dict[str, Any]:
     modes = MODES if modes is None else modes
     everything = load(data)
     which = which or ("test" if len(everything) >= 4 else "all")
     samples = split(everything, which)[:limit] if limit else split(everything, which)
+    if only:
+        samples = [s for s in samples if s["sample_id"] in only]
     t0 = time.perf_counter()
     emb = emb or open_embedder(embedder)
     load_s = time.perf_counter() - t0
@@ -356,6 +360,25 @@ def _aggregate(rows: list[dict[str, Any]], ks: Sequence[int], modes: list[str]) 
     return out
 
 
+def merge(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One result from runs over disjoint conversations of the same split (``--samples`` in parallel)."""
+    first = parts[0]
+    for p in parts[1:]:
+        if (p["split"], p["embedder"], p["context"], p["modes"]) != (first["split"], first["embedder"], first["context"], first["modes"]):
+            raise SystemExit("--merge: the runs differ in split, embedder, context or modes")
+    rows = [q for p in parts for q in p["per_question"]]
+    ids = [s for p in parts for s in p["split_samples"]]
+    if len(set(ids)) != len(ids):
+        raise SystemExit("--merge: a conversation appears in two runs")
+    total = lambda key: round(sum(p[key] for p in parts), 2)  # noqa: E731
+    med = lambda key: round(statistics.median(p[key] for p in parts if p[key] is not None), 2)  # noqa: E731
+    return {**first, "split_samples": sorted(ids, key=_natural), "samples": len(ids), "units": total("units"),
+            "questions": len(rows), "skipped_no_evidence": total("skipped_no_evidence"),
+            "ingest_s": total("ingest_s"), "query_embed_p50_ms": med("query_embed_p50_ms"),
+            "hybrid_recall_p50_ms": med("hybrid_recall_p50_ms"), "hybrid_total_p50_ms": med("hybrid_total_p50_ms"),
+            "by_category": _aggregate(rows, first["ks"], first["modes"]), "per_question": rows}
+
+
 def margins(r: dict[str, Any], mode: str = "hybrid", k: int = 10) -> dict[str, float]:
     """Per category: ``mode``@k minus the better of vector-only and BM25-only."""
     return {c: round(v[f"{mode}@{k}"] - max(v[f"vector@{k}"], v[f"bm25@{k}"]), 3) for c, v in r["by_category"].items()}
@@ -385,8 +408,8 @@ def render(r: dict[str, Any]) -> str:
 
 def sweep_context(data: Path, *, embedder: str, which: str, limit: int | None) -> dict[str, Any]:
     """Each context choice on its own, the same split and embedder: what each one buys."""
-    emb = CachedEmbedder(open_embedder(embedder))
-    variants = [("speaker",), ("speaker", "date"), ("speaker", "prev"), ("speaker", "date", "prev"), (),
+    emb = CachedEmbedder(open_embedder(embedder), queries=True)
+    variants = [("speaker",), ("speaker", "prev"), ("speaker", "date", "prev"), ("speaker", "date"), (),
                 ("speaker", "date", "prev", "next")]
     out = []
     for ctx in variants:
@@ -398,19 +421,27 @@ def sweep_context(data: Path, *, embedder: str, which: str, limit: int | None) -
     return {"bench": "locomo-context", "data": str(data), "split": which, "embedder": emb.name, "rows": out}
 
 
-def tune(data: Path, *, embedder: str, limit: int | None, context: Sequence[str]) -> dict[str, Any]:
-    """Keyword weight of score fusion (vector 1.0) on the tuning split: the smallest per-category margin wins."""
+def tune_modes() -> dict[str, Weights]:
     modes = {"vector": MODES["vector"], "bm25": MODES["bm25"]}
     modes |= {f"kw{w}": Weights(keyword=w) for w in TUNE_KEYWORD}
-    modes |= {f"rrf_kw{w}": Weights(fusion="rrf", keyword=w) for w in (0.5, 1.0, 2.0)}
-    r = run(data, embedder=embedder, limit=limit, context=context, which="tune", modes=modes, cache=True)
+    return modes | {f"rrf_kw{w}": Weights(fusion="rrf", keyword=w) for w in (0.5, 1.0, 2.0)}
+
+
+def tune_table(r: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    for m in modes:
+    for m in r["modes"]:
         if m in ("vector", "bm25"):
             continue
-        mg = margins({"by_category": r["by_category"]}, m)
+        mg = margins(r, m)
         rows.append({"mode": m, "overall@10": r["by_category"]["overall"][f"{m}@10"],
                      "min_margin@10": min(mg.values()), "margins": mg})
+    return rows
+
+
+def tune(data: Path, *, embedder: str, limit: int | None, context: Sequence[str]) -> dict[str, Any]:
+    """Keyword weight of score fusion (vector 1.0) on the tuning split: the smallest per-category margin wins."""
+    r = run(data, embedder=embedder, limit=limit, context=context, which="tune", modes=tune_modes(), cache=True)
+    rows = tune_table(r)
     return {"bench": "locomo-tune", "data": str(data), "split": "tune", "samples": r["split_samples"],
             "embedder": r["embedder"], "context": list(context), "rows": rows, "run": r}
 
@@ -428,9 +459,24 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="only the first N conversations of the split (quick: 1)")
     p.add_argument("--sweep-context", action="store_true", help="measure each context choice")
     p.add_argument("--tune", action="store_true", help="sweep the fusion weights on the tuning split")
+    p.add_argument("--samples", default="", help="only these conversation ids of the split (to run it in parallel)")
+    p.add_argument("--tune-modes", action="store_true", help="run the --tune modes on --split (JSON for --merge)")
+    p.add_argument("--merge", nargs="+", type=Path, default=None,
+                   help="combine --json outputs of runs over disjoint conversations into one table")
     p.add_argument("--cache", action="store_true",
                    help="cache the stored turns' embeddings in .bench/ (sweeps always do); questions are always embedded")
     a = p.parse_args()
+    if a.merge:
+        merged = merge([json.loads(f.read_text()) for f in a.merge])
+        if not a.json:
+            merged.pop("per_question")
+        if not a.json and any(m.startswith("kw") for m in merged["modes"]):
+            emit(merged, False, lambda r: render(r) + "\n\n" + table(
+                f"fusion on split {r['split']} ({', '.join(r['split_samples'])})", ["mode", "overall@10", "min margin@10"],
+                [[x["mode"], x["overall@10"], x["min_margin@10"]] for x in tune_table(r)]))
+        else:
+            emit(merged, a.json, render)
+        return
     data = data_path(a.data)
     context = tuple(c for c in a.context.split(",") if c)
     limit = a.limit or (1 if a.quick else None)
@@ -445,7 +491,8 @@ def main() -> None:
             f"fusion on the tuning split ({', '.join(r['samples'])})", ["mode", "overall@10", "min margin@10"],
             [[x["mode"], x["overall@10"], x["min_margin@10"]] for x in r["rows"]]))
         return
-    result = run(data, embedder=a.embedder, limit=limit, context=context, which=a.split, cache=a.cache)
+    result = run(data, embedder=a.embedder, limit=limit, context=context, which=a.split, cache=a.cache,
+                 only=tuple(x for x in a.samples.split(",") if x), modes=tune_modes() if a.tune_modes else None)
     if not a.json:
         result.pop("per_question")
     emit(result, a.json, render)

@@ -156,6 +156,11 @@ def test_locomo_reads_both_public_layouts(tmp_path: Path) -> None:
     r = locomo.run(zipped, embedder="hash:64")
     assert r["split"] == "test" and r["split_samples"] == ["41", "42"] and r["tune_samples"] == ["26", "30"]
     assert r["questions"] == 2 and r["by_category"]["overall"]["bm25@10"] == 1.0
+    parts = [locomo.run(zipped, embedder="hash:64", only=[sid]) for sid in ("42", "41")]
+    merged = locomo.merge(parts)
+    assert merged["split_samples"] == ["41", "42"] and merged["by_category"] == r["by_category"]
+    with pytest.raises(SystemExit, match="appears in two runs"):
+        locomo.merge([parts[0], parts[0]])
 
 
 def test_locomo_context_goes_into_the_index_not_the_content(tmp_path: Path) -> None:
