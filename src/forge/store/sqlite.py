@@ -8,6 +8,7 @@ Every public write is one transaction, so bad input never leaves half-written st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sqlite3
@@ -164,10 +165,8 @@ class SQLiteStore:
             self._warming.start()
 
     def _warm_index(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the first search builds it again and reports the error
             self._ensure_index()
-        except Exception:  # noqa: S110 - the first search builds it again and reports the error
-            pass
 
     # -- set-up ---------------------------------------------------------------------------
     def _init_schema(self) -> None:
@@ -389,10 +388,8 @@ class SQLiteStore:
                 self._touch_timer.start()
 
     def _timed_flush(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # kept pending: the next write or close retries
             self.flush_touches()
-        except Exception:  # noqa: S110 - kept pending; the next write or close retries
-            pass
 
     def flush_touches(self) -> None:
         """Write pending access statistics now (one transaction)."""
