@@ -371,7 +371,10 @@ def merge(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if len(set(ids)) != len(ids):
         raise SystemExit("--merge: a conversation appears in two runs")
     total = lambda key: round(sum(p[key] for p in parts), 2)  # noqa: E731
-    med = lambda key: round(statistics.median(p[key] for p in parts if p[key] is not None), 2)  # noqa: E731
+    def med(key: str) -> float | None:
+        xs = [p[key] for p in parts if p[key] is not None]
+        return round(statistics.median(xs), 2) if xs else None
+
     return {**first, "split_samples": sorted(ids, key=_natural), "samples": len(ids), "units": total("units"),
             "questions": len(rows), "skipped_no_evidence": total("skipped_no_evidence"),
             "ingest_s": total("ingest_s"), "query_embed_p50_ms": med("query_embed_p50_ms"),
