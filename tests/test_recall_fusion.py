@@ -41,7 +41,7 @@ def test_score_fusion_keeps_a_strong_keyword_match_that_rrf_flattens():
     q = np.zeros(4, dtype=np.float32)
     score = recall(store, query="q", query_vector=q, viewer=ADMIN, k=3, hops=0, touch=False)
     rrf = recall(store, query="q", query_vector=q, viewer=ADMIN, k=3, hops=0, touch=False,
-                 weights=Weights(fusion="rrf"))
+                 weights=Weights(fusion="rrf", keyword=1.0))
     assert _ids(score)[0] == "kw"
     assert _ids(rrf)[0] == "v3"  # two middling ranks beat one sure match under RRF
     assert score[0].why["keyword"] == {"rank": 1, "bm25": 12.0}
@@ -52,6 +52,7 @@ def test_minmax_and_weights_validation():
     assert _minmax([]) == []
     assert _minmax([2.0, 2.0]) == [1.0, 1.0]
     assert _minmax([3.0, 1.0, 2.0]) == [1.0, 0.0, 0.5]
+    assert _minmax([0.52, 0.51]) == pytest.approx([1.0, 1 - 0.01 / 0.26])  # near-ties stay near-ties
     with pytest.raises(ValidationError, match="fusion"):
         Weights(fusion="borda")
 

@@ -210,18 +210,26 @@ def recall(
     return results
 
 
+#: A signal's scores are stretched over at least this share of its best score, so a list of
+#: near-equal candidates stays near-equal (two rules at cosine 0.52 and 0.51 must not become
+#: 1 and 0, or no boost could ever reorder them).
+MIN_RANGE_SHARE = 0.5
+
+
 def _minmax(xs: Sequence[float]) -> list[float]:
-    """Scores mapped onto [0, 1] over one candidate list; a single or tied list gets 1.0 each.
+    """Scores mapped onto [0, 1] over one candidate list: the best gets 1.
 
     Min-max (not divide-by-max) because cosine similarities of a sentence model crowd into a
-    narrow band (0.3-0.6): divided by the max they would all sit near 1 and drown BM25.
+    narrow band (0.3-0.6): divided by the max they would all sit near 1 and drown BM25. The
+    range is at least MIN_RANGE_SHARE of the best score, so near-ties stay near-ties.
     """
     if not xs:
         return []
     lo, hi = min(xs), max(xs)
-    if hi - lo <= 1e-12:
+    span = max(hi - lo, MIN_RANGE_SHARE * abs(hi))
+    if span <= 1e-12:
         return [1.0] * len(xs)
-    return [(x - lo) / (hi - lo) for x in xs]
+    return [max(0.0, 1.0 - (hi - x) / span) for x in xs]
 
 
 def _boost(unit: Unit, w: Weights, now: float, window: tuple[float, float] | None = None) -> float:
