@@ -8,14 +8,18 @@ progress is printed). Modes, k=10, one query at a time:
 
   vector          store.vector_search
   keyword         store.keyword_search (FTS5 BM25)
-  hybrid          forge.recall.recall, precomputed query vector, touch=False
+  hybrid          forge.recall.recall (score fusion, the default), precomputed query vector, touch=False
+  hybrid rrf      ... with reciprocal rank fusion
+  hybrid+touch    ... touch=True: access statistics are batched, not one write per recall
   hybrid+filter   ... with Filter(kinds={rule}, tags_all={tag05})
   hybrid+agent    ... as Viewer.of("agent-7", groups=["g3"]) instead of the operator
   vector k=30 / keyword k=30   what hybrid asks each signal for (max(3k, 30))
 
 plus ANN recall@10 of store.vector_search against exact numpy search over the same
-vectors. Targets: ANN recall@10 >= 0.95; hybrid p50 <= 10 ms at 100k. Where hybrid misses
-its target at 100k (or with --profile), cProfile shows where the time goes.
+vectors, and the first recall after opening the file (the index is loaded beside the
+caller at open, so it should not pay for it). Targets (issue 13): ANN recall@10 >= 0.95;
+hybrid p50 <= 5 ms at 100k and <= 10 ms at 1M; hybrid+filter p50 <= 20 ms at 1M. Where hybrid
+misses its target at 100k (or with --profile), cProfile shows where the time goes.
 
     python bench/recall_latency.py [--quick] [--json] [--sizes 10000,100000,1000000]
                                    [--queries Q] [--profile] [--rebuild] [--build-only]
@@ -48,7 +52,7 @@ from _common import (
     time_calls,
 )
 from forge.model import Context, Unit, Viewer
-from forge.recall import recall
+from forge.recall import Weights, recall
 from forge.store import ANY_STATUS, Filter, SQLiteStore
 
 BUILD_VERSION = 1  # bump when the synthetic data changes, so cached stores are rebuilt
@@ -62,7 +66,8 @@ TAG_P /= TAG_P.sum()
 FILTER = Filter.make(kinds=["rule"], tags_all=["tag05"])
 AGENT = Viewer.of("agent-7", groups=["g3"])
 ADMIN = Viewer.admin()
-TARGET_P50_MS = 10.0
+TARGET_P50_MS = {100_000: 5.0, 1_000_000: 10.0}
+TARGET_FILTER_P50_MS = {1_000_000: 20.0}
 TARGET_RECALL = 0.95
 
 
@@ -186,16 +191,26 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
     qv, qc = mix.queries(n_queries)
     qt = vocab.queries(qc, np.random.default_rng([0, 9]))
     queries = list(zip(qt, qv, strict=True))
+    t0 = time.perf_counter()
     store = SQLiteStore(db)
+    opened_s = time.perf_counter() - t0
     try:
-        t0 = time.perf_counter()
-        store.vector_search(qv[0], k=1, viewer=ADMIN)  # loads the saved index
+        time.sleep(0.5)  # an agent opens its memory a moment before its first question
+        t1 = time.perf_counter()
+        recall(store, query=qt[0], query_vector=qv[0], viewer=ADMIN, k=K, touch=False)
+        first_ms = (time.perf_counter() - t1) * 1000
+        if store._warming is not None:  # noqa: SLF001 - how long the background load took
+            store._warming.join()
         open_s = time.perf_counter() - t0
-        log(f"{n:,}: index loaded in {open_s:.1f}s; timing {n_queries} queries per mode ...")
+        log(f"{n:,}: opened in {opened_s * 1000:.0f} ms, first recall {first_ms:.0f} ms, index ready after "
+            f"{open_s:.1f}s; timing {n_queries} queries per mode ...")
         modes = {
             "vector": lambda q: store.vector_search(q[1], k=K, viewer=ADMIN),
             "keyword": lambda q: store.keyword_search(q[0], k=K, viewer=ADMIN),
             "hybrid": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=False),
+            "hybrid rrf": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=False,
+                                           weights=Weights(fusion="rrf")),
+            "hybrid+touch": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=True),
             "hybrid+filter": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K,
                                               filter=FILTER, touch=False),
             "hybrid+agent": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=AGENT, k=K, touch=False),
@@ -215,19 +230,23 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
         selectivity = store.count(viewer=ADMIN, filter=FILTER) / n
         agent_visible = store.count(viewer=AGENT) / n
         prof_rows = None
-        if profile or (n >= 100_000 and lat["hybrid"]["p50_ms"] > TARGET_P50_MS):
+        if profile or (n >= 100_000 and lat["hybrid"]["p50_ms"] > TARGET_P50_MS.get(n, 10.0)):
             prof_rows = {m: _profile(modes[m], queries[: min(60, len(queries))]) for m in ("hybrid", "hybrid+filter")}
     finally:
         store.close()
     log(f"{n:,}: exact search for ground truth ...")
     truth = exact_topk(lambda: ((s, v) for s, v, _ in mix.iter_corpus(n)), qv, K)
     ann = round(sum(len(set(f) & set(t.tolist())) / K for f, t in zip(found_vec, truth, strict=True)) / len(truth), 4)
-    return {"n": n, "build": build_info, "index_open_s": round(open_s, 2), "latency": lat,
+    targets: dict[str, bool | None] = {"ann_recall@10>=0.95": ann >= TARGET_RECALL}
+    if n in TARGET_P50_MS:
+        targets[f"hybrid_p50<={TARGET_P50_MS[n]:g}ms"] = lat["hybrid"]["p50_ms"] <= TARGET_P50_MS[n]
+    if n in TARGET_FILTER_P50_MS:
+        targets[f"hybrid+filter_p50<={TARGET_FILTER_P50_MS[n]:g}ms"] = lat["hybrid+filter"]["p50_ms"] <= TARGET_FILTER_P50_MS[n]
+    return {"n": n, "build": build_info, "index_open_s": round(open_s, 2), "open_ms": round(opened_s * 1000, 1),
+            "first_recall_ms": round(first_ms, 1), "latency": lat,
             "ann_recall@10": ann, "filter_selectivity": round(selectivity, 5),
             "agent_visible_share": round(agent_visible, 4),
-            "targets": {"ann_recall@10>=0.95": ann >= TARGET_RECALL,
-                        "hybrid_p50<=10ms": lat["hybrid"]["p50_ms"] <= TARGET_P50_MS if n == 100_000 else None},
-            "profile": prof_rows}
+            "targets": targets, "profile": prof_rows}
 
 
 def run(sizes: list[int], n_queries: int, *, cache: Path = CACHE_DIR, rebuild: bool = False,
@@ -257,9 +276,9 @@ def render(r: dict[str, Any]) -> str:
         b = s["build"]
         facts.append([f"{s['n']:,}", s["ann_recall@10"], s["filter_selectivity"], s["agent_visible_share"],
                       "cached" if b.get("cached") else b["build_s"], b["units_per_s"], round(b["bytes"] / 2**20),
-                      s["index_open_s"]])
+                      s["open_ms"], s["first_recall_ms"], s["index_open_s"]])
     out.append(table("per size", ["units", "ANN recall@10", "filter share", "agent sees", "build s", "build u/s",
-                                  "MiB", "index open s"], facts))
+                                  "MiB", "open ms", "first recall ms", "index ready s"], facts))
     t = [f"  {s['n']:,}: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in s["targets"].items() if v is not None)
          for s in r["sizes"]]
     out.append("targets:\n" + "\n".join(t))

@@ -117,3 +117,77 @@ def test_poisoning_bench_runs_and_reports_the_labelled_set() -> None:
     out = poisoning.run(n_agents=3, n_rules=3, policy_name="confidence", embedder_spec="hash", seed=1)
     assert out["attacks"]["replay"]["stopped"] == 1.0 and out["attacks"]["tampered"]["stopped"] == 1.0
     assert out["attacks"]["injection"]["stopped"] == 1.0
+
+
+def _one_per_file(sid: str) -> dict:
+    """A conversation in the zip's layout: sessions at the top level, no 'conversation' key."""
+    return {
+        "speaker_a": "Ann",
+        "speaker_b": "Bo",
+        "session_1_date_time": "1:00 pm on 2 March, 2024",
+        "session_1": [
+            {"speaker": "Ann", "dia_id": "D1:1", "text": f"My cat {sid} knocked the vase over."},
+            {"speaker": "Bo", "dia_id": "D1:2", "text": "Oh no, was it the blue one?"},
+        ],
+        "qa": [{"question": f"What is the name of Ann's cat {sid}?", "answer": sid, "evidence": ["D1:1"], "category": 4}],
+    }
+
+
+def test_locomo_reads_both_public_layouts(tmp_path: Path) -> None:
+    import zipfile
+
+    folder = tmp_path / "locomo10_v2"
+    folder.mkdir()
+    for sid in ("26", "30", "41", "42"):
+        (folder / f"{sid}.json").write_text(json.dumps(_one_per_file(sid)))
+    listed = tmp_path / "locomo10.json"
+    listed.write_text(json.dumps([{"sample_id": f"conv-{sid}", "conversation": {k: v for k, v in _one_per_file(sid).items() if k != "qa"},
+                                   "qa": _one_per_file(sid)["qa"]} for sid in ("26", "30", "41", "42")]))
+    zipped = tmp_path / "locomo10.zip"
+    with zipfile.ZipFile(zipped, "w") as z:
+        for f in sorted(folder.iterdir()):
+            z.write(f, f"data/multimodal_dialog/locomo10_v2/{f.name}")
+    from_dir, from_zip, from_list = (locomo.load(p) for p in (folder, zipped, listed))
+    assert [s["sample_id"] for s in from_dir] == ["26", "30", "41", "42"] == [s["sample_id"] for s in from_zip]
+    assert [s["sample_id"] for s in from_list] == ["conv-26", "conv-30", "conv-41", "conv-42"]
+    assert from_dir[0]["conversation"]["session_1"] == from_list[0]["conversation"]["session_1"]
+    # held-out split: the tuning half never overlaps the test half
+    assert [s["sample_id"] for s in locomo.split(from_zip, "tune")] == ["26", "30"]
+    r = locomo.run(zipped, embedder="hash:64")
+    assert r["split"] == "test" and r["split_samples"] == ["41", "42"] and r["tune_samples"] == ["26", "30"]
+    assert r["questions"] == 2 and r["by_category"]["overall"]["bm25@10"] == 1.0
+    parts = [locomo.run(zipped, embedder="hash:64", only=[sid]) for sid in ("42", "41")]
+    merged = locomo.merge(parts)
+    assert merged["split_samples"] == ["41", "42"] and merged["by_category"] == r["by_category"]
+    with pytest.raises(SystemExit, match="appears in two runs"):
+        locomo.merge([parts[0], parts[0]])
+
+
+def test_locomo_context_goes_into_the_index_not_the_content(tmp_path: Path) -> None:
+    from forge import Memory
+    from forge.embed import HashingEmbedder
+    from forge.model import Viewer
+    from forge.store import SQLiteStore
+
+    sample = locomo.load(_write(tmp_path, _one_per_file("Pixel")))[0]
+    mem = Memory(SQLiteStore(":memory:"), HashingEmbedder(64))
+    locomo.ingest(mem, sample, context=("speaker", "date", "prev"))
+    second = mem.get("7:D1:2", viewer=Viewer.admin())
+    assert second.content == "Bo: Oh no, was it the blue one?"
+    assert "Ann: My cat Pixel" in second.meta["search_context"] and "(2 March 2024)" in second.meta["search_context"]
+    hits = mem.store.keyword_search("vase", k=5, viewer=Viewer.admin())
+    assert {h.id for h in hits} == {"7:D1:1", "7:D1:2"}  # the reply is found through its window
+    mem.close()
+
+
+def _write(tmp_path: Path, obj: dict) -> Path:
+    p = tmp_path / "7.json"
+    p.write_text(json.dumps(obj))
+    return p
+
+
+def test_locomo_rejects_files_that_are_not_locomo(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"hello": 1}]))
+    with pytest.raises(SystemExit, match="not a LoCoMo sample"):
+        locomo.load(bad)

