@@ -275,3 +275,29 @@ def test_small_stores_search_exactly(tmp_path):
         tenth = np.sort(sims[i])[-10]  # and no better neighbour left out (ties aside)
         assert min(h.score for h in hits) >= tenth - 1e-5
     s.close()
+
+
+def test_a_transaction_that_searches_right_after_open_does_not_deadlock_the_warm_up(tmp_path):
+    """The warm-up thread loads the index while a transaction (holding the store lock)
+    searches: both take the store lock before the index lock, so both finish."""
+    import threading
+
+    db = tmp_path / "m.db"
+    with SQLiteStore(db) as s:
+        s.add([Unit(f"u{i}") for i in range(2000)], _vecs(2000))
+        s.vector_search(_vecs(1)[0], k=1, viewer=ADMIN)
+    done = threading.Event()
+
+    def work() -> None:
+        for _ in range(20):
+            s = SQLiteStore(db)  # starts the warm-up thread
+            with s.transaction():
+                s.add([Unit("new")], _vecs(1, seed=5))
+                s.vector_search(_vecs(1, seed=6)[0], k=3, viewer=ADMIN)
+            s.close()
+        done.set()
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    # (Loading the index under the index lock, then reading the store, deadlocked here.)
+    assert done.wait(120), "deadlock between the warm-up thread and a searching transaction"
