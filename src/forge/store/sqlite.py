@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import sqlite3
 import threading
@@ -167,12 +168,7 @@ class SQLiteStore:
             raise StoreError("an in-memory store cannot be read-only")
         self.readonly = bool(readonly)
         try:
-            self._db = self._connect()
-            self._db.execute("PRAGMA foreign_keys = ON")
-            # Per-connection view of FTS5's term statistics (nothing is written to the file):
-            # lets keyword search skip words that occur in a large share of all units.
-            self._db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.units_vocab USING fts5vocab(main, units_fts, 'row')")
-            self._init_schema()
+            self._open_with_retry()
         except sqlite3.DatabaseError as exc:
             with contextlib.suppress(Exception):
                 self._db.close()
@@ -187,6 +183,36 @@ class SQLiteStore:
             # after open does not pay for it; vector search waits for it if it comes first.
             self._warming = threading.Thread(target=self._warm_index, name="forge-index-warm", daemon=True)
             self._warming.start()
+
+    def _open_connection(self) -> None:
+        self._db = self._connect()
+        self._db.execute("PRAGMA foreign_keys = ON")
+        # Per-connection view of FTS5's term statistics (nothing is written to the file):
+        # lets keyword search skip words that occur in a large share of all units.
+        self._db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.units_vocab USING fts5vocab(main, units_fts, 'row')")
+        self._init_schema()
+
+    def _open_with_retry(self, patience_s: float = 60.0) -> None:
+        """Open and set up the file, retrying while another process holds it.
+
+        Switching a new file to WAL and creating the schema take locks for which SQLite may
+        answer "database is locked" at once instead of waiting out the busy timeout (when
+        waiting could deadlock), e.g. when several processes create one file together.
+        """
+        deadline = time.monotonic() + patience_s
+        delay = 0.02
+        while True:
+            try:
+                self._open_connection()
+                return
+            except sqlite3.OperationalError as exc:
+                busy = "locked" in str(exc) or "busy" in str(exc)
+                with contextlib.suppress(Exception):
+                    self._db.close()
+                if not busy or time.monotonic() >= deadline:
+                    raise
+                time.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 0.5)
 
     def _warm_index(self) -> None:
         with contextlib.suppress(Exception):  # the first search builds it again and reports the error
