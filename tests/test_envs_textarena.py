@@ -106,3 +106,8 @@ def test_unsupported_game_and_options_are_config_errors() -> None:
         make_env("textarena:Chess-v0")
     with pytest.raises(ConfigError, match="no options"):
         make_env("textarena:TowerOfHanoi-v0", max_steps=3)
+
+
+def test_an_env_closed_before_any_reset_closes_quietly():
+    """The protocols build an env to read its spec and close it without playing."""
+    make_env("textarena:TowerOfHanoi-v0").close()

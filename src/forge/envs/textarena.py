@@ -111,7 +111,8 @@ class _TextArenaGame:
         return StepResult(self._observe(), reward, done, info)
 
     def close(self) -> None:
-        self._env.close()
+        if self._started:  # TextArena's close() reads the state that only reset() creates
+            self._env.close()
 
     def _observe(self) -> str:
         head = f"Move {self._steps} of {self.spec.max_steps}."
