@@ -29,13 +29,7 @@ def _situation(request: Request) -> str:
 
 
 def _banned(request: Request, situation: str) -> set[str]:
-    out: set[str] = set()
-    for m in request.messages:
-        for line in m.content.splitlines():
-            parsed = rules.parse(line.lstrip("-*0123456789[]. ").strip(), MOVES)
-            if parsed is not None and rules.applies(parsed, situation):
-                out.update(parsed.avoid)
-    return out
+    return rules.forbidden_in((m.content for m in request.messages), situation, MOVES)
 
 
 def answer(request: Request, *, reflection: str = "I think you should be careful.") -> str:

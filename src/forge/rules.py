@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ParsedRule", "applies", "check", "normalize", "parse", "write"]
+__all__ = ["ParsedRule", "applies", "check", "forbidden_in", "normalize", "parse", "write"]
 
 _WHEN = re.compile(r"^\s*(?:if|when(?:ever)?)\s+(?P<body>.+?)\s*\.?\s*$", re.IGNORECASE | re.DOTALL)
 _THEN = re.compile(r",?\s+then\s+", re.IGNORECASE)
@@ -110,6 +110,18 @@ def applies(rule: ParsedRule, situation: str) -> bool:
     if not when or not now:
         return False
     return when == now or (len(when) >= 8 and when in now)
+
+
+def forbidden_in(texts: Iterable[str], situation: str, valid_actions: Sequence[str]) -> set[str]:
+    """Actions that rules written anywhere in ``texts`` (one per line, list markers allowed)
+    forbid in ``situation``: how a rule-obeying stand-in model reads its prompt."""
+    out: set[str] = set()
+    for text in texts:
+        for line in text.splitlines():
+            parsed = parse(line.lstrip("-*0123456789[]. ").strip(), valid_actions)
+            if parsed is not None and applies(parsed, situation):
+                out.update(parsed.avoid)
+    return out
 
 
 def check(

@@ -222,12 +222,7 @@ class WalkerLLM:
         user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
         situation = summarize_observation(user)
         options = list(request.choices or ())
-        banned: set[str] = set()
-        for m in request.messages:
-            for line in m.content.splitlines():
-                parsed = rules.parse(line.lstrip("-*0123456789[]. ").strip(), options)
-                if parsed is not None and rules.applies(parsed, situation):
-                    banned.update(parsed.avoid)
+        banned = rules.forbidden_in((m.content for m in request.messages), situation, options)
         allowed = [c for c in options if c not in banned] or options
         rng = random.Random(f"{self.seed}|{user}")
         return rng.choices(allowed, weights=[self.lean.get(o, 1.0) for o in allowed])[0]
