@@ -215,7 +215,8 @@ def test_processes_opening_a_new_file_at_once_all_get_indexed(tmp_path):
             subprocess.Popen([sys.executable, "-c", _OPEN_AND_ADD, str(db), str(me), str(start)])
             for me in range(6)
         ]
-        assert all(p.wait(timeout=120) == 0 for p in procs)
+        codes = [p.wait(timeout=120) for p in procs]  # wait for every one, even after a failure
+        assert codes == [0] * len(procs)
         s = SQLiteStore(db)
         for me in range(6):
             v = np.random.default_rng(me).normal(size=(5, 16)).astype(np.float32)

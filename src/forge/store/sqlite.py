@@ -236,7 +236,12 @@ class SQLiteStore:
     # -- set-up ---------------------------------------------------------------------------
     def _owner_check(self) -> int:
         app_id = self._db.execute("PRAGMA application_id").fetchone()[0]
-        tables = self._db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+        names = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if app_id == 0 and {"meta", "units"} <= names:
+            # Our schema without our mark: another process is creating this file right now
+            # (seen with several processes opening one new file at once). Wait, then look again.
+            raise sqlite3.OperationalError("database is busy: another process is creating it")
+        tables = len(names)
         if (app_id == 0 and tables) or app_id not in (0, APPLICATION_ID):
             raise StoreError(f"{self.path}: this SQLite file belongs to another application; refusing to touch it")
         return app_id
