@@ -391,3 +391,10 @@ def test_rich_progress_display_renders(tmp_path):
     assert "checkpoint returns" in out and "tokens" in out
     assert type(make_sink(True, cfg)).__name__ == "NullSink"  # pytest's stdout is not a terminal
     assert type(make_sink(None, cfg)).__name__ == "NullSink"
+
+
+@pytest.mark.parametrize("value", ["5", "-0.1", "nan"])
+def test_cli_bad_diversity_exits_2_with_one_line(tmp_path, value):
+    res = CliRunner().invoke(evolve_command, ["--llm", "test", "--diversity", value, "--run-dir", str(tmp_path / "r")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "diversity must be a number between 0 and 2" in res.output
+    assert not (tmp_path / "r").exists()
