@@ -13,12 +13,12 @@ from forge.consensus import (
     Consensus,
     ContextSplit,
     Debate,
-    Decision,
     HeuristicDetector,
     Ledger,
     LLMDetector,
     RecencyPolicy,
     Reputation,
+    Ruling,
 )
 from forge.embed import HashingEmbedder
 from forge.errors import LLMError, ValidationError
@@ -292,9 +292,9 @@ def test_promote_ready_after_the_fact(memory: Memory) -> None:
 def test_ledger_persists_filters_and_counts(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "l.db")
     ledger = Ledger(store, name="me")
-    ledger.record(Decision("rejected", "unsigned", sender="eve", capsule_id="c1"))
-    ledger.record(Decision("accepted", "useful", sender="alice", unit_id="u1", at=10.0))
-    ledger.record(Decision("rejected", "unsigned", sender="eve"))
+    ledger.record(Ruling("rejected", "unsigned", sender="eve", capsule_id="c1"))
+    ledger.record(Ruling("accepted", "useful", sender="alice", unit_id="u1", at=10.0))
+    ledger.record(Ruling("rejected", "unsigned", sender="eve"))
     store.close()
     again = Ledger(SQLiteStore(tmp_path / "l.db"), name="me")
     assert len(again) == 3 and again.durable
@@ -307,7 +307,7 @@ def test_ledger_persists_filters_and_counts(tmp_path: Path) -> None:
     with pytest.raises(ValidationError):
         again.counts(by="colour")
     with pytest.raises(ValidationError):
-        Decision("maybe", "x")
+        Ruling("maybe", "x")
     with pytest.raises(ValidationError):
         Ledger(None, name="a/b")
 

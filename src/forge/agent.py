@@ -28,7 +28,7 @@ from typing import Any
 
 from forge.bus import Bus, CapsuleInbox, Network, open_bus
 from forge.capsule import Keyring
-from forge.consensus import Decision
+from forge.consensus import Ruling
 from forge.embed import Embedder, open_embedder
 from forge.envs.base import Env
 from forge.errors import ConfigError, NotFoundError
@@ -324,11 +324,11 @@ class Agent:
         return self.broadcaster.reply(request, replies)
 
     # -- receiving ------------------------------------------------------------------------
-    def receive(self, capsule: Any) -> Decision:
+    def receive(self, capsule: Any) -> Ruling:
         """Judge one capsule from any transport (verify, screen, dedup, assess, integrate)."""
         return self.exchange.receive(capsule)
 
-    def pump(self, *, count: int = 64, block_ms: int = 0) -> list[Decision]:
+    def pump(self, *, count: int = 64, block_ms: int = 0) -> list[Ruling]:
         """Handle one batch from this agent's inbox; each capsule is acked once judged.
 
         Where the topology makes this agent a relay (a star's hub, a group's representative)
@@ -338,7 +338,7 @@ class Agent:
         """
         if self._inbox is None:
             self._inbox = self.network.inbox(self.id)
-        decisions: list[Decision] = []
+        decisions: list[Ruling] = []
 
         def handle(capsule: Any) -> None:
             if getattr(capsule, "kind", "") == "help_request":
@@ -352,9 +352,9 @@ class Agent:
         self.network.pump(self.id, self._inbox, handle=handle, count=count, block_ms=block_ms, relay=False)
         return decisions
 
-    def drain(self, *, limit: int = 1000) -> list[Decision]:
+    def drain(self, *, limit: int = 1000) -> list[Ruling]:
         """Pump until the inbox is empty (or ``limit`` capsules were handled)."""
-        out: list[Decision] = []
+        out: list[Ruling] = []
         while len(out) < limit:
             batch = self.pump(count=min(64, limit - len(out)))
             if not batch:
