@@ -102,7 +102,7 @@ def test_attempts_restart_from_step_zero_and_reflection_changes_behaviour(tmp_pa
 
 
 def test_valid_reflection_is_used_and_invented_names_dropped(tmp_path):
-    cfg = ForgeConfig(condition="reflexion", env="frozenlake-4x4", llm="test", instances=1, stages=1, attempts=2, eval_episodes=1)
+    cfg = ForgeConfig(condition="reflexion", env="frozenlake-4x4", llm="test", instances=1, stages=1, attempts=2, eval_episodes=1, reflection="free")
     evolve(cfg, tmp_path / "run", llm_factory=valid_factory)
     res = json.loads((tmp_path / "run/checkpoints/stage-00/inst-00.result.json").read_text())
     refl = res["attempts"][0]["reflection"]

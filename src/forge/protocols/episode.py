@@ -145,6 +145,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                         traj, env=env, roles=policy.roles, acting_roles=policy.acting_roles, llm=metered.with_tags(phase="train", role="reflector"),
                         seed=seed, tau=tau, at=at, stalled=stalled,
                         representation=config.representation, probe_alternatives=config.probe_alternatives,
+                        style=config.reflection,
                     )
                     active = memory.store.list(viewer=Viewer.of(agent), limit=100_000)
                     applied = apply_reflection(
