@@ -344,6 +344,7 @@ def _write_atomically(target: Path, records: Any) -> int:
     return n
 
 
+from forge.curate.cli import curate_command, trace_command  # noqa: E402
 from forge.protocols.cli import evolve_command, report_command  # noqa: E402  (after cli is defined)
 from forge.server.cli import register as _register_service  # noqa: E402
 from forge.swarm_cli import swarm_command  # noqa: E402
@@ -353,6 +354,8 @@ cli.add_command(evolve_command, "evolve")
 cli.add_command(report_command, "report")
 cli.add_command(swarm_command, "swarm")
 cli.add_command(team_command, "team")
+cli.add_command(curate_command, "curate")
+cli.add_command(trace_command, "trace")
 _register_service(cli)  # serve, keys, audit, mcp
 
 
