@@ -131,6 +131,11 @@ def test_value_change_detector_tells_values_from_paraphrases() -> None:
     assert d.detect(Unit("Alice lives in Paris"), Unit("Alice lives in Rome"), similarity=0.9) is not None
     assert d.detect(Unit("Alice lives in Paris"), Unit("Alice resides in Paris"), similarity=0.9) is None
     assert d.detect(Unit("Alice lives in Paris"), Unit("Alice lives in Paris now"), similarity=0.9) is None
+    port = Unit("The port of relay 17 is 8080.")
+    assert d.detect(port, Unit("The port of relay 17 is 9090."), similarity=0.9) is not None
+    assert d.detect(port, Unit("The port of relay 23 is 4411."), similarity=0.9) is None  # another relay
+    assert d.detect(port, Unit("The port of relay 18 is 8080."), similarity=0.9) is None
+    assert d.detect(Unit("Ticket 1 is open."), Unit("Ticket 2 is open."), similarity=0.9) is None
 
 
 def test_memory_admit_is_the_same_gate(mem: Memory) -> None:

@@ -158,11 +158,16 @@ _WORD = re.compile(r"[\w'’.-]+")
 
 
 class ValueChangeDetector:
-    """The same sentence with another value: "... room 12 is 4411" then "... is 9032".
+    """The same sentence with another value at its end: "... room 12 is 4411" then "... is 9032".
 
-    Two texts of the same length that differ in at most ``max_changes`` word positions,
-    every one of which is a value (it holds a digit or is capitalised: a number, a name, a
-    place). A changed ordinary word ("lives" -> "resides") is a paraphrase, not a conflict.
+    Two texts of the same length whose differing words (at most ``max_changes``) form one
+    run at the very end, every one of them a value (a word holding a digit, or a
+    capitalised word after the first). Statements name their subject first and their value
+    last, so "relay 17 is 8080" against "relay 23 is 4411" (the subject changed too),
+    "relay 17" against "relay 18" or "Ticket 1 is open" against "Ticket 2 is open" (another
+    subject) are different facts, not a conflict; a changed ordinary word ("lives" ->
+    "resides") is a paraphrase. It misses a value followed by a unit ("10:30 UTC"): a miss
+    costs a stale duplicate, a false hit would retire a true fact.
     """
 
     def __init__(self, *, max_changes: int = 2) -> None:
@@ -172,17 +177,23 @@ class ValueChangeDetector:
         wa, wb = _WORD.findall(a.content), _WORD.findall(b.content)
         if len(wa) != len(wb) or len(wa) < 3:
             return None
-        diff = [(x, y) for x, y in zip(wa, wb, strict=True) if x.lower().rstrip(".") != y.lower().rstrip(".")]
-        if not diff or len(diff) > self.max_changes:
+        diff = [i for i, (x, y) in enumerate(zip(wa, wb, strict=True)) if _norm(x) != _norm(y)]
+        if not diff or len(diff) > self.max_changes or diff[-1] - diff[0] + 1 != len(diff):
             return None
-        if all(_is_value(x) and _is_value(y) for x, y in diff):
-            shown = ", ".join(f"{x!r} -> {y!r}" for x, y in diff)
-            return Conflict("different_value", f"same statement with another value: {shown}", 0.7)
-        return None
+        if not all(_is_value(wa[i], i) and _is_value(wb[i], i) for i in diff):
+            return None
+        if diff[-1] != len(wa) - 1:
+            return None  # words after the change: it named another subject ("Ticket 1 is open")
+        shown = ", ".join(f"{wa[i]!r} -> {wb[i]!r}" for i in diff)
+        return Conflict("different_value", f"same statement with another value: {shown}", 0.7)
 
 
-def _is_value(word: str) -> bool:
-    return any(c.isdigit() for c in word) or word[:1].isupper()
+def _norm(word: str) -> str:
+    return word.lower().rstrip(".")
+
+
+def _is_value(word: str, position: int) -> bool:
+    return any(c.isdigit() for c in word) or (position > 0 and word[:1].isupper())
 
 
 class _Detectors:
@@ -210,7 +221,7 @@ class AdmissionPolicy:
     """
 
     duplicate_at: float = 0.85
-    related_at: float = 0.6
+    related_at: float = 0.7
     candidates: int = 5
     gain: float = 0.1
     score_importance: bool = True
@@ -277,6 +288,7 @@ def admit(
     store = memory.store
     admin = Viewer.admin()
     fresh: list[tuple[Unit, np.ndarray]] = []  # admitted in this call: not in the index until commit
+    batch = len(units) > 1
     out: list[Admitted] = []
     with store.transaction():
         for unit, vec in zip(units, vectors, strict=True):
@@ -285,14 +297,16 @@ def admit(
             decision = _decide(unit, cands, policy)
             if decision is None or decision[0] == ADD:
                 d = _add(memory, unit, vec, novelty=novelty, policy=policy, actor=actor, conflict=decision)
-                fresh.append((store.get(d.unit_id, viewer=admin), vec))
+                if batch:
+                    fresh.append((store.get(d.unit_id, viewer=admin), vec))
             elif decision[0] == NOOP:
                 _, old, sim, why = decision
                 d = _merge(memory, old, unit, sim, why=why, policy=policy, actor=actor, now=now)
             else:
                 _, old, sim, why = decision
                 d = _supersede(memory, old, unit, vec, sim, why=why, novelty=novelty, policy=policy, actor=actor)
-                fresh.append((store.get(d.unit_id, viewer=admin), vec))
+                if batch:
+                    fresh.append((store.get(d.unit_id, viewer=admin), vec))
             store.log_event("admit", unit_id=d.unit_id, actor=actor, data=d.to_dict())
             out.append(d)
     return out
