@@ -141,3 +141,11 @@ def test_value_change_detector_tells_values_from_paraphrases() -> None:
 def test_memory_admit_is_the_same_gate(mem: Memory) -> None:
     assert [d.action for d in mem.admit([fact("Tea is at four."), fact("Tea is at four.")])] == [ADD, NOOP]
     assert isinstance(mem.embed(["x"]), np.ndarray)
+
+
+def test_the_same_words_in_another_context_are_another_memory(mem: Memory) -> None:
+    from forge.model import Context
+
+    a = admit(mem, fact("Use port 8080.", context=Context(domain="staging")))
+    b = admit(mem, fact("Use port 8080.", context=Context(domain="production")))
+    assert a[0].action == ADD and b[0].action == ADD and mem.store.count(viewer=ADMIN) == 2

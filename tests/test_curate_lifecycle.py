@@ -145,3 +145,28 @@ def test_a_newer_validated_contradiction_supersedes_and_the_timeline_reads_back(
     assert believed_at(beliefs, T0 + 20 * DAY).unit_id == new.id
     assert believed_at(beliefs, T0 - DAY) is None
     assert timeline(mem, old.id) == beliefs
+
+
+# -- provenance ----------------------------------------------------------------------------------
+
+
+def test_trace_follows_sources_merges_and_conflicts_as_the_viewer_may_see_them(mem: Memory) -> None:
+    from forge.curate import admit
+    from forge.curate.trace import render, trace
+    from forge.model import Episode, Provenance
+
+    ep = mem.add_episode(Episode(agent="ann", task="open the vault", outcome={"success": False}))
+    secret = unit("ann's scratch note on the vault", scope="private", owner="ann")
+    mem.add(secret)
+    [d] = admit(mem, unit("When the vault jams, then reset the dial.", kind="rule", owner="ann",
+                          provenance=Provenance("reflection", episodes=(ep,), derived_from=(secret.id,))))
+    admit(mem, unit("When the vault jams, then reset the dial.", kind="rule", owner="bob"))
+    t = trace(mem, d.unit_id)
+    assert t["made_by"]["source"] == "reflection" and t["made_by"]["episodes"][0]["outcome"] == {"success": False}
+    assert t["made_by"]["derived_from"][0]["id"] == secret.id and "scratch" in t["made_by"]["derived_from"][0]["content"]
+    assert [m["origin"] for m in t["corroborations"]["merged"]] == ["bob"]
+    assert [e["op"] for e in t["history"]][:2] == ["add", "admit"]
+    assert "merged" in render(t) and "episode " + ep in render(t)
+    bob = trace(mem, d.unit_id, viewer=Viewer.of("bob"))
+    assert bob["made_by"]["derived_from"] == [{"id": secret.id, "missing": True}]  # not bob's to see
+    assert bob["made_by"]["episodes"] == [] and bob["use"]["audited_recalls"] == []

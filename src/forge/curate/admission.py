@@ -4,8 +4,9 @@
     for d in admit(memory, [Unit("The door code of room 12 is 9032.")], actor="agent-1"):
         print(d.action, d.unit_id, d.reason)
 
-For each incoming unit, against the active units of the same kind in the same scope (and
-owner, for private units) and the ones admitted earlier in the same call:
+For each incoming unit, against the active units of the same kind, scope (and owner, for
+private units) and context (domain, task, role), including the ones admitted earlier in the
+same call:
 
 - **NOOP** (a corroboration or a merge): the same normalised text, or a cosine of at least
   ``duplicate_at`` with no contradiction. Nothing new is stored, but nothing is dropped
@@ -337,12 +338,11 @@ def _candidates(store: Any, unit: Unit, vec: np.ndarray, fresh: list[tuple[Unit,
 def _decide(unit: Unit, cands: list[tuple[Unit, float]], policy: AdmissionPolicy) -> tuple[str, Unit, float, str] | None:
     """(NOOP or UPDATE, existing unit, similarity, why), or None for ADD."""
     incoming_hash = content_hash(unit)
+    cands = [(old, sim) for old, sim in cands if _same_context(old, unit)]  # another context is another memory
     for old, _ in cands:
         if content_hash(old) == incoming_hash:
             return NOOP, old, 1.0, "the same text (normalised) is already stored"
     for old, sim in cands:
-        if not _same_context(old, unit):
-            continue
         conflict = policy.detector.detect(old, unit, similarity=sim)
         if conflict is None:
             continue

@@ -221,20 +221,15 @@ def _active(store: Any) -> list[Unit]:
 
 
 def _contradictions(store: Any, active: Mapping[str, Unit]) -> list[tuple[str, str, str]]:
-    """(src, dst, note) of every ``contradicts`` relation between two active units, in log order."""
-    out, seen, since = [], set(), 0
-    while True:
-        events = store.events(viewer=Viewer.admin(), ops=["relate"], since_seq=since, limit=10_000)
-        if not events:
-            return out
-        since = events[-1].seq
-        for e in events:
-            d = e.data
-            if d.get("type") == RelationType.CONTRADICTS.value and d.get("src") in active and d.get("dst") in active:
-                key = (d["src"], d["dst"])
-                if key not in seen:
-                    seen.add(key)
-                    out.append((d["src"], d["dst"], str(d.get("note", ""))))
+    """(src, dst, note) of every ``contradicts`` relation between two active units, oldest first."""
+    ids = list(active)
+    found: dict[tuple[str, str], Relation] = {}
+    for i in range(0, len(ids), 2000):  # bounded: SQLite takes a limited number of parameters
+        for _, rel in store.neighbors(ids[i : i + 2000], viewer=Viewer.admin(), types=[RelationType.CONTRADICTS]):
+            if rel.src in active and rel.dst in active:
+                found[(rel.src, rel.dst)] = rel
+    rels = sorted(found.values(), key=lambda r: (r.created_at, r.src, r.dst))
+    return [(r.src, r.dst, r.note) for r in rels]
 
 
 def valid_from(unit: Unit) -> float:

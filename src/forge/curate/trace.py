@@ -27,19 +27,23 @@ def _brief(unit: Any) -> dict[str, Any]:
     return {"id": unit.id, "kind": unit.kind.value, "status": unit.status.value, "content": unit.content[:200]}
 
 
-def trace(memory: Any, unit_id: str, *, depth: int = 3) -> dict[str, Any]:
-    """The provenance chain of ``unit_id`` (as the operator sees it)."""
+def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int = 3) -> dict[str, Any]:
+    """The provenance chain of ``unit_id`` as ``viewer`` may see it (default: the operator).
+
+    An agent sees the units, relations and events it may see, episodes that are its own or
+    nobody's, and no audited recalls (they would show other agents' queries).
+    """
     store = memory.store
-    admin = Viewer.admin()
+    admin = viewer or Viewer.admin()
     unit = store.get(unit_id, viewer=admin)
     meta = unit.meta
 
     def sources(u: Any, left: int) -> list[dict[str, Any]]:
         out = []
+        found = {p.id: p for p in store.get_many(list(u.provenance.derived_from), viewer=admin)}
         for pid in u.provenance.derived_from:
-            try:
-                parent = store.get(pid, viewer=admin)
-            except NotFoundError:
+            parent = found.get(pid)
+            if parent is None:
                 out.append({"id": pid, "missing": True})
                 continue
             node = _brief(parent) | {"source": parent.provenance.source}
@@ -55,12 +59,15 @@ def trace(memory: Any, unit_id: str, *, depth: int = 3) -> dict[str, Any]:
         except NotFoundError:
             episodes.append({"id": eid, "missing": True})
             continue
+        if not admin.operator and ep.agent not in ("", admin.agent):
+            continue
         episodes.append({"id": ep.id, "agent": ep.agent, "task": ep.task[:200], "env": ep.env, "outcome": dict(ep.outcome)})
     corr = meta.get("corroboration") if isinstance(meta.get("corroboration"), dict) else {}
     relations = [r.to_dict() for r in store.relations(unit_id, viewer=admin)]
     history = store.events(viewer=admin, unit_id=unit_id, limit=10_000)
     recalls = []
-    for e in store.events(viewer=admin, ops=["recall", "context"], limit=RECALL_SCAN, newest_first=True):
+    audited = store.events(viewer=admin, ops=["recall", "context"], limit=RECALL_SCAN, newest_first=True) if admin.operator else []
+    for e in audited:
         hits = [h for h in e.data.get("hits", []) if isinstance(h, dict) and h.get("id") == unit_id]
         if hits:
             recalls.append({"seq": e.seq, "ts": e.ts, "actor": e.actor, "query": str(e.data.get("query", ""))[:200], "reasons": hits[0].get("reasons")})
