@@ -98,8 +98,9 @@ def test_a_curation_pass_can_consolidate_and_say_so(mem: Memory) -> None:
     assert mem.store.count(viewer=ADMIN) == 4
     p = curate(mem, policy=CurationPolicy(decay=False), consolidate=ConsolidationPolicy(), now=T0 + 100)
     assert mem.store.count(viewer=ADMIN) == 2  # the generalisation and the unrelated rule
+    assert p.counts() == {"subsumed": 3} and p.changes == []  # consolidation archived them itself
     [run] = mem.store.events(viewer=ADMIN, ops=["curate"])
-    assert run.data["generalised"] == [p.consolidation.generalised[0].unit_id]
+    assert run.data["generalised"] == [p.consolidation.generalised[0].unit_id] and run.data["counts"] == {"subsumed": 3}
 
 
 # -- seeds ---------------------------------------------------------------------------------------

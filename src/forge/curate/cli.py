@@ -86,7 +86,7 @@ def curate_command(
     if plan.consolidation is not None:
         for c in plan.consolidation.generalised:
             lines.append(f"{verb} generalise {len(c.members)} units into {c.unit_id}: {c.reason}")
-    for c in plan.changes:
+    for c in plan.all_changes:
         lines.append(f"{verb} {c.op} {c.unit_id} ({c.cause}): {c.reason}")
     counts = ", ".join(f"{k} {v}" for k, v in sorted(plan.counts().items())) or "nothing"
     lines.append(

@@ -196,9 +196,14 @@ class Plan:
     applied: bool = False
     consolidation: Any = None  # a forge.curate.consolidate.Consolidation when the pass consolidated
 
+    @property
+    def all_changes(self) -> list[Change]:
+        """Consolidation's archivals (written by consolidation itself) and this plan's changes."""
+        return [*(self.consolidation.changes if self.consolidation is not None else ()), *self.changes]
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for c in self.changes:
+        for c in self.all_changes:
             out[c.cause] = out.get(c.cause, 0) + 1
         return out
 
@@ -209,7 +214,7 @@ class Plan:
             "scanned": self.scanned,
             "applied": self.applied,
             "counts": self.counts(),
-            "changes": [c.to_dict() for c in self.changes],
+            "changes": [c.to_dict() for c in self.all_changes],
         }
         if self.consolidation is not None:
             d["consolidation"] = self.consolidation.to_dict()
@@ -345,10 +350,9 @@ def curate(
         cons = run_consolidation(memory, policy=consolidate, now=now, dry_run=dry_run, actor=actor)
     p = plan(memory, policy=policy, now=now)
     p.consolidation = cons
-    if cons is not None and dry_run:  # what consolidation would archive is part of what would change
-        p.changes = [*cons.changes, *(c for c in p.changes if c.unit_id not in {x.unit_id for x in cons.changes})]
-    elif cons is not None:
-        p.changes = [c for c in p.changes if c.unit_id not in {x.unit_id for x in cons.changes}]
+    if cons is not None:  # a unit consolidation archives (or would) is not archived twice
+        subsumed = {x.unit_id for x in cons.changes}
+        p.changes = [c for c in p.changes if c.unit_id not in subsumed]
     return p if dry_run else apply(memory, p, actor=actor)
 
 
