@@ -11,6 +11,7 @@
   restore, and the bi-temporal timeline of a belief;
 - :mod:`forge.curate.consolidate`: clustering and generalisation for any memory (the team's
   consolidation uses the same clustering);
+- :mod:`forge.curate.schedule`: a pass every N seconds (the service's ``--curate-every``);
 - :mod:`forge.curate.seeds`: seed packs and warm-up rules for cold start;
 - :mod:`forge.curate.trace`: the provenance chain of one unit.
 """
@@ -54,6 +55,7 @@ from forge.curate.lifecycle import (
     strength,
     timeline,
 )
+from forge.curate.schedule import CurationSchedule
 from forge.curate.seeds import SEED_SOURCE, WarmUp, import_seed_pack, load_seed_pack, read_seed_pack
 
 __all__ = [
@@ -72,6 +74,7 @@ __all__ = [
     "Consolidation",
     "ConsolidationPolicy",
     "CurationPolicy",
+    "CurationSchedule",
     "HeuristicImportance",
     "Importance",
     "ImportanceScorer",
