@@ -149,3 +149,15 @@ def test_the_same_words_in_another_context_are_another_memory(mem: Memory) -> No
     a = admit(mem, fact("Use port 8080.", context=Context(domain="staging")))
     b = admit(mem, fact("Use port 8080.", context=Context(domain="production")))
     assert a[0].action == ADD and b[0].action == ADD and mem.store.count(viewer=ADMIN) == 2
+
+
+def test_an_llm_can_score_importance_and_the_heuristic_covers_its_failures(mem: Memory) -> None:
+    from forge.curate import LLMImportance
+    from forge.llm.testing import ScriptedLLM
+
+    scorer = LLMImportance(ScriptedLLM(['{"importance": 0.95, "reason": "prevents data loss"}']))
+    [d] = admit(mem, fact("Backups are not taken on holidays."), policy=AdmissionPolicy(importance=scorer))
+    assert mem.get(d.unit_id, viewer=ADMIN).importance == 0.95 and "prevents data loss" in d.importance.why[0]
+    broken = LLMImportance(ScriptedLLM(["no idea", "still no idea"]), retries=1)
+    got = broken.score(Unit("x", kind="rule"), novelty=0.0)
+    assert got.score == pytest.approx(0.7) and "LLM scorer failed" in got.why[-1]
