@@ -167,3 +167,16 @@ def test_the_public_api_is_exact_and_importable() -> None:
 
     assert all(hasattr(forge.curate, name) for name in forge.curate.__all__)
     assert len(forge.curate.__all__) == len(set(forge.curate.__all__))
+
+
+def test_episodes_generalise_into_a_procedure_and_places_never_mix(mem: Memory) -> None:
+    eps = [Unit(f"Opened the jammed vault by resetting the dial twice, try {i}.", kind="episode", owner="ann",
+                scope="private", created_at=T0 + i) for i in range(3)]
+    other = [Unit(f"Opened the jammed vault by resetting the dial twice, try {i}.", kind="episode", owner="bob",
+                  scope="private", created_at=T0 + i) for i in range(2)]
+    mem.add([*eps, *other])
+    report = consolidate(mem, policy=ConsolidationPolicy(threshold=0.7, subsume_at=1.0), now=T0 + 10)
+    [c] = report.generalised  # bob's two are another agent's private place, and too few
+    gen = mem.get(c.unit_id, viewer=ADMIN)
+    assert gen.kind is Kind.PROCEDURE and gen.owner == "ann" and str(gen.scope) == "private"
+    assert set(gen.provenance.derived_from) == {u.id for u in eps}
