@@ -193,6 +193,31 @@ def render(r: dict[str, Any]) -> str:
     return f"{a}\n  admission decisions: {on['actions']}\n\n{b}"
 
 
+def run(*, writes: int = 10_000, embedder: str = "hash", queries: int = 300, pass_sizes: tuple[int, ...] = (1_000, 10_000)) -> dict[str, Any]:
+    """Both sides over one stream, and the pass times; the result ``main`` prints."""
+    stream_, truth = stream(writes)
+    mix: dict[str, int] = {}
+    for w in stream_:
+        mix[w["kind"]] = mix.get(w["kind"], 0) + 1
+    with tempfile.TemporaryDirectory(prefix="forge-curation-") as tmp:
+        work = Path(tmp)
+        log(f"stream: {writes} writes {mix}")
+        off = side(stream_, truth, on=False, embedder=embedder, workdir=work, queries=queries)
+        on = side(stream_, truth, on=True, embedder=embedder, workdir=work, queries=queries)
+        log("pass times ...")
+        passes = pass_times(list(pass_sizes), embedder=embedder, workdir=work)
+    return {
+        "bench": "curation",
+        "writes": writes,
+        "mix": ", ".join(f"{k} {v}" for k, v in mix.items()),
+        "queries": min(queries, len(truth)),
+        "embedder": embedder,
+        "off": off,
+        "on": on,
+        "pass": passes,
+    }
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--writes", type=int, default=None, help="writes in the stream (default 10,000; --quick 2,000)")
@@ -200,29 +225,8 @@ def main() -> None:
     p.add_argument("--queries", type=int, default=300)
     args = p.parse_args()
     n = args.writes or (2_000 if args.quick else 10_000)
-    sizes = [1_000] if args.quick else [1_000, 10_000]
-    writes, truth = stream(n)
-    mix: dict[str, int] = {}
-    for w in writes:
-        mix[w["kind"]] = mix.get(w["kind"], 0) + 1
-    with tempfile.TemporaryDirectory(prefix="forge-curation-") as tmp:
-        work = Path(tmp)
-        log(f"stream: {n} writes {mix}")
-        off = side(writes, truth, on=False, embedder=args.embedder, workdir=work, queries=args.queries)
-        on = side(writes, truth, on=True, embedder=args.embedder, workdir=work, queries=args.queries)
-        log("pass times ...")
-        passes = pass_times(sizes, embedder=args.embedder, workdir=work)
-    result = {
-        "bench": "curation",
-        "writes": n,
-        "mix": ", ".join(f"{k} {v}" for k, v in mix.items()),
-        "queries": min(args.queries, len(truth)),
-        "embedder": args.embedder,
-        "off": off,
-        "on": on,
-        "pass": passes,
-    }
-    emit(result, args.json, render)
+    sizes = (1_000,) if args.quick else (1_000, 10_000)
+    emit(run(writes=n, embedder=args.embedder, queries=args.queries, pass_sizes=sizes), args.json, render)
 
 
 if __name__ == "__main__":

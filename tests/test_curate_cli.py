@@ -124,3 +124,15 @@ def test_timeline_and_trace(capsys, db: str, tmp_path: Path) -> None:
     assert t["unit"]["status"] == "superseded" and [e["op"] for e in t["history"]][:1] == ["add"]
     code, _, err = run(capsys, "--db", db, "trace", "nope")
     assert code == 2 and "no unit" in err
+
+
+def test_curate_and_trace_work_on_the_demo_data(capsys, tmp_path: Path) -> None:
+    code, _, err = run(capsys, "--embedder", "hash", "demo", "--dir", str(tmp_path / "demo"))
+    assert code == 0, err
+    db = str(tmp_path / "demo" / "demo.db")
+    code, out, err = run(capsys, "--db", db, "--json", "curate", "--dry-run", "--consolidate", "--now", str(LATER))
+    plan = json.loads(out)
+    assert code == 0, err
+    assert plan["scanned"] > 10 and not plan["applied"] and plan["counts"].get("decay", 0) > 0
+    code, out, _ = run(capsys, "--db", db, "trace", "r-ice")
+    assert code == 0 and out.startswith("r-ice [rule] active") and "made by: source=sample" in out
