@@ -161,3 +161,14 @@ def test_an_llm_can_score_importance_and_the_heuristic_covers_its_failures(mem: 
     broken = LLMImportance(ScriptedLLM(["no idea", "still no idea"]), retries=1)
     got = broken.score(Unit("x", kind="rule"), novelty=0.0)
     assert got.score == pytest.approx(0.7) and "LLM scorer failed" in got.why[-1]
+
+
+def test_an_agent_can_remember_through_admission(tmp_path: Path) -> None:
+    from forge.agent import Agent
+
+    with Agent.open("solo", store=tmp_path / "solo.db", admission=AdmissionPolicy()) as a:
+        [first] = a.remember(Unit("When the ice cracks, then step back.", kind="rule", importance=0.9))
+        [again] = a.remember(Unit("when the ice cracks, then step back.", kind="rule", importance=0.9))
+        assert again.id == first.id and again.meta["merges"] == 1  # merged, not a second copy
+        assert len(a.broadcaster.outbox) == 1  # and not offered twice
+        assert a.memory.store.count(viewer=ADMIN) == 1
