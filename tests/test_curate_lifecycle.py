@@ -170,3 +170,11 @@ def test_trace_follows_sources_merges_and_conflicts_as_the_viewer_may_see_them(m
     bob = trace(mem, d.unit_id, viewer=Viewer.of("bob"))
     assert bob["made_by"]["derived_from"] == [{"id": secret.id, "missing": True}]  # not bob's to see
     assert bob["made_by"]["episodes"] == [] and bob["use"]["audited_recalls"] == []
+
+
+def test_a_pass_reads_every_unit_whatever_the_store_s_page_limit(mem: Memory) -> None:
+    from forge.curate.lifecycle import all_units
+
+    units = [unit(f"fact number {i}", at=T0 + i) for i in range(5)]
+    mem.add(units)
+    assert [u.id for u in all_units(mem.store, page=2)] == [u.id for u in units]

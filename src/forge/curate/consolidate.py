@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from forge.curate.lifecycle import Change
+from forge.curate.lifecycle import Change, all_units
 from forge.errors import LLMError, ValidationError
 from forge.llm.structured import complete_json
 from forge.model import (
@@ -39,7 +39,7 @@ from forge.model import (
     Viewer,
     new_id,
 )
-from forge.store.base import MAX_RESULTS, Filter
+from forge.store.base import Filter
 
 __all__ = [
     "Cluster",
@@ -191,7 +191,7 @@ def consolidate(
     actor = actor or f"consolidate:{run}"
     store = memory.store
     admin = Viewer.admin()
-    units = store.list(viewer=admin, filter=Filter.make(kinds=policy.kinds), limit=MAX_RESULTS)
+    units = all_units(store, Filter.make(kinds=policy.kinds))
     units = [u for u in units if u.meta.get("generalisation") is None]  # never generalise a generalisation again
     groups: dict[str, list[Unit]] = {}
     for u in sorted(units, key=lambda u: (u.created_at, u.id)):

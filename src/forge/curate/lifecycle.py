@@ -33,7 +33,7 @@ from typing import Any
 
 from forge.errors import UserError, ValidationError
 from forge.model import Kind, Relation, RelationType, Status, Unit, Viewer, new_id
-from forge.store.base import MAX_RESULTS, Filter
+from forge.store.base import Filter
 
 __all__ = [
     "DAY",
@@ -221,8 +221,18 @@ class Plan:
         return d
 
 
+def all_units(store: Any, filter: Filter = Filter(), *, page: int = 50_000) -> list[Unit]:
+    """Every unit ``filter`` admits (active ones by default), read in pages: no size limit."""
+    out: list[Unit] = []
+    while True:
+        got = store.list(viewer=Viewer.admin(), filter=filter, limit=page, offset=len(out))
+        out += got
+        if len(got) < page:
+            return out
+
+
 def _active(store: Any) -> list[Unit]:
-    return store.list(viewer=Viewer.admin(), filter=Filter(), limit=MAX_RESULTS)
+    return all_units(store)
 
 
 def _contradictions(store: Any, active: Mapping[str, Unit]) -> list[tuple[str, str, str]]:
