@@ -136,3 +136,14 @@ def test_curate_and_trace_work_on_the_demo_data(capsys, tmp_path: Path) -> None:
     assert plan["scanned"] > 10 and not plan["applied"] and plan["counts"].get("decay", 0) > 0
     code, out, _ = run(capsys, "--db", db, "trace", "r-ice")
     assert code == 0 and out.startswith("r-ice [rule] active") and "made by: source=sample" in out
+
+
+def test_add_through_admission(capsys, db: str) -> None:
+    first = add(capsys, db, "The staging proxy is at 10.0.0.5.", "--admit")
+    code, out, err = run(capsys, "--db", db, "--embedder", "hash", "--json", "add", "the staging proxy is at 10.0.0.5.", "--admit")
+    data = json.loads(out)
+    assert code == 0, err
+    assert data["id"] == first and data["admission"]["action"] == "noop" and "same text" in data["admission"]["reason"]
+    code, out, _ = run(capsys, "--db", db, "add", "The staging proxy is at 10.0.0.9.", "--admit")
+    assert code == 0 and "(update: it contradicts " + first in out
+    assert status_of(capsys, db, first) == "superseded"
