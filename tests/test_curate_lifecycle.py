@@ -167,9 +167,15 @@ def test_trace_follows_sources_merges_and_conflicts_as_the_viewer_may_see_them(m
     assert [m["origin"] for m in t["corroborations"]["merged"]] == ["bob"]
     assert [e["op"] for e in t["history"]][:2] == ["add", "admit"]
     assert "merged" in render(t) and "episode " + ep in render(t)
+    from forge.consensus import Consensus
+
+    Consensus(mem, agent_id="ann").corroborate(d.unit_id, origin="carol")
+    t = trace(mem, d.unit_id)
+    assert [(x["ledger"], x["outcome"], x["origin"]) for x in t["decisions"]] == [("ann", "corroborated", "carol")]
+    assert "ann decided corroborated" in render(t)
     bob = trace(mem, d.unit_id, viewer=Viewer.of("bob"))
     assert bob["made_by"]["derived_from"] == [{"id": secret.id, "missing": True}]  # not bob's to see
-    assert bob["made_by"]["episodes"] == [] and bob["use"]["audited_recalls"] == []
+    assert bob["made_by"]["episodes"] == [] and bob["use"]["audited_recalls"] == [] and bob["decisions"] == []
 
 
 def test_a_pass_reads_every_unit_whatever_the_store_s_page_limit(mem: Memory) -> None:

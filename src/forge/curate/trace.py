@@ -1,11 +1,13 @@
 """Provenance: the chain behind one unit, as data (JSON) and as a readable tree.
 
     source episodes -> how it was made (reflection, seed, consolidation, a broadcast) -> the unit
-    -> who sent it and through whom -> merges and corroborations -> conflicts and supersessions
-    -> recalls that returned it and the outcomes of its uses -> its change history
+    -> who sent it and through whom -> the receivers' exchange and consensus decisions -> merges
+    and corroborations -> conflicts and supersessions -> recalls that returned it and the
+    outcomes of its uses -> its change history
 
 Everything is read back from what the engine already records (provenance, meta written by
-the exchange, consensus and admission, relations, the event log); nothing is kept twice.
+the exchange, consensus and admission, the receivers' decision ledgers, relations, the event
+log); nothing is kept twice.
 Recalls are known from the service's audit events (``recall``/``context``) and the unit's
 access counters; in-process recalls only move the counters.
 """
@@ -71,8 +73,18 @@ def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int
         hits = [h for h in e.data.get("hits", []) if isinstance(h, dict) and h.get("id") == unit_id]
         if hits:
             recalls.append({"seq": e.seq, "ts": e.ts, "actor": e.actor, "query": str(e.data.get("query", ""))[:200], "reasons": hits[0].get("reasons")})
+    decisions = []
+    if admin.operator:  # the receivers' ledgers: exchange and consensus decisions about this unit
+        from forge.consensus import Ledger
+
+        for name in Ledger.names(store):
+            for d in Ledger(store, name=name).list(unit_id=unit_id):
+                decisions.append({"ledger": name, "at": d.at, "outcome": d.outcome, "reason": d.reason, "detail": d.detail,
+                                  "sender": d.sender, "origin": d.origin, "capsule_id": d.capsule_id})
+        decisions.sort(key=lambda d: d["at"])
     return {
         "unit": unit.to_dict(),
+        "decisions": decisions,
         "made_by": {
             "source": unit.provenance.source,
             "owner": unit.owner,
@@ -119,6 +131,8 @@ def render(t: dict[str, Any]) -> str:
     lines.append(f"├─ corroborated by {len(c['channels'])} channel(s) {c['origins']}; {len(c['merged'])} merged duplicate(s)")
     for m in c["merged"]:
         lines.append(f"│  ├─ merged {m.get('id')} from {m.get('origin') or '-'} (cosine {m.get('similarity')})")
+    for d in t.get("decisions", []):
+        lines.append(f"├─ {d['ledger']} decided {d['outcome']} ({d['reason']}): {d['detail'][:80]}")
     for r in t["conflicts"]:
         lines.append(f"├─ {r['src']} -[{r['type']}]-> {r['dst']}: {r['note'][:80]}")
     use = t["use"]
