@@ -172,3 +172,11 @@ def test_an_agent_can_remember_through_admission(tmp_path: Path) -> None:
         assert again.id == first.id and again.meta["merges"] == 1  # merged, not a second copy
         assert len(a.broadcaster.outbox) == 1  # and not offered twice
         assert a.memory.store.count(viewer=ADMIN) == 1
+
+
+def test_a_close_text_with_other_values_is_another_fact(mem: Memory) -> None:
+    policy = AdmissionPolicy(duplicate_at=0.5, related_at=0.5)  # as loose as a trained embedder's cosines
+    a = admit(mem, fact("The port of relay 17 is 8080."), policy=policy)
+    b = admit(mem, fact("The port of relay 23 is 4411."), policy=policy)
+    c = admit(mem, fact("FYI The port of relay 17 is 8080."), policy=policy)
+    assert [x[0].action for x in (a, b, c)] == [ADD, ADD, NOOP] and c[0].unit_id == a[0].unit_id

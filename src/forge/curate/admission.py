@@ -9,7 +9,9 @@ private units) and context (domain, task, role), including the ones admitted ear
 same call:
 
 - **NOOP** (a corroboration or a merge): the same normalised text, or a cosine of at least
-  ``duplicate_at`` with no contradiction. Nothing new is stored, but nothing is dropped
+  ``duplicate_at`` with no contradiction and the same values (numbers, codes, names: a
+  trained embedder puts "relay 17 is 8080" and "relay 23 is 4411" close together, and
+  they are two facts). Nothing new is stored, but nothing is dropped
   either: the existing unit records the newcomer's id, origin, provenance episodes and (if
   worded differently) its text under ``meta["merged"]``; a different origin raises its
   validation a little (a second witness).
@@ -197,6 +199,16 @@ def _is_value(word: str, position: int) -> bool:
     return any(c.isdigit() for c in word) or (position > 0 and word[:1].isupper())
 
 
+#: Capitalised words that name nothing (a sentence restarting after "Note:" or "FYI").
+_PLAIN = frozenset(["a", "an", "the", "this", "that", "these", "those", "it", "its", "there", "here", "he", "she", "they", "we", "you", "i"])
+
+
+def values(text: str) -> frozenset[str]:
+    """The values a text states: numbers, codes and names (see :class:`ValueChangeDetector`)."""
+    words = _WORD.findall(text)
+    return frozenset(_norm(w) for i, w in enumerate(words) if _is_value(w, i) and _norm(w) not in _PLAIN)
+
+
 class _Detectors:
     """The heuristic contradiction detector first, then the value-change one."""
 
@@ -352,9 +364,10 @@ def _decide(unit: Unit, cands: list[tuple[Unit, float]], policy: AdmissionPolicy
             why = "same origin" if same_origin else f"validation {unit.validation:.2f} >= {old.validation:.2f}"
             return UPDATE, old, sim, f"it contradicts {old.id} ({conflict.kind}: {conflict.reason}) and is newer ({why})"
         return ADD, old, sim, f"{conflict.kind}: {conflict.reason}"
+    mine = values(unit.content)
     for old, sim in cands:
-        if sim >= policy.duplicate_at:
-            return NOOP, old, sim, f"near-duplicate of {old.id} (cosine {sim:.3f} >= {policy.duplicate_at})"
+        if sim >= policy.duplicate_at and values(old.content) == mine:
+            return NOOP, old, sim, f"near-duplicate of {old.id} (cosine {sim:.3f} >= {policy.duplicate_at}, the same values)"
     return None
 
 
