@@ -74,6 +74,8 @@ def test_caps_and_ttl_options(capsys, db: str) -> None:
         (["--cap-kind", "gizmo=3"], "unknown kind 'gizmo'"),
         (["--half-life", "rule=soon"], "--half-life rule: 'soon' is not a float"),
         (["--archive-below", "2"], "archive_below must be in [0, 1)"),
+        (["--now", "nan"], "now must be a finite time"),
+        (["--consolidate", "--min-cluster", "1"], "min_size >= 2"),
     ],
 )
 def test_bad_options_are_one_line_errors(capsys, db: str, args: list[str], message: str) -> None:

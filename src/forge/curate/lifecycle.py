@@ -252,10 +252,18 @@ def valid_from(unit: Unit) -> float:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else unit.created_at
 
 
+def _clock(now: float | None) -> float:
+    if now is None:
+        return time.time()
+    if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
+        raise ValidationError(f"now must be a finite time in epoch seconds, got {now!r}")
+    return float(now)
+
+
 def plan(memory: Any, *, policy: CurationPolicy | None = None, now: float | None = None) -> Plan:
     """What a pass would change, and why, without changing anything."""
     policy = policy or CurationPolicy()
-    now = time.time() if now is None else now
+    now = _clock(now)
     store = memory.store
     units = _active(store)
     out = Plan(run_id=new_id(), now=now, scanned=len(units))
@@ -352,7 +360,7 @@ def curate(
 ) -> Plan:
     """One curation pass: consolidate (when ``consolidate`` is a ConsolidationPolicy), then
     settle conflicts, expire, decay and cap. ``dry_run`` only plans: the store is not touched."""
-    now = time.time() if now is None else now
+    now = _clock(now)
     cons = None
     if consolidate is not None:
         from forge.curate.consolidate import consolidate as run_consolidation
