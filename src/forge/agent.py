@@ -36,7 +36,7 @@ from forge.exchange import Exchange, HeuristicAssessor
 from forge.llm.base import LLM
 from forge.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
 from forge.memory import Memory
-from forge.model import Context, Episode, Status, Unit
+from forge.model import Context, Episode, Status, Unit, Viewer
 from forge.policy import Policy
 from forge.prompt import Recollection
 from forge.recall import Packed, Recalled
@@ -75,6 +75,7 @@ class Agent:
         groups: Iterable[str] = (),
         roles: Sequence[str] = ("actor",),
         importance: float = 0.8,
+        admission: Any = None,
     ) -> None:
         if not agent_id:
             raise ConfigError("an agent needs an id")
@@ -86,6 +87,7 @@ class Agent:
         self.llm = llm
         self.roles = tuple(roles)
         self.importance = importance
+        self.admission = admission  # an AdmissionPolicy: remember() goes through forge.curate.admit
         self.viewer = self.exchange.viewer  # its groups plus the consensus group
         self.started = time.time()
         self.episodes = 0
@@ -117,6 +119,7 @@ class Agent:
         profile: str = "",
         groups: Iterable[str] = (),
         members: Mapping[str, Iterable[str]] | None = None,
+        admission: Any = None,
     ) -> Agent:
         """Build an agent from strings; what it builds here it closes in :meth:`close`.
 
@@ -160,7 +163,7 @@ class Agent:
                 llm = open_llm(llm, **kwargs)
                 owned.append(llm)
             exchange = Exchange(memory, agent_id, keyring, groups=groups, assessor=HeuristicAssessor(profile=profile))
-            agent = cls(agent_id, memory=memory, network=network, exchange=exchange, llm=llm, groups=groups)
+            agent = cls(agent_id, memory=memory, network=network, exchange=exchange, llm=llm, groups=groups, admission=admission)
         except BaseException:
             for thing in reversed(owned):
                 with contextlib.suppress(Exception):
@@ -211,12 +214,24 @@ class Agent:
     def remember(self, units: Unit | Sequence[Unit]) -> list[Unit]:
         """Store units as this agent's own; offer each to the broadcaster's trigger.
 
-        Units without an owner become this agent's. Returns the units as stored.
+        Units without an owner become this agent's. Returns the units as stored. With an
+        ``admission`` policy each unit is admitted instead (:func:`forge.curate.admit`): a
+        near-duplicate merges into the unit already held, which is returned and not offered
+        again; an update supersedes what it contradicts.
         """
         units = [units] if isinstance(units, Unit) else list(units)
         units = [u if u.owner else u.replace(owner=self.id) for u in units]
-        self.memory.add(units, actor=f"agent:{self.id}")
-        for u in units:
+        if self.admission is None:
+            self.memory.add(units, actor=f"agent:{self.id}")
+            fresh = units
+        else:
+            from forge.curate.admission import NOOP, admit
+
+            decisions = admit(self.memory, units, actor=f"agent:{self.id}", policy=self.admission)
+            admin = Viewer.admin()
+            units = [self.memory.get(d.unit_id, viewer=admin) for d in decisions]
+            fresh = [u for u, d in zip(units, decisions, strict=True) if d.action != NOOP]
+        for u in fresh:
             self.broadcaster.offer(u)
         return units
 

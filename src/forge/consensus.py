@@ -174,6 +174,14 @@ class Ledger:
             rows = sorted((k, v) for k, v in self._kv[0]().items() if k.startswith(self._prefix))
             self._items = [Ruling.from_dict(json.loads(v)) for _, v in rows]
 
+    @staticmethod
+    def names(store: Any) -> list[str]:
+        """The ledgers kept in ``store`` (one per receiving agent), sorted; none without settings."""
+        kv = _settings(store)
+        if kv is None:
+            return []
+        return sorted({k.split("/", 2)[1] for k in kv[0]() if k.startswith("ledger/") and k.count("/") >= 2})
+
     @contextlib.contextmanager
     def staged(self) -> Iterator[None]:
         """Decisions recorded inside the block are listed only if it ends without an error.
