@@ -24,7 +24,7 @@ __all__ = ["QUICK_DEMO", "evolve_command", "report_command"]
 #: report; minutes on 2 cores.
 QUICK_DEMO: dict[str, Any] = {
     "env": "frozenlake-4x4",
-    "instances": 3,
+    "instances": 2,
     "stages": 2,
     "attempts": 2,
     "eval_episodes": 1,
