@@ -72,7 +72,7 @@ class ForgeConfig:
     ``temperature`` is instance 0's sampling temperature in training and ``diversity`` the
     spread added across instances (instance i gets ``temperature + diversity * i/(N-1)``), so
     a population explores differently and its champion is not an accident of ordering.
-    Final evaluations are always greedy. ``reflection`` is how rules are asked for:
+    Checkpoints and final evaluations are always greedy. ``reflection`` is how rules are asked for:
     ``slots`` (the model fills in the failing situation's rule under a grammar; small models
     manage it) or ``free`` (free-text rule edits, the paper's way; see :func:`forge.reflect.reflect`).
     """
