@@ -167,6 +167,17 @@ class Snapshot:
     def situation(self) -> str:
         return self.situation_of(self.failing_observation)
 
+    def check(self, rule: str) -> tuple[str | None, str]:
+        """:func:`forge.rules.check` against this attempt: ``(rule to keep or None, why)``."""
+        return rulebook.check(
+            rule,
+            valid_actions=self.valid_actions,
+            situations=self.situations,
+            failing_situation=self.situation,
+            failing_action=self.failing_action,
+            safe_actions=self.safe_actions,
+        )
+
     @property
     def situations(self) -> list[str]:
         """Every situation the agent met in this attempt (what a rule may name)."""
@@ -420,14 +431,7 @@ def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -
             rule = _clean_rule(text) if isinstance(text, str) else ""
             why = validate_rule(rule, valid_actions=snapshot.valid_actions, known_names=known)
             if why is None:
-                checked, note = rulebook.check(
-                    rule,
-                    valid_actions=snapshot.valid_actions,
-                    situations=snapshot.situations,
-                    failing_situation=snapshot.situation,
-                    failing_action=snapshot.failing_action,
-                    safe_actions=snapshot.safe_actions,
-                )
+                checked, note = snapshot.check(rule)
                 if checked is None:
                     why = note
                 else:
@@ -479,14 +483,7 @@ def _ask_rule_slots(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: i
     if avoid == instead:
         return [], [f"{first}: avoids and recommends the same action ({avoid!r})"], "", []
     rule = rulebook.write(snapshot.situation, str(avoid), [str(instead)])
-    checked, note = rulebook.check(
-        rule,
-        valid_actions=snapshot.valid_actions,
-        situations=snapshot.situations,
-        failing_situation=snapshot.situation,
-        failing_action=snapshot.failing_action,
-        safe_actions=snapshot.safe_actions,
-    )
+    checked, note = snapshot.check(rule)
     if checked is None:
         return [], [f"{first}: {note}"], "", []
     if note:
