@@ -115,14 +115,18 @@ def test_rule_recommending_the_failed_action_is_repaired_and_recorded():
 
 
 def test_slot_reflection_writes_the_rule_for_the_failing_situation():
-    shown = rules("when you are at row 1, col 1, on a frozen tile, do not up")
-    llm = ScriptedLLM([json.dumps({"avoid": "down", "instead": "right", "delete": [0]})])
+    shown = rules(
+        "when you are at row 1, col 1, on a frozen tile, do not up",  # another situation: kept
+        "when you are at row 2, col 0, on a frozen tile, then down",  # advised what failed here: deleted
+    )
+    llm = ScriptedLLM([json.dumps({"avoid": "down", "instead": "right"})])
     out = reflect(llm, snapshot(shown), representation="rules")
     assert not out.fallback and not out.dropped
-    assert out.edits == (RuleEdit("actor", (0,), ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)),)
+    assert out.edits == (RuleEdit("actor", (1,), ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)),)
     prompt = llm.requests[0].messages[-1].content
     assert "'when you are at row 2, col 0, on a frozen tile, do not <avoid>; <instead> was safe there'" in prompt
-    assert "[0] when you are at row 1, col 1" in prompt
+    assert "- when you are at row 1, col 1" in prompt
+    assert "delete" not in json.dumps(llm.requests[0].json_schema)  # the model is not asked what to delete
 
 
 def test_slot_reflection_repairs_a_lesson_that_avoids_the_wrong_action():

@@ -449,22 +449,28 @@ def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -
 
 
 def _ask_rule_slots(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -> tuple[list[RuleEdit], list[str], str, list[str]]:
-    """The rule for the failing situation, with the model choosing its slots (see :func:`reflect`)."""
+    """The rule for the failing situation, with the model choosing its slots (see :func:`reflect`).
+
+    The model picks what to avoid and what to do instead. Which shown rules to delete is not
+    asked: a 1.5B model filled a "delete" slot by reflex and threw away the very rules that
+    had kept it out of holes. The rules deleted are those that advised the failing action in
+    the failing situation, which the trajectory proves wrong.
+    """
     actions = list(snapshot.valid_actions)
     first = snapshot.acting_roles[0]
     shown = snapshot.rules(first)
-    props: dict[str, Any] = {"avoid": {"type": "string", "enum": actions}, "instead": {"type": "string", "enum": actions}}
-    if shown:
-        props["delete"] = {"type": "array", "items": {"type": "integer", "enum": list(range(len(shown)))}, "maxItems": 3}
-    schema = {"type": "object", "properties": props, "required": list(props)}
-    listing = "\n".join(f"  [{i}] {r}" for i, r in enumerate(shown))
+    schema = {
+        "type": "object",
+        "properties": {"avoid": {"type": "string", "enum": actions}, "instead": {"type": "string", "enum": actions}},
+        "required": ["avoid", "instead"],
+    }
+    listing = "\n".join(f"- {r}" for r in shown)
     prompt = (
         f"{_head(snapshot)}\n\n"
         + (f"Rules the agent was shown:\n{listing}\n\n" if shown else "")
         + f"Complete the lesson: '{rulebook.write(snapshot.situation, '<avoid>', ['<instead>'])}'.\n"
         "avoid: the action to avoid in that situation. instead: the action to take there instead."
-        + (" delete: indexes of shown rules that led to the failure ([] if none)." if shown else "")
-        + ' Reply with JSON: {"avoid": ..., "instead": ...' + (', "delete": [...]}' if shown else "}")
+        ' Reply with JSON: {"avoid": ..., "instead": ...}'
     )
     try:
         data = complete_json(
@@ -472,32 +478,36 @@ def _ask_rule_slots(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: i
             [Message("system", _SYSTEM), Message("user", prompt)],
             schema=schema,
             retries=retries,
-            max_tokens=min(max_tokens, 60),
+            max_tokens=min(max_tokens, 40),
             instruct="json_schema" not in llm.capabilities,
         )
     except LLMError as exc:
         return [], [], str(exc), []
     avoid, instead = data.get("avoid"), data.get("instead")
-    dropped: list[str] = []
-    repaired: list[str] = []
     if avoid == instead:
         return [], [f"{first}: avoids and recommends the same action ({avoid!r})"], "", []
-    rule = rulebook.write(snapshot.situation, str(avoid), [str(instead)])
-    checked, note = snapshot.check(rule)
+    checked, note = snapshot.check(rulebook.write(snapshot.situation, str(avoid), [str(instead)]))
     if checked is None:
         return [], [f"{first}: {note}"], "", []
-    if note:
-        repaired.append(f"{first}: {note}")
-    deletes = tuple(sorted({i for i in data.get("delete") or [] if isinstance(i, int) and not isinstance(i, bool)}))
+    repaired = [f"{first}: {note}"] if note else []
+    dropped: list[str] = []
     edits = []
     for role in snapshot.acting_roles:
         if checked.lower() in {r.lower() for r in snapshot.rules(role)}:
             dropped.append(f"{role}: duplicate rule {checked[:60]!r}")
             continue
-        edits.append(RuleEdit(role, deletes if role == first else (), (checked,)))
-    if not edits and not dropped:
-        dropped.append(f"{first}: no rule")
+        edits.append(RuleEdit(role, _proven_wrong(snapshot, role), (checked,)))
     return edits, dropped, "", repaired
+
+
+def _proven_wrong(snapshot: Snapshot, role: str) -> tuple[int, ...]:
+    """Indexes of ``role``'s shown rules that advised the failing action where it failed."""
+    out = []
+    for i, text in enumerate(snapshot.rules(role)):
+        parsed = rulebook.parse(text, snapshot.valid_actions)
+        if parsed is not None and snapshot.failing_action in parsed.do and rulebook.applies(parsed, snapshot.situation):
+            out.append(i)
+    return tuple(out)
 
 
 def _ask_example(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -> tuple[Example | None, list[str], str]:
