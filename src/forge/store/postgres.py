@@ -83,6 +83,7 @@ __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "migrate", "redact_d
 
 DEFAULT_SCHEMA = "forge"
 CONNECT_TIMEOUT_S = 10  # an unreachable server is an error after this long, never a hang
+COMMON_TERM_SHARE = 0.10  # keyword search skips lexemes in more than this share of units, as SQLite's
 EF_SEARCH_MIN = 40  # pgvector's default HNSW candidate list; raised to 2k for bigger k
 
 #: Forward migrations: (version, SQL). A database at version n gets n+1.. applied in order.
@@ -292,6 +293,8 @@ class PostgresStore:
         self._depth = 0
         self._gucs: tuple[str, str, str] | None = None  # the viewer settings the session holds now
         self._ef = 0
+        self._freq: dict[str, float] = {}  # lexeme -> share of units holding it (pg_stats)
+        self._freq_at = -1e9
         self._create = create
         try:
             self._conn = psycopg.connect(dsn, autocommit=True)
@@ -798,14 +801,42 @@ class PostgresStore:
         words = [w for w in query_words(query) if "\x00" not in w]
         if not words or k <= 0:
             return []
-        tsquery = " | ".join(f"'{w}'" for w in words)  # query_words keeps \w+ only: no quotes inside
+        # The query's lexemes as the index holds them (english stems, stop words gone).
+        lexemes = self._q("SELECT tsvector_to_array(to_tsvector('english', %s))", (" ".join(words),))[0][0]
+        lexemes = self._informative(list(lexemes or ()))
+        if not lexemes:
+            return []
+        tsquery = " | ".join(f"'{w}'" for w in lexemes)  # \w+ stems: no quotes inside
         where, params = _where(viewer, filter)
         rows = self._q(
-            f"SELECT id, ts_rank_cd(search_tsv, q, 1) AS r FROM units, to_tsquery('english', %s) q "
+            f"SELECT id, ts_rank_cd(search_tsv, q, 1) AS r FROM units, to_tsquery('simple', %s) q "
             f"WHERE search_tsv @@ q AND {where} ORDER BY r DESC, seq LIMIT %s",
             (tsquery, *params, k), viewer=viewer,
         )
         return [Hit(r[0], float(r[1])) for r in rows]
+
+    def _informative(self, lexemes: list[str]) -> list[str]:
+        """Drop lexemes found in more than COMMON_TERM_SHARE of all units (keep the rarest if all are).
+
+        Every unit matching any query word is ranked, so one very common word makes a query
+        cost O(n) while adding almost nothing to the ranking (the SQLite store does the same
+        with FTS5's vocabulary). Frequencies come from the planner's own lexeme statistics
+        (``pg_stats.most_common_elems``, kept by ANALYZE/autovacuum), read at most once a minute.
+        """
+        if len(lexemes) < 2:
+            return lexemes
+        now = time.monotonic()
+        if now - self._freq_at > 60:
+            row = self._q(
+                "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats "
+                "WHERE schemaname = %s AND tablename = 'units' AND attname = 'search_tsv'",
+                (self.schema,),
+            )
+            self._freq = dict(zip(row[0][0], row[0][1], strict=False)) if row and row[0][0] else {}
+            self._freq_at = now
+        freq = {w: self._freq.get(w, 0.0) for w in lexemes}
+        keep = [w for w in lexemes if freq[w] <= COMMON_TERM_SHARE]
+        return keep or [min(lexemes, key=freq.__getitem__)]
 
     def neighbors(
         self,
