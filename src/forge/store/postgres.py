@@ -10,8 +10,9 @@ Works against any PostgreSQL >= 15 with pgvector >= 0.5 (HNSW). What lives where
   pgvector >= 0.8 filtered searches scan the index iteratively until ``k`` rows pass the
   viewer and the filter; when fewer do, the search falls back to an exact scan of the rows
   that pass (a selective filter), as the SQLite store does.
-- **keywords**: a generated ``tsvector`` column (the ``english`` configuration: stemming and
-  stop words, as SQLite's porter tokenizer) with a GIN index, ranked with ``ts_rank_cd``
+- **keywords**: a ``tsvector`` per unit (the ``english`` configuration: stemming and stop
+  words, as SQLite's porter tokenizer), kept by a trigger in ``unit_fts`` (see migration 4
+  for why not in ``units``) with a GIN index, ranked with ``ts_rank_cd``
   normalised by document length. Not BM25: BM25 needs corpus statistics (document
   frequencies, mean length) that many concurrent writers would have to keep consistent,
   which Postgres does not maintain for ``tsvector``; ``ts_rank_cd`` needs none, and recall
@@ -84,6 +85,7 @@ __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "migrate", "redact_d
 DEFAULT_SCHEMA = "forge"
 CONNECT_TIMEOUT_S = 10  # an unreachable server is an error after this long, never a hang
 COMMON_TERM_SHARE = 0.10  # keyword search skips lexemes in more than this share of units, as SQLite's
+SAMPLE_UNITS = 4000  # ... estimated from a sample of this many units
 EF_SEARCH_MIN = 40  # pgvector's default HNSW candidate list; raised to 2k for bigger k
 
 #: Forward migrations: (version, SQL). A database at version n gets n+1.. applied in order.
@@ -171,6 +173,28 @@ CREATE POLICY forge_viewer ON units
         OR scope = ANY (string_to_array(current_setting('forge.groups', true), chr(31)))
     )
     WITH CHECK (current_setting('forge.operator', true) = 'on');
+"""),
+    # Keyword search moves to a table of its own: under row-level security Postgres may not
+    # use an index for a condition whose operator is not LEAKPROOF, and tsvector's @@ is not,
+    # so the GIN index on units went unused (a scan of every unit per query). unit_fts holds
+    # no text, only lexemes; a search finds rows there and reads them through units.
+    (4, """
+CREATE TABLE unit_fts (
+    seq bigint PRIMARY KEY REFERENCES units (seq) ON DELETE CASCADE,
+    search_tsv tsvector NOT NULL
+);
+INSERT INTO unit_fts SELECT seq, search_tsv FROM units;
+CREATE INDEX unit_fts_gin ON unit_fts USING gin (search_tsv);
+CREATE FUNCTION units_fts_sync() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    INSERT INTO unit_fts VALUES (NEW.seq, to_tsvector('english'::regconfig, NEW.search_text))
+    ON CONFLICT (seq) DO UPDATE SET search_tsv = excluded.search_tsv;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER units_fts_sync AFTER INSERT OR UPDATE OF search_text ON units
+    FOR EACH ROW EXECUTE FUNCTION units_fts_sync();
+DROP INDEX units_fts;
+ALTER TABLE units DROP COLUMN search_tsv;
 """),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -293,7 +317,7 @@ class PostgresStore:
         self._depth = 0
         self._gucs: tuple[str, str, str] | None = None  # the viewer settings the session holds now
         self._ef = 0
-        self._freq: dict[str, float] = {}  # lexeme -> share of units holding it (pg_stats)
+        self._freq: dict[str, float] = {}  # lexeme -> share of units holding it (sampled)
         self._freq_at = -1e9
         self._create = create
         try:
@@ -807,12 +831,22 @@ class PostgresStore:
         if not lexemes:
             return []
         tsquery = " | ".join(f"'{w}'" for w in lexemes)  # \w+ stems: no quotes inside
-        where, params = _where(viewer, filter)
+        where, params = _where(viewer, filter, alias="u")
+        # The best matches first, then the viewer and filter among them (a join with few rows);
+        # when too few pass, rank every match that does.
+        want = max(k * 8, 64)
         rows = self._q(
-            f"SELECT id, ts_rank_cd(search_tsv, q, 1) AS r FROM units, to_tsquery('simple', %s) q "
-            f"WHERE search_tsv @@ q AND {where} ORDER BY r DESC, seq LIMIT %s",
-            (tsquery, *params, k), viewer=viewer,
+            "SELECT u.id, f.r FROM (SELECT seq, ts_rank_cd(search_tsv, q, 1) AS r FROM unit_fts, "
+            "to_tsquery('simple', %s) q WHERE search_tsv @@ q ORDER BY r DESC, seq LIMIT %s) f "
+            f"JOIN units u ON u.seq = f.seq WHERE {where} ORDER BY f.r DESC, u.seq LIMIT %s",
+            (tsquery, want, *params, k), viewer=viewer,
         )
+        if len(rows) < k:
+            rows = self._q(
+                "SELECT u.id, ts_rank_cd(f.search_tsv, q, 1) AS r FROM unit_fts f JOIN units u ON u.seq = f.seq, "
+                f"to_tsquery('simple', %s) q WHERE f.search_tsv @@ q AND {where} ORDER BY r DESC, u.seq LIMIT %s",
+                (tsquery, *params, k), viewer=viewer,
+            )
         return [Hit(r[0], float(r[1])) for r in rows]
 
     def _informative(self, lexemes: list[str]) -> list[str]:
@@ -820,23 +854,36 @@ class PostgresStore:
 
         Every unit matching any query word is ranked, so one very common word makes a query
         cost O(n) while adding almost nothing to the ranking (the SQLite store does the same
-        with FTS5's vocabulary). Frequencies come from the planner's own lexeme statistics
-        (``pg_stats.most_common_elems``, kept by ANALYZE/autovacuum), read at most once a minute.
+        with FTS5's vocabulary). Shares come from a sample of up to SAMPLE_UNITS units' lexemes
+        (TABLESAMPLE: whole pages, cheap), taken at most once a minute. Postgres's own lexeme
+        statistics are no use here: ``pg_stats`` hides them from roles under row-level security.
         """
         if len(lexemes) < 2:
             return lexemes
         now = time.monotonic()
         if now - self._freq_at > 60:
-            row = self._q(
-                "SELECT most_common_elems::text::text[], most_common_elem_freqs FROM pg_stats "
-                "WHERE schemaname = %s AND tablename = 'units' AND attname = 'search_tsv'",
-                (self.schema,),
-            )
-            self._freq = dict(zip(row[0][0], row[0][1], strict=False)) if row and row[0][0] else {}
-            self._freq_at = now
+            self._freq, self._freq_at = self._sample_lexemes(), now
+        if not self._freq:
+            return lexemes
         freq = {w: self._freq.get(w, 0.0) for w in lexemes}
         keep = [w for w in lexemes if freq[w] <= COMMON_TERM_SHARE]
         return keep or [min(lexemes, key=freq.__getitem__)]
+
+    def _sample_lexemes(self) -> dict[str, float]:
+        """lexeme -> share of sampled units holding it; empty below 1,000 units."""
+        est = self._q("SELECT reltuples FROM pg_class WHERE oid = 'unit_fts'::regclass")[0][0]
+        n = est if est and est > 0 else self._q("SELECT count(*) FROM unit_fts")[0][0]
+        if n < 1000:
+            return {}
+        pct = min(100.0, 100.0 * 2 * SAMPLE_UNITS / n)
+        rows = self._q(
+            "SELECT tsvector_to_array(search_tsv) FROM unit_fts TABLESAMPLE SYSTEM (%s) LIMIT %s", (pct, SAMPLE_UNITS)
+        )
+        counts: dict[str, int] = {}
+        for (lexs,) in rows:
+            for lex in lexs:
+                counts[lex] = counts.get(lex, 0) + 1
+        return {lex: c / len(rows) for lex, c in counts.items()} if rows else {}
 
     def neighbors(
         self,
