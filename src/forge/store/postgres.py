@@ -77,8 +77,14 @@ from forge.store.base import (
     check_setting,
     indexed_text,
 )
+from forge.store.common import HIDDEN as _HIDDEN
+from forge.store.common import count_arg as _count_arg
+from forge.store.common import diff as _diff
+from forge.store.common import int_arg as _int_arg
+from forge.store.common import query_words
+from forge.store.common import scope_before as _before
+from forge.store.common import sees as _sees
 from forge.store.records import event_record, parse_records, setting_record, vector_field
-from forge.store.sqlite import _HIDDEN, _before, _count_arg, _diff, _int_arg, _sees, query_words
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "migrate", "redact_dsn"]
 

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import sqlite3
 import threading
 import time
@@ -45,7 +44,6 @@ from forge.model import (
 from forge.store.base import (
     ANY_STATUS,
     CHANGE_OPS,
-    MAX_RESULTS,
     Event,
     Filter,
     Hit,
@@ -53,6 +51,13 @@ from forge.store.base import (
     check_setting,
     indexed_text,
 )
+from forge.store.common import HIDDEN as _HIDDEN
+from forge.store.common import count_arg as _count_arg
+from forge.store.common import diff as _diff
+from forge.store.common import int_arg as _int_arg
+from forge.store.common import query_words
+from forge.store.common import scope_before as _before
+from forge.store.common import sees as _sees
 from forge.store.records import event_record, parse_records, setting_record, vector_field
 from forge.store.vectors import VectorIndex
 
@@ -146,9 +151,6 @@ CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
 CREATE INDEX IF NOT EXISTS events_actor ON events(actor, seq);
 """
 
-_STOPWORDS = frozenset(
-    ["a", "an", "and", "are", "as", "at", "be", "but", "by", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "his", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "no", "not", "of", "on", "or", "our", "she", "so", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "to", "was", "we", "were", "what", "when", "where", "which", "who", "why", "will", "with", "you", "your"]
-)
 
 _COLUMNS = (
     "id, kind, content, domain, task, role, tags, scope, owner, confidence, validation, "
@@ -1196,44 +1198,6 @@ def _check_file(path: Path, *, create: bool) -> None:
         raise StoreError(f"{path}: not a FORGE database (not an SQLite file, or corrupt)")
 
 
-_HIDDEN = "(hidden)"  # what an agent sees of a value it could not see when it was written
-
-
-def _sees(viewer: Viewer, scope: Any, owner: Any) -> bool:
-    """Whether ``viewer`` may see a unit with this scope and owner."""
-    if viewer.operator or scope == "global":
-        return True
-    if scope == "private":
-        return bool(owner) and owner == viewer.agent
-    return isinstance(scope, str) and scope.startswith("group:") and scope[6:] in viewer.groups
-
-
-def _before(state: tuple[Any, Any], change: Mapping[str, Any]) -> tuple[Any, Any]:
-    """(scope, owner) before an update event whose diff is ``change``."""
-    scope, owner = state
-    if isinstance(change.get("scope"), Mapping):
-        scope = change["scope"].get("from")
-    if isinstance(change.get("owner"), Mapping):
-        owner = change["owner"].get("from")
-    return scope, owner
-
-
-def _int_arg(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(f"{name} must be an integer, got {type(value).__name__}")
-    if not -(2**63) <= value < 2**63:
-        raise ValidationError(f"{name} is out of range")
-    return value
-
-
-def _count_arg(value: Any, name: str, *, most: int = MAX_RESULTS) -> int:
-    """A result count: an integer from 0 to ``most``."""
-    value = _int_arg(value, name)
-    if not 0 <= value <= most:
-        raise ValidationError(f"{name} must be between 0 and {most}, got {value}")
-    return value
-
-
 def _split_sql(script: str) -> list[str]:
     """Split the schema into statements, keeping trigger bodies whole."""
     out, buf, depth = [], [], 0
@@ -1342,13 +1306,6 @@ def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any
     return (" AND ".join(clauses) or "1"), params
 
 
-def query_words(text: str) -> list[str]:
-    """The content words of free text, deduplicated, at most 32: what keyword search matches."""
-    # One-letter tokens ("Jonah's" -> "s") match huge posting lists and carry no meaning.
-    words = [w for w in re.findall(r"\w+", text.lower()) if len(w) > 1 and w not in _STOPWORDS]
-    return list(dict.fromkeys(words))[:32]
-
-
 def fts_query(text: str) -> str | None:
     """A safe FTS5 query from free text: its content words, OR-ed, each quoted."""
     words = query_words(text)
@@ -1358,7 +1315,3 @@ def fts_query(text: str) -> str | None:
 def _chunks(items: list, n: int) -> Iterator[list]:
     for i in range(0, len(items), n):
         yield items[i : i + n]
-
-
-def _diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: {"from": before.get(k), "to": v} for k, v in after.items() if before.get(k) != v and k != "updated_at"}
