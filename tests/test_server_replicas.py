@@ -49,3 +49,45 @@ def test_a_unit_written_through_one_replica_is_recalled_through_the_other_at_onc
         one.memory.close()
         other.close()
         pg_server.drop(schema)
+
+
+def test_two_replicas_of_one_receiver_act_on_a_capsule_once(pg_server):
+    """Both replicas of agent 'me' get the same capsule at once (a redelivery racing the
+    first delivery): exactly one stores it, the other records a replay."""
+    import threading
+
+    from forge.capsule import Capsule, Keyring
+    from forge.exchange import Exchange
+    from forge.model import Unit, Viewer
+    from forge.store import ANY_STATUS
+    from forge.store.postgres import PostgresStore
+
+    schema = pg_support.new_schema()
+    url = pg_server.url(schema)
+    keyring = Keyring.from_secret("population-secret")
+    memories = [Memory(PostgresStore(url), HashingEmbedder(64)) for _ in range(2)]
+    try:
+        replicas = [Exchange(m, "me", keyring, clock=lambda: 1_000_000.0) for m in memories]
+        for i in range(5):
+            unit = Unit(f"When door {i} is locked, look for a key under mat {i} first.", kind="rule", owner="alice")
+            cap = keyring.sign(Capsule(unit=unit, sender="alice", origin="alice", confidence=0.8,
+                                       sent_at=1_000_000.0, to=("me",)))
+            go = threading.Barrier(2)
+            out: list = [None, None]
+
+            def take(j: int, cap=cap, go=go, out=out) -> None:
+                go.wait()
+                out[j] = replicas[j].receive(cap)
+
+            threads = [threading.Thread(target=take, args=(j,)) for j in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert sorted(d.reason for d in out) == ["replay", "useful"], [(d.outcome, d.reason) for d in out]
+        stored = memories[0].store.list(viewer=Viewer.admin(), filter=ANY_STATUS, limit=100)
+        assert len([u for u in stored if "capsule" in u.meta]) == 5
+    finally:
+        for m in memories:
+            m.close()
+        pg_server.drop(schema)

@@ -382,3 +382,13 @@ def test_a_moved_memory_keeps_its_ledger_reputations_and_embedder(store, tmp_pat
     assert third.count(viewer=ADMIN) == 0
     other.close()
     third.close()
+
+
+def test_a_claim_is_recorded_once_and_undone_with_its_transaction(store):
+    assert store.claim("capsule/me/c1") is True
+    assert store.claim("capsule/me/c1") is False
+    with pytest.raises(RuntimeError), store.transaction():
+        assert store.claim("capsule/me/c2") is True
+        raise RuntimeError("rolled back")
+    assert store.claim("capsule/me/c2") is True  # the undone claim left nothing behind
+    assert "capsule/me/c1" not in store.settings()  # claims are not settings

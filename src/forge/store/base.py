@@ -176,6 +176,14 @@ class Store(Protocol):
         """Set one setting; inside :meth:`transaction` it commits or rolls back with the rest."""
         ...
 
+    def claim(self, key: str) -> bool:
+        """Record ``key`` once and for all: True for the one call that recorded it, False
+        when it was recorded before. Inside :meth:`transaction` the claim is undone with
+        the rest, and a concurrent claim of the same key waits for that transaction to end,
+        so replicas of one receiver act on a message exactly once (the exchange claims
+        each capsule id)."""
+        ...
+
     def transaction(self) -> AbstractContextManager[None]:
         """``with store.transaction():`` makes the writes inside one atomic unit.
 

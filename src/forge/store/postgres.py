@@ -202,6 +202,10 @@ CREATE TRIGGER units_fts_sync AFTER INSERT OR UPDATE OF search_text ON units
 DROP INDEX units_fts;
 ALTER TABLE units DROP COLUMN search_tsv;
 """),
+    # Claims: keys recorded once (Store.claim), e.g. each capsule id an exchange acted on.
+    (5, """
+CREATE TABLE claims (key text PRIMARY KEY, at double precision NOT NULL);
+"""),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -464,6 +468,15 @@ class PostgresStore:
 
     def settings(self) -> dict[str, str]:
         return dict(self._q("SELECT key, value FROM settings"))
+
+    def claim(self, key: str) -> bool:
+        key, _ = check_setting(key, "")
+        _no_nul(key, "a claim key")
+        with self._tx() as db:
+            # A concurrent insert of the same key waits on this one's transaction (unique index).
+            return db.execute(
+                "INSERT INTO claims VALUES (%s, %s) ON CONFLICT (key) DO NOTHING", (key, time.time())
+            ).rowcount == 1
 
     def set_setting(self, key: str, value: str) -> None:
         key, value = check_setting(key, value)

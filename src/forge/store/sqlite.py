@@ -149,6 +149,7 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
 CREATE INDEX IF NOT EXISTS events_actor ON events(actor, seq);
+CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
 """
 
 
@@ -285,6 +286,9 @@ class SQLiteStore:
             raise StoreError(
                 f"{self.path}: schema version {version} is not supported (this FORGE reads {SCHEMA_VERSION})"
             )
+        if not self.readonly and not self._q("SELECT 1 FROM sqlite_master WHERE name = 'claims'"):
+            with self._tx(check=False) as db:  # files made before claims existed
+                db.execute("CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID")
         if not self.readonly and self._setting("db_id") is None:
             # Binds the vector index file to this database (see forge.store.vectors).
             with self._tx(check=False) as db:
@@ -425,6 +429,11 @@ class SQLiteStore:
 
     def settings(self) -> dict[str, str]:
         return {k: v for k, v in self._q("SELECT key, value FROM meta") if k not in _INTERNAL_KEYS}
+
+    def claim(self, key: str) -> bool:
+        key, _ = check_setting(key, "")
+        with self._tx() as db:
+            return db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?)", (key, time.time())).rowcount == 1
 
     def set_setting(self, key: str, value: str) -> None:
         key, value = check_setting(key, value)
