@@ -189,3 +189,24 @@ def test_keyword_search_skips_words_most_units_hold(url):
         assert store._informative(["harbour", "lighthous"]) == ["lighthous"]
         assert store._informative(["harbour", "note"]) in (["harbour"], ["note"])  # all common: the rarest
         assert [h.id for h in store.keyword_search("harbour lighthouse", k=3, viewer=ADMIN)] == ["lh"]
+
+
+def test_the_cli_on_a_postgresql_url(url, capsys):
+    from forge.cli import main
+
+    def forge(*args):
+        try:
+            main(["--db", url, *args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, _, err = forge("--embedder", "hash", "add", "Bleed the radiator before winter.", "--kind", "rule")
+    assert code == 0, err
+    code, out, err = forge("--json", "recall", "radiator winter")
+    assert code == 0, err
+    assert "Bleed the radiator" in out
+    code, out, _ = forge("--json", "stats")
+    assert code == 0 and '"units": 1' in out

@@ -181,6 +181,18 @@ class Ledger:
         self._local = threading.local()  # this thread's staged decisions (see staged())
         self._items: list[Decision] = ledger_decisions(store, name=name) if store is not None else []
 
+    @staticmethod
+    def names(store: Any) -> list[str]:
+        """The ledgers kept in ``store`` (one per receiving agent), sorted."""
+        names = {k.split("/", 2)[1] for k in store.settings() if k.startswith("ledger/") and k.count("/") >= 2}
+        seq = 0
+        while True:
+            page = store.events(viewer=Viewer.admin(), ops=(DECISION_OP,), since_seq=seq, limit=10_000)
+            names.update(e.actor for e in page)
+            if len(page) < 10_000:
+                return sorted(names)
+            seq = page[-1].seq
+
     @contextlib.contextmanager
     def staged(self) -> Iterator[None]:
         """Decisions recorded inside the block are listed only if it ends without an error.
