@@ -212,6 +212,29 @@ def check_executor(executor: str) -> str:
     raise ConfigError(f"unknown executor {executor!r}; expected process, ray or ray://HOST:PORT")
 
 
+def _import_ray() -> Any:
+    """Import Ray, before anything loads usearch: Ray aborts in ``ray.init`` (std::regex_error)
+    in a process where usearch's C++ library was loaded first (measured with ray 2.60 and
+    usearch 2.x); loaded the other way round both work."""
+    import sys
+    import warnings
+
+    mods = list(sys.modules)
+    if "usearch.index" in sys.modules and ("ray._raylet" not in sys.modules
+                                           or mods.index("usearch.index") < mods.index("ray._raylet")):
+        raise ConfigError(
+            "Ray cannot start in this process: it loaded usearch (the vector index) before Ray, and their "
+            "C++ runtimes clash; run with --executor ray in a fresh process, or import ray before forge"
+        )
+    with warnings.catch_warnings():  # Ray's own import-time notices are not ours to fail on
+        warnings.simplefilter("ignore")
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("--executor ray needs Ray: pip install 'forge-memory[ray]'") from None
+    return ray
+
+
 class _Runner:
     """Runs tasks in process (workers=1), in a process pool, or as Ray tasks; results come
     back as they finish and are handed on in instance order per batch, so the run is the
@@ -265,12 +288,9 @@ class _Runner:
         import uuid
         import warnings
 
+        ray = _import_ray()
         with warnings.catch_warnings():  # Ray's own start-up notices are not ours to fail on
             warnings.simplefilter("ignore")
-            try:
-                import ray
-            except ImportError:
-                raise ConfigError("--executor ray needs Ray: pip install 'forge-memory[ray]'") from None
             if not ray.is_initialized():
                 if self.executor == "ray":
                     # Local workers import what this process can (tests, user modules with factories).
@@ -333,7 +353,8 @@ def evolve(
     display (only on a terminal), a callable receiving ``(event, data)``, or None. ``hook``
     is called at stage, instance and attempt boundaries (tests interrupt runs from it).
     """
-    check_executor(executor)
+    if check_executor(executor) != "process":
+        _import_ray()  # before the run's store loads usearch (see _import_ray)
     env = build_env(config)  # fail on a missing optional backend before creating anything
     env.close()
     run = RunDir(run_dir)
@@ -366,6 +387,8 @@ def resume(
         final = run.read_json(run.final_path)
         return RunResult(run.path, config, final)
     run.event("resumed")
+    if check_executor(executor) != "process":
+        _import_ray()
     return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery,
                   executor=check_executor(executor))
 
