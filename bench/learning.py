@@ -57,7 +57,7 @@ def run_cell(env: str, condition: str, representation: str, seeds: Sequence[int]
             instances=args.instances, stages=args.stages, attempts=args.attempts,
             eval_episodes=args.eval_episodes, seed=seed,
             max_steps=None if env.startswith("textarena:") else args.max_steps,  # TextArena games set their own
-            workers=args.workers, rule_guard=args.rule_guard,
+            workers=args.workers, rule_guard=args.rule_guard, reflection=args.reflection,
         )
         run_dir = root / f"{env}-{condition}-{representation}-seed{seed}"
         started = time.perf_counter()
@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-steps", type=int)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--rule-guard", action="store_true", help="enforce 'do not' rules as hard exclusions")
+    p.add_argument("--reflection", default="slots", choices=["slots", "free"], help="how rules are reflected (default slots)")
     p.add_argument("--out", help="keep the run directories here (default: a temp dir)")
+    p.add_argument("--save", help="also write the JSON result to this file (the table still prints)")
     args = p.parse_args(argv)
     quick = {"instances": 3, "stages": 2, "attempts": 2, "eval_episodes": 2, "max_steps": 10}
     full = {"instances": 3, "stages": 3, "attempts": 2, "eval_episodes": 3, "max_steps": None}
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     cells = [run_cell(env, cond, rep, list(range(args.seeds)), args, root) for env in envs for cond, rep in conditions]
     result = {"settings": vars(args), "cells": cells, "comparison": compare(cells), "targets": TARGETS,
               "seconds": round(time.perf_counter() - started, 1), "out": str(root)}
+    if args.save:
+        Path(args.save).write_text(json.dumps(result, indent=2))
     if args.json:
         print(json.dumps(result, indent=2))
         return

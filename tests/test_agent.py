@@ -159,10 +159,11 @@ def test_remember_offers_only_important_units(population):
 def test_learning_with_a_model_adds_and_archives_rules(population, env):
     a1 = population["a1"]
     [old] = a1.remember(Unit("when at the start, then go right and then down", kind="rule", importance=0.5))
-    reply = {"edits": [{"role": "actor", "delete": [0], "add": ["when you are at row 0, col 1, then move right instead of down"]}]}
+    reply = {"avoid": "down", "instead": "right", "delete": [0]}  # the lesson's slots, filled in by the model
     llm = ScriptedLLM(lambda r: json.dumps(reply) if r.json_schema else "ok", capabilities=("json_schema",))
     [new] = fall(a1, env, llm=llm)
     assert new.confidence == 0.7 and "fallback" not in new.meta
+    assert new.content.startswith("when you are at row 0, col 1, on a frozen tile, do not down")
     assert a1.memory.get(old.id, viewer=Viewer.admin()).status is Status.ARCHIVED
     assert [u.content for u in known(a1)] == [new.content]
 

@@ -15,6 +15,7 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
+import curation  # noqa: E402
 import ingest  # noqa: E402
 import locomo  # noqa: E402
 from _common import Mixture, exact_topk, percentiles_ms, recall_at_k  # noqa: E402
@@ -191,3 +192,12 @@ def test_locomo_rejects_files_that_are_not_locomo(tmp_path: Path) -> None:
     bad.write_text(json.dumps([{"hello": 1}]))
     with pytest.raises(SystemExit, match="not a LoCoMo sample"):
         locomo.load(bad)
+
+
+def test_curation_bench_runs_and_curation_helps_on_its_stream() -> None:
+    r = curation.run(writes=300, queries=40, pass_sizes=(200,))
+    off, on = r["off"], r["on"]
+    assert off["active"] == 300 and on["active"] < off["active"]
+    assert on["duplicate_rate"] < off["duplicate_rate"] and on["false_recall_share"] <= off["false_recall_share"]
+    assert set(on["actions"]) >= {"add", "noop", "update"} and r["pass"][0]["units"] == 200
+    assert "Curation off vs on" in curation.render(r)

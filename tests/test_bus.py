@@ -8,7 +8,7 @@ import time
 import pytest
 
 import test_bus_support as support
-from forge.bus import Bus, MemoryBus, Message, Subscription, open_bus
+from forge.bus import Bus, BusMessage, MemoryBus, Subscription, open_bus
 from forge.capsule import Capsule
 from forge.errors import BusError, ConfigError, ValidationError
 from forge.model import Unit
@@ -19,7 +19,7 @@ def bus(request):
     yield from support.make_bus(request.param)
 
 
-def payloads(msgs: list[Message]) -> list[bytes]:
+def payloads(msgs: list[BusMessage]) -> list[bytes]:
     return [m.payload for m in msgs]
 
 

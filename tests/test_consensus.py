@@ -14,12 +14,12 @@ from forge.consensus import (
     Consensus,
     ContextSplit,
     Debate,
-    Decision,
     HeuristicDetector,
     Ledger,
     LLMDetector,
     RecencyPolicy,
     Reputation,
+    Ruling,
 )
 from forge.embed import HashingEmbedder
 from forge.errors import LLMError, ValidationError
@@ -293,9 +293,9 @@ def test_promote_ready_after_the_fact(memory: Memory) -> None:
 def test_ledger_persists_filters_and_counts(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "l.db")
     ledger = Ledger(store, name="me")
-    ledger.record(Decision("rejected", "unsigned", sender="eve", capsule_id="c1"))
-    ledger.record(Decision("accepted", "useful", sender="alice", unit_id="u1", at=10.0))
-    ledger.record(Decision("rejected", "unsigned", sender="eve"))
+    ledger.record(Ruling("rejected", "unsigned", sender="eve", capsule_id="c1"))
+    ledger.record(Ruling("accepted", "useful", sender="alice", unit_id="u1", at=10.0))
+    ledger.record(Ruling("rejected", "unsigned", sender="eve"))
     store.close()
     again = Ledger(SQLiteStore(tmp_path / "l.db"), name="me")
     assert len(again) == 3 and again.durable
@@ -308,16 +308,16 @@ def test_ledger_persists_filters_and_counts(tmp_path: Path) -> None:
     with pytest.raises(ValidationError):
         again.counts(by="colour")
     with pytest.raises(ValidationError):
-        Decision("maybe", "x")
+        Ruling("maybe", "x")
     with pytest.raises(ValidationError):
         Ledger(None, name="a/b")
 
 
 def test_ledgers_are_decision_events_and_old_settings_ledgers_still_read(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "l.db")
-    Ledger(store, name="me").record(Decision("accepted", "useful", capsule_id="c2", at=20.0))
+    Ledger(store, name="me").record(Ruling("accepted", "useful", capsule_id="c2", at=20.0))
     # A ledger written before decisions were events: a settings key per decision.
-    old = Decision("rejected", "replay", capsule_id="c1", at=10.0)
+    old = Ruling("rejected", "replay", capsule_id="c1", at=10.0)
     store.set_setting("ledger/old/00000000000000000001ab", json.dumps(old.to_dict()))
     assert [e.actor for e in store.events(viewer=ADMIN, ops=["decision"])] == ["me"]
     assert not [k for k in store.settings() if k.startswith("ledger/me/")]  # no key per decision any more

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fakes import Clock
 from forge.capsule import Capsule, Keyring
 from forge.consensus import Consensus, RecencyPolicy
 from forge.embed import HashingEmbedder
@@ -22,14 +23,6 @@ ADMIN = Viewer.admin()
 RULE = "When the door is locked, look for a key first."
 PARAPHRASE = "When the door is locked, look for the key first."
 NEGATED = "When the door is locked, never look for a key first."
-
-
-class Clock:
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+from fakes import Clock
 from forge.agent import Agent
 from forge.bus import MemoryBus, Network
 from forge.capsule import MAX_TTL_S, Capsule, Keyring
@@ -29,14 +30,6 @@ from test_bus_support import cleanup, redis_bus
 ADMIN = Viewer.admin()
 SECRET = "population-secret"
 RULE = "When the door is locked, look for a key under the mat first."
-
-
-class Clock:
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @pytest.fixture

@@ -67,5 +67,6 @@ def test_now_picks_the_rules_for_this_situation_even_beyond_the_budget():
         rec = recollect(mem, viewer=Viewer.of("x"), query=Q, budget=20, valid_actions=("left", "down", "right", "up"))
         text, ids = rec.now_text("You are at row 2, col 0, on a frozen tile")
         assert ids == [target.id] and "do not down" in text
+        assert text.endswith("Failed here before: down. Choose one of: left, right, up.")
         assert rec.forbidden("You are at row 2, col 0, on a frozen tile") == {"down"}
         assert rec.now("You are at row 1, col 1, on a frozen tile") == []

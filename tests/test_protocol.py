@@ -102,7 +102,7 @@ def test_attempts_restart_from_step_zero_and_reflection_changes_behaviour(tmp_pa
 
 
 def test_valid_reflection_is_used_and_invented_names_dropped(tmp_path):
-    cfg = ForgeConfig(condition="reflexion", env="frozenlake-4x4", llm="test", instances=1, stages=1, attempts=2, eval_episodes=1)
+    cfg = ForgeConfig(condition="reflexion", env="frozenlake-4x4", llm="test", instances=1, stages=1, attempts=2, eval_episodes=1, reflection="free")
     evolve(cfg, tmp_path / "run", llm_factory=valid_factory)
     res = json.loads((tmp_path / "run/checkpoints/stage-00/inst-00.result.json").read_text())
     refl = res["attempts"][0]["reflection"]
@@ -398,3 +398,13 @@ def test_cli_bad_diversity_exits_2_with_one_line(tmp_path, value):
     res = CliRunner().invoke(evolve_command, ["--llm", "test", "--diversity", value, "--run-dir", str(tmp_path / "r")])
     assert res.exit_code == 2 and res.output.count("\n") == 1 and "diversity must be a number between 0 and 2" in res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_quick_demo_runs_zero_shot_and_forge_on_the_same_seeds_into_one_report(tmp_path):
+    res = CliRunner().invoke(evolve_command, ["--quick-demo", "--llm", "test", "--run-dir", str(tmp_path / "qd"), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert [r["condition"] for r in out["runs"]] == ["zero-shot", "forge"]
+    configs = [json.loads((tmp_path / "qd" / c / "config.json").read_text()) for c in ("zero-shot", "forge")]
+    assert {c["seed"] for c in configs} == {0} and {c["env"] for c in configs} == {"frozenlake-4x4"}
+    assert (tmp_path / "qd/report/report.html").is_file() and (tmp_path / "qd/report/summary.json").is_file()

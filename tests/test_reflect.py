@@ -98,7 +98,7 @@ def test_reflect_valid_rules_keeps_good_drops_bad():
     reply = json.dumps({"edits": [{"role": "actor", "delete": [7], "add": [
         "When you are at row 2, col 0, on a frozen tile, do not down; go right", "then call jump_now()", "when x, then up"]}]})
     llm = ScriptedLLM([reply])
-    out = reflect(llm, snapshot(), representation="rules")
+    out = reflect(llm, snapshot(), representation="rules", style="free")
     assert not out.fallback
     assert out.edits == (RuleEdit("actor", (), ("when you are at row 2, col 0, on a frozen tile, do not down; go right",)),)
     assert any("index 7" in d for d in out.dropped) and any("jump_now" in d for d in out.dropped)
@@ -108,10 +108,40 @@ def test_reflect_valid_rules_keeps_good_drops_bad():
 def test_rule_recommending_the_failed_action_is_repaired_and_recorded():
     # the rule the 1.5B model really wrote: it recommends the move that fell into the hole
     reply = json.dumps({"edits": [{"role": "actor", "add": ["when You are at row 2, col 0, on a frozen tile, then down (reward -1)"]}]})
-    out = reflect(ScriptedLLM([reply]), snapshot(), representation="rules")
+    out = reflect(ScriptedLLM([reply]), snapshot(), representation="rules", style="free")
     assert not out.fallback
     assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
     assert out.repaired and "recommends the action that failed" in out.repaired[0]
+
+
+def test_slot_reflection_writes_the_rule_for_the_failing_situation():
+    shown = rules("when you are at row 1, col 1, on a frozen tile, do not up")
+    llm = ScriptedLLM([json.dumps({"avoid": "down", "instead": "right", "delete": [0]})])
+    out = reflect(llm, snapshot(shown), representation="rules")
+    assert not out.fallback and not out.dropped
+    assert out.edits == (RuleEdit("actor", (0,), ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)),)
+    prompt = llm.requests[0].messages[-1].content
+    assert "'when you are at row 2, col 0, on a frozen tile, do not <avoid>; <instead> was safe there'" in prompt
+    assert "[0] when you are at row 1, col 1" in prompt
+
+
+def test_slot_reflection_repairs_a_lesson_that_avoids_the_wrong_action():
+    # the model blames "left" (safe) and recommends "down" (the move that fell in): repaired
+    out = reflect(ScriptedLLM([json.dumps({"avoid": "left", "instead": "down"})]), snapshot(), representation="rules")
+    assert not out.fallback
+    assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
+    assert out.repaired and "recommends the action that failed" in out.repaired[0]
+
+
+def test_slot_reflection_that_avoids_and_recommends_one_action_falls_back():
+    out = reflect(ScriptedLLM([json.dumps({"avoid": "up", "instead": "up"})]), snapshot(), representation="rules")
+    assert out.fallback and "same action" in out.dropped[0]
+    assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
+
+
+def test_unknown_reflection_style():
+    with pytest.raises(ValidationError, match="reflection style"):
+        reflect(ScriptedLLM(), snapshot(), style="poem")
 
 
 def test_malformed_reflection_falls_back_to_trajectory_rule():

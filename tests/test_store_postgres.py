@@ -141,7 +141,7 @@ def test_many_writer_processes_at_once_lose_nothing(url):
 
 
 def test_memory_and_ledger_over_postgres(url):
-    from forge.consensus import Decision, Ledger
+    from forge.consensus import Ledger, Ruling
     from forge.embed import HashingEmbedder
     from forge.memory import Memory
 
@@ -149,7 +149,7 @@ def test_memory_and_ledger_over_postgres(url):
     try:
         mem.add([Unit("Lock the shed before a storm.", kind="rule"), Unit("The shed key hangs by the door.")])
         assert "storm" in mem.recall("storm coming, what about the shed?", viewer=ADMIN)[0].unit.content
-        Ledger(mem.store, name="me").record(Decision(outcome="accepted", reason="useful"))
+        Ledger(mem.store, name="me").record(Ruling(outcome="accepted", reason="useful"))
     finally:
         mem.close()
     again = Memory.open(url)  # the recorded embedder is used

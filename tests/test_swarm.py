@@ -141,9 +141,11 @@ def test_ctrl_c_stops_every_agent(tmp_path, redis_client):
             proc.communicate()
     assert proc.returncode == 130, output.decode()
     data = json.loads((out / "swarm.json").read_text())
+    logs = {p.name: p.read_text(errors="replace")[-2000:] for p in out.glob("*.log")}
+    why = json.dumps({"agents": data["agents"], "exit_codes": data["exit_codes"], "logs": logs}, indent=1, default=str)
     assert data["status"] == "interrupted"
-    assert all(a["state"] == "stopped" for a in data["agents"].values())
-    assert all(code == 0 for code in data["exit_codes"].values())
+    assert all(a["state"] == "stopped" for a in data["agents"].values()), why
+    assert all(code == 0 for code in data["exit_codes"].values()), why
     assert leftover_keys(redis_client, data["prefix"]) == []
 
 

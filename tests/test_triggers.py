@@ -8,6 +8,7 @@ import time
 import pytest
 
 import test_bus_support as support
+from fakes import Clock as FakeClock
 from forge.bus import MemoryBus, Network
 from forge.capsule import Capsule, Keyring
 from forge.embed import HashingEmbedder
@@ -32,14 +33,6 @@ def bus(request):
     yield from support.make_bus(request.param)
 
 
-class FakeClock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def cap(importance: float, text: str = "x", sender: str = "a") -> Capsule:
     return Capsule.of(Unit(f"unit {text}", owner=sender, importance=importance), sender=sender)
 
@@ -57,7 +50,7 @@ def test_importance_trigger():
 
 
 def test_token_bucket_bursts_then_keeps_the_pace():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     b = TokenBucket(rate=2.0, burst=3, clock=clock)
     assert [b.try_take() for _ in range(4)] == [True, True, True, False]
     assert b.wait_time() == pytest.approx(0.5)
@@ -106,7 +99,7 @@ def test_full_outbox_blocks_until_room_or_times_out():
 
 
 def test_broadcaster_is_rate_limited_and_loses_nothing_it_accepted(bus):
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     keys = Keyring.from_secret("k")
     net = Network(bus, FullMesh(["a", "b", "c"]), keyring=keys)
     inbox_b = net.inbox("b")
@@ -138,7 +131,7 @@ def test_a_failed_send_puts_the_capsule_back():
 
 def test_periodic_sync_batches_own_new_units_since_the_last_sync():
     mem = memory()
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     sync = PeriodicSync(mem, agent="a", interval_s=30, clock=clock)
     mem.add([Unit("first lesson", owner="a", created_at=1.0), Unit("second lesson", owner="a", created_at=2.0)])
     mem.add([Unit("someone else's", owner="b", created_at=1.5), Unit("secret", owner="a", scope="private", created_at=1.6)])

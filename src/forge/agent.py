@@ -28,7 +28,7 @@ from typing import Any
 
 from forge.bus import Bus, CapsuleInbox, Network, open_bus
 from forge.capsule import Keyring
-from forge.consensus import Decision
+from forge.consensus import Ruling
 from forge.embed import Embedder, open_embedder
 from forge.envs.base import Env
 from forge.errors import ConfigError, NotFoundError
@@ -36,7 +36,7 @@ from forge.exchange import Exchange, HeuristicAssessor
 from forge.llm.base import LLM
 from forge.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
 from forge.memory import Memory
-from forge.model import Context, Episode, Status, Unit
+from forge.model import Context, Episode, Status, Unit, Viewer
 from forge.policy import Policy
 from forge.prompt import Recollection
 from forge.recall import Packed, Recalled
@@ -75,6 +75,7 @@ class Agent:
         groups: Iterable[str] = (),
         roles: Sequence[str] = ("actor",),
         importance: float = 0.8,
+        admission: Any = None,
     ) -> None:
         if not agent_id:
             raise ConfigError("an agent needs an id")
@@ -86,6 +87,7 @@ class Agent:
         self.llm = llm
         self.roles = tuple(roles)
         self.importance = importance
+        self.admission = admission  # an AdmissionPolicy: remember() goes through forge.curate.admit
         self.viewer = self.exchange.viewer  # its groups plus the consensus group
         self.started = time.time()
         self.episodes = 0
@@ -117,6 +119,7 @@ class Agent:
         profile: str = "",
         groups: Iterable[str] = (),
         members: Mapping[str, Iterable[str]] | None = None,
+        admission: Any = None,
     ) -> Agent:
         """Build an agent from strings; what it builds here it closes in :meth:`close`.
 
@@ -160,7 +163,7 @@ class Agent:
                 llm = open_llm(llm, **kwargs)
                 owned.append(llm)
             exchange = Exchange(memory, agent_id, keyring, groups=groups, assessor=HeuristicAssessor(profile=profile))
-            agent = cls(agent_id, memory=memory, network=network, exchange=exchange, llm=llm, groups=groups)
+            agent = cls(agent_id, memory=memory, network=network, exchange=exchange, llm=llm, groups=groups, admission=admission)
         except BaseException:
             for thing in reversed(owned):
                 with contextlib.suppress(Exception):
@@ -211,12 +214,24 @@ class Agent:
     def remember(self, units: Unit | Sequence[Unit]) -> list[Unit]:
         """Store units as this agent's own; offer each to the broadcaster's trigger.
 
-        Units without an owner become this agent's. Returns the units as stored.
+        Units without an owner become this agent's. Returns the units as stored. With an
+        ``admission`` policy each unit is admitted instead (:func:`forge.curate.admit`): a
+        near-duplicate merges into the unit already held, which is returned and not offered
+        again; an update supersedes what it contradicts.
         """
         units = [units] if isinstance(units, Unit) else list(units)
         units = [u if u.owner else u.replace(owner=self.id) for u in units]
-        self.memory.add(units, actor=f"agent:{self.id}")
-        for u in units:
+        if self.admission is None:
+            self.memory.add(units, actor=f"agent:{self.id}")
+            fresh = units
+        else:
+            from forge.curate.admission import NOOP, admit
+
+            decisions = admit(self.memory, units, actor=f"agent:{self.id}", policy=self.admission)
+            admin = Viewer.admin()
+            units = [self.memory.get(d.unit_id, viewer=admin) for d in decisions]
+            fresh = [u for u, d in zip(units, decisions, strict=True) if d.action != NOOP]
+        for u in fresh:
             self.broadcaster.offer(u)
         return units
 
@@ -324,11 +339,11 @@ class Agent:
         return self.broadcaster.reply(request, replies)
 
     # -- receiving ------------------------------------------------------------------------
-    def receive(self, capsule: Any) -> Decision:
+    def receive(self, capsule: Any) -> Ruling:
         """Judge one capsule from any transport (verify, screen, dedup, assess, integrate)."""
         return self.exchange.receive(capsule)
 
-    def pump(self, *, count: int = 64, block_ms: int = 0) -> list[Decision]:
+    def pump(self, *, count: int = 64, block_ms: int = 0) -> list[Ruling]:
         """Handle one batch from this agent's inbox; each capsule is acked once judged.
 
         Where the topology makes this agent a relay (a star's hub, a group's representative)
@@ -338,7 +353,7 @@ class Agent:
         """
         if self._inbox is None:
             self._inbox = self.network.inbox(self.id)
-        decisions: list[Decision] = []
+        decisions: list[Ruling] = []
 
         def handle(capsule: Any) -> None:
             if getattr(capsule, "kind", "") == "help_request":
@@ -352,9 +367,9 @@ class Agent:
         self.network.pump(self.id, self._inbox, handle=handle, count=count, block_ms=block_ms, relay=False)
         return decisions
 
-    def drain(self, *, limit: int = 1000) -> list[Decision]:
+    def drain(self, *, limit: int = 1000) -> list[Ruling]:
         """Pump until the inbox is empty (or ``limit`` capsules were handled)."""
-        out: list[Decision] = []
+        out: list[Ruling] = []
         while len(out) < limit:
             batch = self.pump(count=min(64, limit - len(out)))
             if not batch:

@@ -98,10 +98,12 @@ def _viewer(agent: str | None, groups: tuple[str, ...]) -> Viewer:
 @click.option("--source", default="user", show_default=True, help="Provenance source.")
 @click.option("--derived-from", "derived", multiple=True, help="Unit id this one derives from (repeatable).")
 @click.option("--meta", "meta_json", default="{}", help="Extra fields as a JSON object.")
+@click.option("--admit", "through_admission", is_flag=True,
+              help="Go through admission: a duplicate merges, a contradiction updates (forge.curate).")
 @pass_ctx
 def add(obj: _Ctx, content: str, kind: str, domain: str, task: str, role: str, tags: tuple[str, ...], scope: str,
         owner: str, confidence: float, importance: float, validation: float, source: str,
-        derived: tuple[str, ...], meta_json: str) -> None:
+        derived: tuple[str, ...], meta_json: str, through_admission: bool) -> None:
     """Add one memory unit."""
     meta = _json_object(meta_json, "--meta")
     unit = Unit(
@@ -119,10 +121,14 @@ def add(obj: _Ctx, content: str, kind: str, domain: str, task: str, role: str, t
     with obj.memory() as mem:
         for parent in derived:
             mem.get(parent, viewer=Viewer.admin())
-        [uid] = mem.add(unit, actor="cli")
+        decision = mem.admit(unit, actor="cli")[0] if through_admission else None
+        [uid] = [decision.unit_id] if decision is not None else mem.add(unit, actor="cli")
         for parent in derived:
             mem.relate(uid, parent, "derived_from", actor="cli")
-    obj.emit({"id": uid}, uid)
+    if decision is None:
+        obj.emit({"id": uid}, uid)
+    else:
+        obj.emit({"id": uid, "admission": decision.to_dict()}, f"{uid}  ({decision.action}: {decision.reason})")
 
 
 @cli.command()
@@ -345,6 +351,7 @@ def _write_atomically(target: Path, records: Any) -> int:
     return n
 
 
+from forge.curate.cli import curate_command, trace_command  # noqa: E402
 from forge.protocols.cli import evolve_command, report_command  # noqa: E402  (after cli is defined)
 from forge.server.cli import register as _register_service  # noqa: E402
 from forge.swarm_cli import swarm_command  # noqa: E402
@@ -354,6 +361,8 @@ cli.add_command(evolve_command, "evolve")
 cli.add_command(report_command, "report")
 cli.add_command(swarm_command, "swarm")
 cli.add_command(team_command, "team")
+cli.add_command(curate_command, "curate")
+cli.add_command(trace_command, "trace")
 _register_service(cli)  # serve, keys, audit, mcp
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -107,6 +107,24 @@ class _Calls:
         units = [units] if isinstance(units, Unit) else list(units)
         return {"units": [_unit_in(u) for u in units]}
 
+    @staticmethod
+    def changes(unit: Unit) -> dict[str, Any]:
+        """The fields a PATCH may change (the server keeps ids, owners and counters)."""
+        return {k: v for k, v in _unit_in(unit).items() if k in ("content", "kind", "context", "scope", "confidence", "importance", "meta")}
+
+    @staticmethod
+    def episode(episode: Episode) -> dict[str, Any]:
+        d = episode.to_dict()
+        d.pop("created_at")
+        return d
+
+    @staticmethod
+    def ndjson(records: Iterable[dict[str, Any]]) -> bytes:
+        return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+_NDJSON = {"content-type": "application/x-ndjson"}
+
 
 class Client:
     """Synchronous client. ``transport`` lets tests pass an in-process ASGI transport."""
@@ -147,8 +165,7 @@ class Client:
         return ids
 
     def update(self, unit: Unit, *, actor: str = "", reembed: bool = True) -> Unit:
-        fields = {k: v for k, v in _unit_in(unit).items() if k in ("content", "kind", "context", "scope", "confidence", "importance", "meta")}
-        return Unit.from_dict(self._call("PATCH", f"/v1/units/{unit.id}", json=fields).json())
+        return Unit.from_dict(self._call("PATCH", f"/v1/units/{unit.id}", json=_Calls.changes(unit)).json())
 
     def set_status(self, unit_id: str, status: Status | str, *, reason: str, actor: str = "") -> None:
         self._call("POST", f"/v1/units/{unit_id}/status", json={"status": Status.parse(status).value, "reason": reason})
@@ -158,9 +175,7 @@ class Client:
         return Relation.from_dict(self._call("POST", "/v1/relations", json=body).json())
 
     def add_episode(self, episode: Episode, *, actor: str = "") -> str:
-        d = episode.to_dict()
-        d.pop("created_at")
-        return self._call("POST", "/v1/episodes", json=d).json()["id"]
+        return self._call("POST", "/v1/episodes", json=_Calls.episode(episode)).json()["id"]
 
     def get_episode(self, episode_id: str) -> Episode:
         return Episode.from_dict(self._call("GET", f"/v1/episodes/{episode_id}").json())
@@ -203,8 +218,7 @@ class Client:
                     yield json.loads(line)
 
     def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
-        body = "".join(json.dumps(r) + "\n" for r in records)
-        return self._call("POST", "/v1/import", content=body.encode(), headers={"content-type": "application/x-ndjson"}).json()["records"]
+        return self._call("POST", "/v1/import", content=_Calls.ndjson(records), headers=_NDJSON).json()["records"]
 
     def close(self) -> None:
         self._http.close()
@@ -273,8 +287,35 @@ class AsyncClient:
         d = (await self._call("POST", "/v1/context", json={"query": query, "budget": budget, "k": k, "filter": _filter(filter), "hops": hops})).json()
         return Packed({n: [_recalled(r) for r in rs] for n, rs in d["sections"].items()}, d["tokens"], d["budget"], [])
 
+    async def update(self, unit: Unit, *, actor: str = "", reembed: bool = True) -> Unit:
+        return Unit.from_dict((await self._call("PATCH", f"/v1/units/{unit.id}", json=_Calls.changes(unit))).json())
+
+    async def add_episode(self, episode: Episode, *, actor: str = "") -> str:
+        return (await self._call("POST", "/v1/episodes", json=_Calls.episode(episode))).json()["id"]
+
+    async def get_episode(self, episode_id: str) -> Episode:
+        return Episode.from_dict((await self._call("GET", f"/v1/episodes/{episode_id}")).json())
+
+    async def relations(self, unit_id: str) -> list[Relation]:
+        return [Relation.from_dict(r) for r in (await self._call("GET", f"/v1/units/{unit_id}/relations")).json()]
+
+    async def trace(self, unit_id: str) -> dict[str, Any]:
+        return (await self._call("GET", f"/v1/units/{unit_id}/trace")).json()
+
     async def stats(self) -> dict[str, Any]:
         return (await self._call("GET", "/v1/stats")).json()
+
+    async def export(self) -> AsyncIterator[dict[str, Any]]:
+        async with self._http.stream("GET", "/v1/export") as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                _raise_for(resp)
+            async for line in resp.aiter_lines():
+                if line.strip():
+                    yield json.loads(line)
+
+    async def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
+        return (await self._call("POST", "/v1/import", content=_Calls.ndjson(records), headers=_NDJSON)).json()["records"]
 
     async def events(self, **params: Any) -> list[Event]:
         return [_event(e) for e in (await self._call("GET", "/v1/events", params=params)).json()["events"]]

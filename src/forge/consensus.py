@@ -12,10 +12,10 @@ What a population believes should rest on independent evidence, not on who shout
   independent origins into the group's consensus knowledge (scope ``group:<name>``, tag
   ``consensus``), linked ``derived_from`` the original;
 - **conflicts** between similar units are found by a pluggable :class:`Detector`, recorded
-  as ``contradicts`` relations and settled by a pluggable :class:`Policy` (recency,
+  as ``contradicts`` relations and settled by a pluggable :class:`ResolutionPolicy` (recency,
   confidence, context split, an arbiter LLM, or a short debate).
 
-Every decision is a :class:`Decision` appended to a :class:`Ledger` and can be listed and
+Every decision is a :class:`Ruling` appended to a :class:`Ledger` and can be listed and
 counted per outcome or reason.
 
 Where the bookkeeping lives: each ledger decision is an appended store event (op
@@ -54,12 +54,12 @@ __all__ = [
     "Consensus",
     "ContextSplit",
     "Debate",
-    "Decision",
+    "Ruling",
     "Detector",
     "HeuristicDetector",
     "LLMDetector",
     "Ledger",
-    "Policy",
+    "ResolutionPolicy",
     "RecencyPolicy",
     "Reputation",
     "Resolution",
@@ -85,7 +85,7 @@ OUTCOMES = (
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class Ruling:
     """One thing the receiving side decided, with the reason, so it can be audited later.
 
     ``reason`` is a short code to count by (``"unsigned"``, ``"injection"``, ``"echo"``);
@@ -135,7 +135,7 @@ class Decision:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Decision:
+    def from_dict(cls, data: Mapping[str, Any]) -> Ruling:
         known = {k: data[k] for k in _DECISION_FIELDS if k in data}
         known["related"] = tuple(known.get("related") or ())
         return cls(**known)
@@ -151,15 +151,15 @@ _DECISION_FIELDS = (
 DECISION_OP = "decision"
 
 
-def ledger_decisions(store: Any, *, name: str | None = None) -> list[Decision]:
+def ledger_decisions(store: Any, *, name: str | None = None) -> list[Ruling]:
     """Every decision in the store's ledgers (or ``name``'s), oldest first."""
     legacy = f"ledger/{name}/" if name else "ledger/"
     rows = sorted((k, v) for k, v in store.settings().items() if k.startswith(legacy))
-    out = [Decision.from_dict(json.loads(v)) for _, v in rows]
+    out = [Ruling.from_dict(json.loads(v)) for _, v in rows]
     seq = 0
     while True:
         page = store.events(viewer=Viewer.admin(), ops=(DECISION_OP,), actor=name, since_seq=seq, limit=10_000)
-        out.extend(Decision.from_dict(e.data) for e in page)
+        out.extend(Ruling.from_dict(e.data) for e in page)
         if len(page) < 10_000:
             return out
         seq = page[-1].seq
@@ -179,7 +179,7 @@ class Ledger:
         self._store = store
         self._lock = threading.Lock()
         self._local = threading.local()  # this thread's staged decisions (see staged())
-        self._items: list[Decision] = ledger_decisions(store, name=name) if store is not None else []
+        self._items: list[Ruling] = ledger_decisions(store, name=name) if store is not None else []
 
     @staticmethod
     def names(store: Any) -> list[str]:
@@ -201,7 +201,7 @@ class Ledger:
         transaction, and the in-memory list must not show what a rollback took back.
         """
         outer = getattr(self._local, "stage", None)
-        stage: list[Decision] = []
+        stage: list[Ruling] = []
         self._local.stage = stage
         try:
             yield
@@ -218,7 +218,7 @@ class Ledger:
         """True when decisions survive a restart (there is a store)."""
         return self._store is not None
 
-    def record(self, decision: Decision) -> Decision:
+    def record(self, decision: Ruling) -> Ruling:
         with self._lock:
             if self._store is not None:
                 self._store.append_event(DECISION_OP, actor=self.name, data=decision.to_dict())
@@ -236,7 +236,7 @@ class Ledger:
         unit_id: str | None = None,
         since: float | None = None,
         limit: int | None = None,
-    ) -> list[Decision]:
+    ) -> list[Ruling]:
         """Decisions oldest first, narrowed by any of the given fields; ``limit`` keeps the newest."""
         outcomes = {outcome} if isinstance(outcome, str) else set(outcome) if outcome else None
         with self._lock:
@@ -523,7 +523,7 @@ class Resolution:
 
 
 @runtime_checkable
-class Policy(Protocol):
+class ResolutionPolicy(Protocol):
     """Settles a conflict between ``a`` (the incumbent) and ``b`` (the newcomer)."""
 
     name: str
@@ -657,7 +657,7 @@ class ArbiterLLM:
 
     name = "arbiter"
 
-    def __init__(self, llm: LLM, *, fallback: Policy | None = None) -> None:
+    def __init__(self, llm: LLM, *, fallback: ResolutionPolicy | None = None) -> None:
         self.llm = llm
         self.fallback = fallback if fallback is not None else ConfidencePolicy()
 
@@ -683,7 +683,7 @@ class Debate:
 
     name = "debate"
 
-    def __init__(self, llm: LLM, *, judge: LLM | None = None, fallback: Policy | None = None, max_tokens: int = 160) -> None:
+    def __init__(self, llm: LLM, *, judge: LLM | None = None, fallback: ResolutionPolicy | None = None, max_tokens: int = 160) -> None:
         self.llm = llm
         self.judge = judge or llm
         self.fallback = fallback if fallback is not None else ConfidencePolicy()
@@ -776,7 +776,7 @@ class Consensus:
         """Independent corroborations: distinct channels besides the author's."""
         return len(self.channels(unit)) - 1
 
-    def decisions(self, **filters: Any) -> list[Decision]:
+    def decisions(self, **filters: Any) -> list[Ruling]:
         return self.ledger.list(**filters)
 
     def counts(self, *, by: str = "reason") -> dict[str, int]:
@@ -793,7 +793,7 @@ class Consensus:
         capsule_id: str = "",
         hash: str = "",
         similarity: float = 1.0,
-    ) -> Decision:
+    ) -> Ruling:
         """Count ``origin`` as independent support for a unit, once; raise its validation.
 
         ``via`` names the forwarder when the origin cannot be authenticated (it never
@@ -808,14 +808,14 @@ class Consensus:
 
     def _corroborate(
         self, unit_id: str, *, origin: str, via: str | None, sender: str, capsule_id: str, hash: str, similarity: float
-    ) -> Decision:
+    ) -> Ruling:
         unit = self._get(unit_id)
         base = {"agent": self.agent_id, "capsule_id": capsule_id, "sender": sender, "origin": origin, "hash": hash, "unit_id": unit.id, "verified": True}
         witnesses = self.witnesses(unit)
         if origin in witnesses:
             who = "the author" if origin == witnesses[0] else "an earlier corroborator"
             return self.ledger.record(
-                Decision("merged", "already_counted", f"{origin} is {who} of {unit.id}; not counted twice", score=unit.validation, **base)
+                Ruling("merged", "already_counted", f"{origin} is {who} of {unit.id}; not counted twice", score=unit.validation, **base)
             )
         corr = dict(unit.meta.get("corroboration") or {})
         origins = [*corr.get("origins", []), origin]
@@ -824,7 +824,7 @@ class Consensus:
             corr.update(origins=origins)  # remembered, so its echoes are recognised, but not counted
             self.memory.update(unit.replace(meta={**unit.meta, "corroboration": corr}), actor=self.actor, reembed=False)
             return self.ledger.record(
-                Decision(
+                Ruling(
                     "merged", "same_channel",
                     f"{origin} reached us only through {channel}, which already counted for {unit.id}",
                     score=unit.validation, **base,
@@ -841,7 +841,7 @@ class Consensus:
             reembed=False,
         )
         decision = self.ledger.record(
-            Decision(
+            Ruling(
                 "corroborated",
                 "independent_origin",
                 f"{origin} corroborates {unit.id} (similarity {similarity:.2f}"
@@ -866,22 +866,22 @@ class Consensus:
             and self.corroborations(unit) >= self.min_corroborations
         )
 
-    def maybe_promote(self, unit_id: str) -> Decision | None:
+    def maybe_promote(self, unit_id: str) -> Ruling | None:
         """Promote the unit if it qualifies; None if it does not (or already was)."""
         unit = self._get(unit_id)
         return self._promote(unit) if self.ready(unit) else None
 
-    def promote_ready(self, *, limit: int = 1000) -> list[Decision]:
+    def promote_ready(self, *, limit: int = 1000) -> list[Ruling]:
         """Promote every qualifying unit (e.g. after reputations changed)."""
         f = Filter.make(status=["active"])
         return [self._promote(u) for u in self.memory.store.list(viewer=Viewer.admin(), filter=f, limit=limit) if self.ready(u)]
 
-    def _promote(self, unit: Unit) -> Decision:
+    def _promote(self, unit: Unit) -> Ruling:
         """Copy, link, mark and record in one transaction: a promotion happens whole or not."""
         with self.ledger.staged(), self.memory.store.transaction():
             return self._promote_now(unit)
 
-    def _promote_now(self, unit: Unit) -> Decision:
+    def _promote_now(self, unit: Unit) -> Ruling:
         witnesses = self.witnesses(unit)
         copy = Unit(
             content=unit.content,
@@ -899,7 +899,7 @@ class Consensus:
         self.memory.relate(copy.id, unit.id, "derived_from", note="consensus promotion", actor=self.actor)
         self.memory.update(unit.replace(meta={**unit.meta, "promoted_to": copy.id}), actor=self.actor, reembed=False)
         return self.ledger.record(
-            Decision(
+            Ruling(
                 "promoted",
                 "consensus",
                 f"{unit.id} promoted to group:{self.group} as {copy.id}: validation {unit.validation:.2f}, "
@@ -941,7 +941,7 @@ class Consensus:
             self.memory.update(unit.replace(validation=min(1.0, max(0.0, v))), actor=self.actor, reembed=False)
         reps = {agent: self.reputation.record(agent, success=success, weight=w * weight) for agent, w in sorted(credit.items())}
         self.ledger.record(
-            Decision(
+            Ruling(
                 "outcome",
                 "success" if success else "failure",
                 f"task {'succeeded' if success else 'failed'} using {len(used)} unit(s); "
@@ -973,7 +973,7 @@ class Consensus:
                 out.append((other, conflict, h.score))
         return out
 
-    def reconcile(self, a_id: str, b_id: str, *, conflict: Conflict, policy: Policy) -> tuple[Decision, Resolution]:
+    def reconcile(self, a_id: str, b_id: str, *, conflict: Conflict, policy: ResolutionPolicy) -> tuple[Ruling, Resolution]:
         """Record that ``b`` contradicts ``a`` and apply ``policy``'s resolution, in full view.
 
         The relations, status changes and the decision are written in one transaction.
@@ -981,7 +981,7 @@ class Consensus:
         with self.ledger.staged(), self.memory.store.transaction():
             return self._reconcile(a_id, b_id, conflict=conflict, policy=policy)
 
-    def _reconcile(self, a_id: str, b_id: str, *, conflict: Conflict, policy: Policy) -> tuple[Decision, Resolution]:
+    def _reconcile(self, a_id: str, b_id: str, *, conflict: Conflict, policy: ResolutionPolicy) -> tuple[Ruling, Resolution]:
         a, b = self._get(a_id), self._get(b_id)
         self.memory.relate(b.id, a.id, "contradicts", weight=conflict.score, note=f"{conflict.kind}: {conflict.reason}"[:300], actor=self.actor)
         resolution = policy.resolve(a, b, conflict=conflict, consensus=self)
@@ -1008,7 +1008,7 @@ class Consensus:
                 meta = {**unit.meta, "holds_when": cond} if cond else dict(unit.meta)
                 self.memory.update(unit.replace(context=ctx, meta=meta), actor=self.actor)
         decision = self.ledger.record(
-            Decision(
+            Ruling(
                 "resolved",
                 f"{policy.name}:{resolution.action}",
                 f"{b.id} contradicts {a.id} ({conflict.kind}: {conflict.reason}); {resolution.reason}",

@@ -23,7 +23,7 @@ The pipeline, cheapest and most decisive checks first:
    or reject with the reason. Conflicts found in step 3 are recorded as ``contradicts`` and
    settled by the resolution policy (:mod:`forge.consensus`).
 
-Every capsule yields exactly one :class:`~forge.consensus.Decision` in the ledger, listable
+Every capsule yields exactly one :class:`~forge.consensus.Ruling` in the ledger, listable
 with :meth:`Exchange.decisions` and countable per reason with :meth:`Exchange.counts`.
 Nothing here knows about a transport.
 """
@@ -44,11 +44,11 @@ from forge.consensus import (
     ConfidencePolicy,
     Conflict,
     Consensus,
-    Decision,
     Detector,
     HeuristicDetector,
     Ledger,
-    Policy,
+    ResolutionPolicy,
+    Ruling,
 )
 from forge.errors import BackendError, ForgeError, LLMError, NotFoundError, ValidationError
 from forge.llm.base import LLM
@@ -60,7 +60,7 @@ from forge.store.base import Filter
 __all__ = [
     "Assessment",
     "Assessor",
-    "Decision",
+    "Ruling",
     "Exchange",
     "HeuristicAssessor",
     "LLMAssessor",
@@ -270,7 +270,7 @@ class _Verdict:
 
 
 class Exchange:
-    """One agent's receiving pipeline: ``receive(capsule) -> Decision``.
+    """One agent's receiving pipeline: ``receive(capsule) -> Ruling``.
 
     Received units are stored private to this agent (``owner=agent_id``) with their origin
     in ``meta``; consensus promotion is what makes them group knowledge. ``groups`` are the
@@ -286,7 +286,7 @@ class Exchange:
         *,
         assessor: Assessor | None = None,
         detector: Detector | None = None,
-        policy: Policy | None = None,
+        policy: ResolutionPolicy | None = None,
         screen: Screen | None = None,
         consensus: Consensus | None = None,
         groups: Iterable[str] = (),
@@ -326,7 +326,7 @@ class Exchange:
         }
 
     # -- public ---------------------------------------------------------------------------
-    def receive(self, capsule: Capsule) -> Decision:
+    def receive(self, capsule: Capsule) -> Ruling:
         """Judge one capsule and act on it; the returned decision is already in the ledger.
 
         Whatever a capsule holds, a malformed or hostile one becomes a recorded rejection
@@ -339,7 +339,7 @@ class Exchange:
         """
         with self._lock:
             if not isinstance(capsule, Capsule):
-                return self._record(Decision("rejected", "malformed", f"expected a Capsule, got {type(capsule).__name__}", agent=self.agent_id))
+                return self._record(Ruling("rejected", "malformed", f"expected a Capsule, got {type(capsule).__name__}", agent=self.agent_id))
             self._stage = _Stage()
             try:
                 now = self.clock()
@@ -366,13 +366,13 @@ class Exchange:
             self._counted |= stage.counted
             return decision
 
-    def receive_raw(self, data: str | bytes | Mapping[str, Any]) -> Decision:
+    def receive_raw(self, data: str | bytes | Mapping[str, Any]) -> Ruling:
         """Parse a capsule from JSON (text, bytes or a dict) and receive it; malformed input is recorded."""
         try:
             capsule = Capsule.from_dict(data) if isinstance(data, Mapping) else Capsule.from_json(data)
         except Exception as exc:  # whatever the bytes are, they become a recorded rejection
             with self._lock:
-                return self._record(Decision("rejected", "malformed", f"{exc}"[:300], agent=self.agent_id))
+                return self._record(Ruling("rejected", "malformed", f"{exc}"[:300], agent=self.agent_id))
         return self.receive(capsule)
 
     def decisions(
@@ -385,7 +385,7 @@ class Exchange:
         unit_id: str | None = None,
         since: float | None = None,
         limit: int | None = None,
-    ) -> list[Decision]:
+    ) -> list[Ruling]:
         """Decisions oldest first (consensus bookkeeping included), narrowed by the given fields."""
         return self.ledger.list(
             outcome=outcome, reason=reason, sender=sender, origin=origin, unit_id=unit_id, since=since, limit=limit
@@ -452,7 +452,7 @@ class Exchange:
                 return f"the unit is scoped {scope} and {self.agent_id} is not a member"
         return ""
 
-    def _act(self, capsule: Capsule, verdict: _Verdict, now: float) -> Decision:
+    def _act(self, capsule: Capsule, verdict: _Verdict, now: float) -> Ruling:
         """The writes for a verdict, inside the receive transaction."""
         if verdict.action == "reject":
             return self._reject(capsule, verdict.reason, verdict.detail, verified=verdict.verified)
@@ -521,8 +521,8 @@ class Exchange:
         return conflicts, duplicate, related
 
     # -- outcomes -------------------------------------------------------------------------
-    def _decision(self, capsule: Capsule, outcome: str, reason: str, detail: str, **kw: Any) -> Decision:
-        return Decision(
+    def _decision(self, capsule: Capsule, outcome: str, reason: str, detail: str, **kw: Any) -> Ruling:
+        return Ruling(
             outcome,
             reason,
             detail,
@@ -534,10 +534,10 @@ class Exchange:
             **kw,
         )
 
-    def _record(self, decision: Decision) -> Decision:
+    def _record(self, decision: Ruling) -> Ruling:
         return self.ledger.record(decision)
 
-    def _reject(self, capsule: Capsule, reason: str, detail: str, *, verified: bool = False, score: float | None = None) -> Decision:
+    def _reject(self, capsule: Capsule, reason: str, detail: str, *, verified: bool = False, score: float | None = None) -> Ruling:
         return self._record(self._decision(capsule, "rejected", reason, detail, verified=verified, score=score))
 
     def _via(self, capsule: Capsule) -> str | None:
@@ -588,7 +588,7 @@ class Exchange:
             meta=meta,
         )
 
-    def _quarantine(self, capsule: Capsule, verdict: _Verdict, now: float) -> Decision:
+    def _quarantine(self, capsule: Capsule, verdict: _Verdict, now: float) -> Ruling:
         findings = list(verdict.findings)
         categories = list(dict.fromkeys(f.category for f in findings))
         content, redacted = verdict.content, verdict.redacted
@@ -604,7 +604,7 @@ class Exchange:
         detail = "; ".join(str(f) for f in findings)
         return self._record(self._decision(capsule, "quarantined", categories[0], detail, unit_id=unit.id, verified=True, data={"findings": [f.to_dict() for f in findings]}))
 
-    def _corroborate(self, capsule: Capsule, unit: Unit, similarity: float) -> Decision:
+    def _corroborate(self, capsule: Capsule, unit: Unit, similarity: float) -> Ruling:
         key = (capsule.origin, capsule.hash)
         if (key in self._counted or key in self._stage.counted) and capsule.origin not in self.consensus.witnesses(unit):
             # This origin's statement of this text was counted before (perhaps on another unit).
@@ -628,7 +628,7 @@ class Exchange:
         conflicts: list[tuple[Unit, Conflict, float]],
         related: tuple[Unit, float] | None,
         now: float,
-    ) -> Decision:
+    ) -> Ruling:
         meta = self._meta(capsule, now, assessment={"score": assessment.score, "weighted": weighted, "reputation": rep, "reason": assessment.reason})
         unit = self._local(capsule, content=capsule.unit.content, status=Status.ACTIVE, validation=round(0.3 + 0.4 * rep, 4), meta=meta)
         self.memory.store.add([unit], vector.reshape(1, -1), actor=self.actor)

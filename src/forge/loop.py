@@ -171,6 +171,7 @@ def reflect_on(
     stalled: bool,
     representation: str = "rules",
     probe_alternatives: bool = True,
+    style: str = "slots",
 ) -> Reflection:
     """Reflect on the attempt failing at step ``at``: ground the failure by replaying the
     seeded episode (which other actions were safe), then ask ``llm``; no LLM, or one that
@@ -186,6 +187,6 @@ def reflect_on(
     if llm is None:
         return fallback_reflection(snapshot, representation=representation, error="no LLM")
     try:
-        return reflect(llm, snapshot, representation=representation)
+        return reflect(llm, snapshot, representation=representation, style=style)
     except ForgeError as exc:  # anything the LLM layer raises: keep learning anyway
         return fallback_reflection(snapshot, representation=representation, error=str(exc))

@@ -103,7 +103,15 @@ class Recollection:
         if not hits:
             return "", []
         lines = "\n".join(f"- {' '.join(u.content.split())}" for u in hits)
-        return f"Memory for this situation:\n{lines}", [u.id for u in hits]
+        text = f"Memory for this situation:\n{lines}"
+        banned = self.forbidden(situation)
+        left = [a for a in self.valid_actions if a not in banned]
+        if banned & set(self.valid_actions) and left:
+            # Small models follow "choose one of X" far better than "do not A" (a 1.5B model
+            # kept taking the forbidden action when only told not to): say both.
+            failed = ", ".join(a for a in self.valid_actions if a in banned)
+            text += f"\nFailed here before: {failed}. Choose one of: {', '.join(left)}."
+        return text, [u.id for u in hits]
 
     def forbidden(self, situation: str) -> set[str]:
         """Actions that rules for this situation forbid (for the optional rule guard)."""

@@ -37,6 +37,7 @@ from forge.policy import situation_of, summarize_observation
 __all__ = [
     "safe_alternatives",
     "stall_step",
+    "REFLECTION_STYLES",
     "REPRESENTATIONS",
     "Example",
     "Reflection",
@@ -49,6 +50,7 @@ __all__ = [
 ]
 
 REPRESENTATIONS = ("rules", "examples", "mixed")
+REFLECTION_STYLES = ("slots", "free")
 _MAX_RULE_CHARS = 300
 _MAX_ADDS = 3  # rules one reflection may add per role; more is a model rambling
 
@@ -164,6 +166,17 @@ class Snapshot:
     @property
     def situation(self) -> str:
         return self.situation_of(self.failing_observation)
+
+    def check(self, rule: str) -> tuple[str | None, str]:
+        """:func:`forge.rules.check` against this attempt: ``(rule to keep or None, why)``."""
+        return rulebook.check(
+            rule,
+            valid_actions=self.valid_actions,
+            situations=self.situations,
+            failing_situation=self.situation,
+            failing_action=self.failing_action,
+            safe_actions=self.safe_actions,
+        )
 
     @property
     def situations(self) -> list[str]:
@@ -331,10 +344,20 @@ def reflect(
     representation: str = "rules",
     retries: int = 1,
     max_tokens: int = 200,
+    style: str = "slots",
 ) -> Reflection:
-    """Ask ``llm`` for artifacts of ``representation``; fall back to derived ones if unusable."""
+    """Ask ``llm`` for artifacts of ``representation``; fall back to derived ones if unusable.
+
+    ``style`` says how rules are asked for: ``"slots"`` (default) has the model fill in the
+    rule for the failing situation (what to avoid, what to do instead, which shown rules to
+    delete) under a grammar, so even a 1.5B model answers in ~15 tokens with a rule that names
+    a situation it can recognise; ``"free"`` asks for free-text rule edits (the paper's way,
+    better with large models, ~10x the tokens, and often rejected on small ones).
+    """
     if representation not in REPRESENTATIONS:
         raise ValidationError(f"unknown representation {representation!r}; expected one of: {', '.join(REPRESENTATIONS)}")
+    if style not in REFLECTION_STYLES:
+        raise ValidationError(f"unknown reflection style {style!r}; expected one of: {', '.join(REFLECTION_STYLES)}")
     edits: list[RuleEdit] = []
     examples: list[Example] = []
     dropped: list[str] = []
@@ -342,7 +365,8 @@ def reflect(
     repaired: list[str] = []
     fallback = False
     if representation in ("rules", "mixed"):
-        got, why, err, fixed = _ask_rules(llm, snapshot, retries=retries, max_tokens=max_tokens)
+        ask = _ask_rule_slots if style == "slots" and snapshot.situation else _ask_rules
+        got, why, err, fixed = ask(llm, snapshot, retries=retries, max_tokens=max_tokens)
         repaired += fixed
         dropped += why
         if err:
@@ -407,14 +431,7 @@ def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -
             rule = _clean_rule(text) if isinstance(text, str) else ""
             why = validate_rule(rule, valid_actions=snapshot.valid_actions, known_names=known)
             if why is None:
-                checked, note = rulebook.check(
-                    rule,
-                    valid_actions=snapshot.valid_actions,
-                    situations=snapshot.situations,
-                    failing_situation=snapshot.situation,
-                    failing_action=snapshot.failing_action,
-                    safe_actions=snapshot.safe_actions,
-                )
+                checked, note = snapshot.check(rule)
                 if checked is None:
                     why = note
                 else:
@@ -428,6 +445,58 @@ def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -
             else:
                 adds.append(rule)
     edits = [RuleEdit(role, tuple(sorted(d)), tuple(a)) for role, (d, a) in merged.items() if a]
+    return edits, dropped, "", repaired
+
+
+def _ask_rule_slots(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -> tuple[list[RuleEdit], list[str], str, list[str]]:
+    """The rule for the failing situation, with the model choosing its slots (see :func:`reflect`)."""
+    actions = list(snapshot.valid_actions)
+    first = snapshot.acting_roles[0]
+    shown = snapshot.rules(first)
+    props: dict[str, Any] = {"avoid": {"type": "string", "enum": actions}, "instead": {"type": "string", "enum": actions}}
+    if shown:
+        props["delete"] = {"type": "array", "items": {"type": "integer", "enum": list(range(len(shown)))}, "maxItems": 3}
+    schema = {"type": "object", "properties": props, "required": list(props)}
+    listing = "\n".join(f"  [{i}] {r}" for i, r in enumerate(shown))
+    prompt = (
+        f"{_head(snapshot)}\n\n"
+        + (f"Rules the agent was shown:\n{listing}\n\n" if shown else "")
+        + f"Complete the lesson: '{rulebook.write(snapshot.situation, '<avoid>', ['<instead>'])}'.\n"
+        "avoid: the action to avoid in that situation. instead: the action to take there instead."
+        + (" delete: indexes of shown rules that led to the failure ([] if none)." if shown else "")
+        + ' Reply with JSON: {"avoid": ..., "instead": ...' + (', "delete": [...]}' if shown else "}")
+    )
+    try:
+        data = complete_json(
+            llm,
+            [Message("system", _SYSTEM), Message("user", prompt)],
+            schema=schema,
+            retries=retries,
+            max_tokens=min(max_tokens, 60),
+            instruct="json_schema" not in llm.capabilities,
+        )
+    except LLMError as exc:
+        return [], [], str(exc), []
+    avoid, instead = data.get("avoid"), data.get("instead")
+    dropped: list[str] = []
+    repaired: list[str] = []
+    if avoid == instead:
+        return [], [f"{first}: avoids and recommends the same action ({avoid!r})"], "", []
+    rule = rulebook.write(snapshot.situation, str(avoid), [str(instead)])
+    checked, note = snapshot.check(rule)
+    if checked is None:
+        return [], [f"{first}: {note}"], "", []
+    if note:
+        repaired.append(f"{first}: {note}")
+    deletes = tuple(sorted({i for i in data.get("delete") or [] if isinstance(i, int) and not isinstance(i, bool)}))
+    edits = []
+    for role in snapshot.acting_roles:
+        if checked.lower() in {r.lower() for r in snapshot.rules(role)}:
+            dropped.append(f"{role}: duplicate rule {checked[:60]!r}")
+            continue
+        edits.append(RuleEdit(role, deletes if role == first else (), (checked,)))
+    if not edits and not dropped:
+        dropped.append(f"{first}: no rule")
     return edits, dropped, "", repaired
 
 

@@ -212,8 +212,12 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
         _linger(agent, board, spec, publish)
         publish(state="done")
     except _Stop:
-        with contextlib.suppress(ForgeError):
+        try:
             publish(state="stopped")
+        except Exception:  # the stop may have cut a store or Redis call short: say "stopped" without counters
+            state["state"] = "stopped"
+            with contextlib.suppress(Exception):
+                board.publish(aid, {"state": "stopped", "pid": os.getpid(), "at": time.time()})
     except BaseException as exc:
         with contextlib.suppress(Exception):
             publish(state="error", error=f"{type(exc).__name__}: {exc}"[:300])

@@ -7,7 +7,7 @@
 The Redis backend is imported only when a ``redis://`` URL is opened.
 """
 
-from forge.bus.base import Bus, Message, Subscription, encode, open_bus
+from forge.bus.base import Bus, BusMessage, Subscription, encode, open_bus
 from forge.bus.memory import MemoryBus, MemorySubscription
 from forge.bus.network import CapsuleInbox, Delivery, Network, Rejection
 
@@ -17,7 +17,7 @@ __all__ = [
     "Delivery",
     "MemoryBus",
     "MemorySubscription",
-    "Message",
+    "BusMessage",
     "Network",
     "Rejection",
     "Subscription",

@@ -24,12 +24,12 @@ from typing import NamedTuple, Protocol, runtime_checkable
 from forge.capsule import Capsule
 from forge.errors import ConfigError, ValidationError
 
-__all__ = ["Bus", "Message", "Subscription", "encode", "open_bus", "check_name"]
+__all__ = ["Bus", "BusMessage", "Subscription", "encode", "open_bus", "check_name"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
 
 
-class Message(NamedTuple):
+class BusMessage(NamedTuple):
     """One delivered message: the bus's id (used to ack) and the raw payload."""
 
     id: str
@@ -44,7 +44,7 @@ class Subscription(Protocol):
     group: str
     consumer: str
 
-    def read(self, *, count: int = 64, block_ms: int = 0) -> list[Message]:
+    def read(self, *, count: int = 64, block_ms: int = 0) -> list[BusMessage]:
         """Up to ``count`` messages: own pending ones first (replay), then new ones.
 
         ``block_ms`` > 0 waits that long for new messages when none are ready.
@@ -55,7 +55,7 @@ class Subscription(Protocol):
         """Mark messages processed; returns how many were pending and are now acked."""
         ...
 
-    def claim(self, *, min_idle_ms: int, count: int = 100) -> list[Message]:
+    def claim(self, *, min_idle_ms: int, count: int = 100) -> list[BusMessage]:
         """Take over messages other consumers of this group left pending for ``min_idle_ms``."""
         ...
 

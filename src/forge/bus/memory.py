@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from forge.bus.base import Message, check_name, check_start, encode
+from forge.bus.base import BusMessage, check_name, check_start, encode
 from forge.capsule import Capsule
 from forge.errors import BusError, ValidationError
 
@@ -192,7 +192,7 @@ class MemorySubscription:
             g = t.groups[self.group] = _Group(last=(0, 0))
         return t, g
 
-    def _replay(self, t: _Topic, g: _Group, count: int) -> list[Message]:
+    def _replay(self, t: _Topic, g: _Group, count: int) -> list[BusMessage]:
         now = time.monotonic()
         mine = sorted(k for k, p in g.pending.items() if p.consumer == self.consumer and k > self._cursor)
         out = []
@@ -208,10 +208,10 @@ class MemorySubscription:
             p = g.pending[key]
             p.deliveries += 1
             p.delivered_at = now
-            out.append(Message(_fmt(key), payload))
+            out.append(BusMessage(_fmt(key), payload))
         return out
 
-    def _new(self, t: _Topic, g: _Group, count: int) -> list[Message]:
+    def _new(self, t: _Topic, g: _Group, count: int) -> list[BusMessage]:
         i = bisect.bisect_right(t.keys, g.last)
         keys = t.keys[i : i + count]
         now = time.monotonic()
@@ -219,9 +219,9 @@ class MemorySubscription:
             g.pending[key] = _Pending(self.consumer, now)
         if keys:
             g.last = keys[-1]
-        return [Message(_fmt(k), t.payloads[k]) for k in keys]
+        return [BusMessage(_fmt(k), t.payloads[k]) for k in keys]
 
-    def read(self, *, count: int = 64, block_ms: int = 0) -> list[Message]:
+    def read(self, *, count: int = 64, block_ms: int = 0) -> list[BusMessage]:
         if count < 1:
             raise ValidationError("count must be at least 1")
         deadline = time.monotonic() + max(block_ms, 0) / 1000
@@ -250,7 +250,7 @@ class MemorySubscription:
                     n += 1
             return n
 
-    def claim(self, *, min_idle_ms: int, count: int = 100) -> list[Message]:
+    def claim(self, *, min_idle_ms: int, count: int = 100) -> list[BusMessage]:
         now = time.monotonic()
         out = []
         with self._bus._cond:
@@ -269,7 +269,7 @@ class MemorySubscription:
                 p.consumer = self.consumer
                 p.delivered_at = now
                 p.deliveries += 1
-                out.append(Message(_fmt(key), payload))
+                out.append(BusMessage(_fmt(key), payload))
         return out
 
     def pending(self) -> int:

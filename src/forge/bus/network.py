@@ -27,7 +27,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from forge.bus.base import Bus, Message, Subscription
+from forge.bus.base import Bus, BusMessage, Subscription
 from forge.capsule import Capsule, Keyring
 from forge.errors import BackendError, ValidationError
 from forge.model import Scope
@@ -75,7 +75,7 @@ class CapsuleInbox:
         self.rejected: Counter[str] = Counter()
         self.rejections: deque[Rejection] = deque(maxlen=keep)  # the most recent, for inspection
 
-    def _check(self, messages: list[Message]) -> list[Delivery]:
+    def _check(self, messages: list[BusMessage]) -> list[Delivery]:
         out, bad = [], []
         for m in messages:
             sender = ""

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from forge.bus.base import Message, check_name, check_start, encode
+from forge.bus.base import BusMessage, check_name, check_start, encode
 from forge.capsule import Capsule
 from forge.errors import BusError, ConfigError, ValidationError
 
@@ -45,14 +45,14 @@ def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _messages(entries: Iterable[Any], gone: list[str] | None = None) -> list[Message]:
+def _messages(entries: Iterable[Any], gone: list[str] | None = None) -> list[BusMessage]:
     out = []
     for mid, fields in entries:
         if not fields or _FIELD not in fields:  # trimmed (maxlen) before it was acked
             if gone is not None:
                 gone.append(_s(mid))
             continue
-        out.append(Message(_s(mid), bytes(fields[_FIELD])))
+        out.append(BusMessage(_s(mid), bytes(fields[_FIELD])))
     return out
 
 
@@ -285,7 +285,7 @@ class RedisSubscription:
         self._closed = False
         self.trimmed = 0  # pending messages found trimmed away by maxlen (acked, counted)
 
-    def _xread(self, cursor: str, count: int, block_ms: int | None) -> list[Message]:
+    def _xread(self, cursor: str, count: int, block_ms: int | None) -> list[BusMessage]:
         bus = self._bus
         r = bus._redis
         streams = {self._key: cursor}
@@ -303,7 +303,7 @@ class RedisSubscription:
             bus._groups.add((self.topic, self.group))
             return bus._reader.xreadgroup(self.group, self.consumer, streams, count=count, block=block_ms)
 
-        def run() -> list[Message]:
+        def run() -> list[BusMessage]:
             while True:
                 resp = xreadgroup()
                 if not resp:
@@ -321,7 +321,7 @@ class RedisSubscription:
 
         return bus._call(f"reading {self.topic!r}", run)
 
-    def read(self, *, count: int = 64, block_ms: int = 0) -> list[Message]:
+    def read(self, *, count: int = 64, block_ms: int = 0) -> list[BusMessage]:
         if self._closed:
             raise BusError(f"subscription {self.consumer!r} on {self.topic!r} is closed")
         if count < 1:
@@ -341,11 +341,11 @@ class RedisSubscription:
             return 0
         return int(self._bus._call(f"acking on {self.topic!r}", lambda: self._bus._r.xack(self._key, self.group, *ids)))
 
-    def claim(self, *, min_idle_ms: int, count: int = 100) -> list[Message]:
+    def claim(self, *, min_idle_ms: int, count: int = 100) -> list[BusMessage]:
         bus = self._bus
 
-        def run() -> list[Message]:
-            out: list[Message] = []
+        def run() -> list[BusMessage]:
+            out: list[BusMessage] = []
             start = "0-0"
             while len(out) < count:
                 nxt, entries, *_ = bus._r.xautoclaim(

@@ -24,7 +24,7 @@ __all__ = ["QUICK_DEMO", "evolve_command", "report_command"]
 #: report; minutes on 2 cores.
 QUICK_DEMO: dict[str, Any] = {
     "env": "frozenlake-4x4",
-    "instances": 3,
+    "instances": 2,
     "stages": 2,
     "attempts": 2,
     "eval_episodes": 1,
@@ -58,6 +58,7 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--max-steps", type=int, default=None, help="Cap on steps per episode (default: the env's).")
 @click.option("--memory-tokens", type=int, default=None, help="Token budget of the memory shown in one prompt.")
 @click.option("--diversity", type=float, default=None, help="Sampling temperature spread across instances (instance 0 is greedy; default 0.6).")
+@click.option("--reflection", default=None, help="How rules are reflected: slots (the model fills in the failing situation's rule; default) or free (free-text edits, the paper's way).")
 @click.option("--rule-guard/--no-rule-guard", default=None, help="Enforce 'when X, then do not A' rules as hard exclusions (off: paper).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="Where the run is written (default runs/<condition>-<time>).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, help="Continue the interrupted run in this directory.")

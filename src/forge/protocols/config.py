@@ -72,7 +72,9 @@ class ForgeConfig:
     ``temperature`` is instance 0's sampling temperature in training and ``diversity`` the
     spread added across instances (instance i gets ``temperature + diversity * i/(N-1)``), so
     a population explores differently and its champion is not an accident of ordering.
-    Final evaluations are always greedy.
+    Checkpoints and final evaluations are always greedy. ``reflection`` is how rules are asked for:
+    ``slots`` (the model fills in the failing situation's rule under a grammar; small models
+    manage it) or ``free`` (free-text rule edits, the paper's way; see :func:`forge.reflect.reflect`).
     """
 
     condition: str = "forge"
@@ -99,6 +101,7 @@ class ForgeConfig:
     reflect_on_stall: bool = True
     temperature: float = 0.0
     diversity: float = 0.6
+    reflection: str = "slots"
 
     def __post_init__(self) -> None:
         if self.condition not in CONDITIONS:
@@ -127,6 +130,10 @@ class ForgeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 2.0:
                 raise ConfigError(f"{name} must be a number between 0 and 2, got {value!r}")
+        from forge.reflect import REFLECTION_STYLES
+
+        if self.reflection not in REFLECTION_STYLES:
+            raise ConfigError(f"unknown reflection style {self.reflection!r}; expected one of: {', '.join(REFLECTION_STYLES)}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
 

@@ -106,7 +106,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
         recall = Recaller(memory, Viewer.of(agent), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions())
         context = Context(domain=config.env, task=config.env, tags=(config.condition, config.representation))
 
-        def policy_for(phase: str, sample_seed: int | None) -> Any:
+        def policy_for(phase: str, sample_seed: int | None, temperature: float | None = None) -> Any:
             tagged = metered.with_tags(phase=phase)
             return make_policy(
                 config.policy,
@@ -114,7 +114,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                 spec=env.spec,
                 rule_guard=config.rule_guard,
                 show_map=config.show_map,
-                temperature=float(sampling.get("temperature", 0.0)),
+                temperature=float(sampling.get("temperature", 0.0)) if temperature is None else temperature,
                 seed=sample_seed,
             )
 
@@ -145,6 +145,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                         traj, env=env, roles=policy.roles, acting_roles=policy.acting_roles, llm=metered.with_tags(phase="train", role="reflector"),
                         seed=seed, tau=tau, at=at, stalled=stalled,
                         representation=config.representation, probe_alternatives=config.probe_alternatives,
+                        style=config.reflection,
                     )
                     active = memory.store.list(viewer=Viewer.of(agent), limit=100_000)
                     applied = apply_reflection(
@@ -165,7 +166,10 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                     hook("attempt_done", {"stage": stage, "instance": inst, **{k: v for k, v in record.items() if k != "reflection"}})
                 if point is None:
                     break
-        policy = policy_for("checkpoint", None if base_seed is None else int(base_seed) + 1000)
+        # Greedy, like the final evaluation: R_i must measure the memory, not a lucky sample
+        # (a 1.5B instance at temperature 0.6 graduated on one lucky checkpoint and then failed
+        # every greedy evaluation). Sampling is for the attempts, where exploring pays.
+        policy = policy_for("checkpoint", None, temperature=0.0)
         traj = play_episode(env, policy, recall, seed=seed, tau=tau, abort=False)
         ep = _episode(traj, agent=agent, config=config, env=env, meta={"stage": stage, "phase": "checkpoint", "seed": seed})
         episodes.append(ep.to_dict())

@@ -1,7 +1,7 @@
 """The FORGE evolution protocol (arXiv 2605.16233) and its baselines, from one code path.
 
 Outer loop, per stage: every active instance plays its stage (up to k attempts, each aborted
-at the first step reward below tau and reflected on; then one frozen checkpoint episode with
+at the first step reward below tau and reflected on; then one frozen, greedy checkpoint episode with
 return R_i) in a freshly seeded environment. Then, depending on the condition's switches:
 
 - graduation: R_i >= theta freezes the instance for good (no more attempts or changes).

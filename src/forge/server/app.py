@@ -113,8 +113,14 @@ def create_app(
     dashboard: bool = True,
     close_memory: bool = False,
     clock: Any = None,
+    curate_every: float | None = None,
+    curate_policy: Any = None,
 ) -> FastAPI:
-    """The ASGI app over one Memory. ``close_memory`` closes it at shutdown (``forge serve``)."""
+    """The ASGI app over one Memory. ``close_memory`` closes it at shutdown (``forge serve``).
+
+    ``curate_every`` runs a curation pass (``curate_policy``, default policy) every that many
+    seconds while the app runs (:class:`forge.curate.CurationSchedule`, ``app.state.curation``).
+    """
     service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret, capsule_keyring=capsule_keyring)
     auth = Authenticator(keys, rate=rate, burst=burst, **({"clock": clock} if clock else {}))
     mcp_server = None
@@ -123,14 +129,24 @@ def create_app(
 
         mcp_server = build_mcp(service, lambda ctx: http_principal(auth, ctx))
 
+    curation = None
+    if curate_every is not None:
+        from forge.curate.schedule import CurationSchedule
+
+        curation = CurationSchedule(memory, every_s=curate_every, policy=curate_policy)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             if mcp_server is not None:
                 await stack.enter_async_context(mcp_server.session_manager.run())
+            if curation is not None:
+                curation.start()
             try:
                 yield
             finally:
+                if curation is not None:
+                    curation.stop()
                 if close_memory:
                     memory.close()
 
@@ -143,6 +159,7 @@ def create_app(
     )
     app.state.service = service
     app.state.auth = auth
+    app.state.curation = curation
 
     # -- errors: one shape ---------------------------------------------------------------
     @app.exception_handler(ForgeError)

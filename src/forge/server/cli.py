@@ -46,9 +46,10 @@ def _emit(obj: Any, data: Any, human: str) -> None:
 @click.option("--capsule-keys", default=None, help="Keyring file of senders' public keys: agents may POST capsules to /v1/capsules.")
 @click.option("--no-mcp", is_flag=True, help="Do not mount the MCP endpoint at /mcp.")
 @click.option("--no-dashboard", is_flag=True, help="Do not serve the dashboard at /ui.")
+@click.option("--curate-every", type=float, default=None, help="Run a curation pass (forge curate's defaults) every this many seconds.")
 @click.pass_obj
 def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_dir: str, rate: float, capsule_keys: str | None,
-                  no_mcp: bool, no_dashboard: bool) -> None:
+                  no_mcp: bool, no_dashboard: bool, curate_every: float | None) -> None:
     """Serve the REST API (/v1, docs at /docs), MCP (/mcp) and the dashboard (/ui) over one memory."""
     _need_server_extra()
     import uvicorn
@@ -71,7 +72,7 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
         keyring = Keyring.load(capsule_keys)
     mem = obj.memory()
     app = create_app(mem, keys=keys, rate=rate, runs_dir=runs_dir, capsule_secret=os.environ.get("FORGE_CAPSULE_SECRET"), capsule_keyring=keyring,
-                     host=host, mcp=not no_mcp, dashboard=not no_dashboard, close_memory=True)
+                     host=host, mcp=not no_mcp, dashboard=not no_dashboard, close_memory=True, curate_every=curate_every)
     click.echo(f"FORGE serving {obj.db} on http://{host}:{port}  (API /v1, docs /docs{'' if no_mcp else ', MCP /mcp'}{'' if no_dashboard else ', dashboard /ui'})", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10, access_log=False)
 

@@ -1,6 +1,7 @@
 """Consolidation: episodes -> procedures, every N tasks, and observable.
 
-As in LLMA-Mem: cluster the episodes by the similarity of their lessons (cosine >= 0.72 to
+The clustering and the source links are :mod:`forge.curate.consolidate`'s (one
+implementation for any memory); what is team-specific lives here. As in LLMA-Mem: cluster the episodes by the similarity of their lessons (cosine >= 0.72 to
 the cluster's centroid, one greedy pass in recording order so a run is reproducible),
 generalise every cluster that holds a success (at most 5 successful episodes shown to the
 LLM) into a procedure whose success/failure counts are seeded from the cluster, then archive
@@ -24,8 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
+from forge.curate.consolidate import cluster_vectors, link_sources
 from forge.errors import LLMError, ValidationError
 from forge.llm.structured import complete_json
 from forge.model import Context as UnitContext
@@ -33,8 +33,6 @@ from forge.model import (
     Episode,
     Kind,
     Provenance,
-    Relation,
-    RelationType,
     Status,
     Unit,
     Viewer,
@@ -61,37 +59,6 @@ __all__ = [
 ]
 
 CONSOLIDATION_ENV = "forge.team.consolidate"
-
-
-def cluster_vectors(vectors: np.ndarray, *, threshold: float = 0.72) -> list[list[tuple[int, float]]]:
-    """Greedy single-pass clustering: each row joins the most similar cluster centroid if the
-    cosine is at least ``threshold``, else starts a cluster. Returns ``(row, cosine)`` lists.
-
-    Order-dependent by design: rows arrive in recording order, so reruns give the same
-    clusters and a cluster only grows as episodes accumulate (which is what lets pruning
-    recognise a superseded procedure by its sources).
-    """
-    if not -1.0 <= threshold <= 1.0:
-        raise ValidationError("cluster threshold must be a cosine between -1 and 1")
-    m = np.asarray(vectors, dtype=np.float64)
-    norms = np.linalg.norm(m, axis=1, keepdims=True)
-    m = m / np.where(norms == 0, 1.0, norms)
-    clusters: list[list[tuple[int, float]]] = []
-    sums: list[np.ndarray] = []
-    for i, v in enumerate(m):
-        best, best_sim = -1, -2.0
-        for c, s in enumerate(sums):
-            n = np.linalg.norm(s)
-            sim = float(v @ s / n) if n else 0.0
-            if sim > best_sim:
-                best, best_sim = c, sim
-        if best >= 0 and best_sim >= threshold:
-            clusters[best].append((i, round(best_sim, 4)))
-            sums[best] = sums[best] + v
-        else:
-            clusters.append([(i, 1.0)])
-            sums.append(v.copy())
-    return clusters
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,17 +289,13 @@ def _add_procedure(
         },
     )
     tm.memory.store.add([unit], tm.memory.embed([unit.text]), actor=actor)
-    for eid, sim in zip(c.episodes, c.similarities, strict=True):
-        tm.memory.store.relate(
-            Relation(
-                src=unit.id,
-                dst=eid,
-                type=RelationType.DERIVED_FROM,
-                weight=sim,
-                note=f"consolidation {run}: cluster {cluster_no}, lesson cosine to centroid {sim:.2f}",
-            ),
-            actor=actor,
-        )
+    link_sources(
+        tm.memory.store,
+        unit.id,
+        list(zip(c.episodes, c.similarities, strict=True)),
+        note=lambda _eid, sim: f"consolidation {run}: cluster {cluster_no}, lesson cosine to centroid {sim:.2f}",
+        actor=actor,
+    )
 
 
 def _prune(tm: TeamMemory, pool: _Pool, *, run: str, actor: str) -> list[dict[str, Any]]:

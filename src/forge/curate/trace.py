@@ -1,0 +1,147 @@
+"""Provenance: the chain behind one unit, as data (JSON) and as a readable tree.
+
+    source episodes -> how it was made (reflection, seed, consolidation, a broadcast) -> the unit
+    -> who sent it and through whom -> the receivers' exchange and consensus decisions -> merges
+    and corroborations -> conflicts and supersessions -> recalls that returned it and the
+    outcomes of its uses -> its change history
+
+Everything is read back from what the engine already records (provenance, meta written by
+the exchange, consensus and admission, the receivers' decision ledgers, relations, the event
+log); nothing is kept twice.
+Recalls are known from the service's audit events (``recall``/``context``) and the unit's
+access counters; in-process recalls only move the counters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge.errors import NotFoundError
+from forge.model import Viewer
+
+__all__ = ["trace", "render"]
+
+#: How far back the audit log is searched for recalls of the unit.
+RECALL_SCAN = 100_000
+
+
+def _brief(unit: Any) -> dict[str, Any]:
+    return {"id": unit.id, "kind": unit.kind.value, "status": unit.status.value, "content": unit.content[:200]}
+
+
+def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int = 3) -> dict[str, Any]:
+    """The provenance chain of ``unit_id`` as ``viewer`` may see it (default: the operator).
+
+    An agent sees the units, relations and events it may see, episodes that are its own or
+    nobody's, and no audited recalls (they would show other agents' queries).
+    """
+    store = memory.store
+    admin = viewer or Viewer.admin()
+    unit = store.get(unit_id, viewer=admin)
+    meta = unit.meta
+
+    def sources(u: Any, left: int) -> list[dict[str, Any]]:
+        out = []
+        found = {p.id: p for p in store.get_many(list(u.provenance.derived_from), viewer=admin)}
+        for pid in u.provenance.derived_from:
+            parent = found.get(pid)
+            if parent is None:
+                out.append({"id": pid, "missing": True})
+                continue
+            node = _brief(parent) | {"source": parent.provenance.source}
+            if left > 1:
+                node["derived_from"] = sources(parent, left - 1)
+            out.append(node)
+        return out
+
+    episodes = []
+    for eid in unit.provenance.episodes:
+        try:
+            ep = store.get_episode(eid)
+        except NotFoundError:
+            episodes.append({"id": eid, "missing": True})
+            continue
+        if not admin.operator and ep.agent not in ("", admin.agent):
+            continue
+        episodes.append({"id": ep.id, "agent": ep.agent, "task": ep.task[:200], "env": ep.env, "outcome": dict(ep.outcome)})
+    corr = meta.get("corroboration") if isinstance(meta.get("corroboration"), dict) else {}
+    relations = [r.to_dict() for r in store.relations(unit_id, viewer=admin)]
+    history = store.events(viewer=admin, unit_id=unit_id, limit=10_000)
+    recalls = []
+    audited = store.events(viewer=admin, ops=["recall", "context"], limit=RECALL_SCAN, newest_first=True) if admin.operator else []
+    for e in audited:
+        hits = [h for h in e.data.get("hits", []) if isinstance(h, dict) and h.get("id") == unit_id]
+        if hits:
+            recalls.append({"seq": e.seq, "ts": e.ts, "actor": e.actor, "query": str(e.data.get("query", ""))[:200], "reasons": hits[0].get("reasons")})
+    decisions = []
+    if admin.operator:  # the receivers' ledgers: exchange and consensus decisions about this unit
+        from forge.consensus import Ledger
+
+        for name in Ledger.names(store):
+            for d in Ledger(store, name=name).list(unit_id=unit_id):
+                decisions.append({"ledger": name, "at": d.at, "outcome": d.outcome, "reason": d.reason, "detail": d.detail,
+                                  "sender": d.sender, "origin": d.origin, "capsule_id": d.capsule_id})
+        decisions.sort(key=lambda d: d["at"])
+    return {
+        "unit": unit.to_dict(),
+        "decisions": decisions,
+        "made_by": {
+            "source": unit.provenance.source,
+            "owner": unit.owner,
+            "origin": meta.get("origin") or unit.owner,
+            "episodes": episodes,
+            "derived_from": sources(unit, depth),
+        },
+        "broadcast": {
+            k: meta[k] for k in ("origin", "via", "sender", "received_scope", "assessment", "promoted_to", "consensus_of", "witnesses") if k in meta
+        },
+        "corroborations": {"origins": corr.get("origins", []), "channels": corr.get("channels", []), "merged": meta.get("merged", [])},
+        "conflicts": [r for r in relations if r["type"] in ("contradicts", "supersedes")],
+        "relations": [r for r in relations if r["type"] not in ("contradicts", "supersedes")],
+        "use": {
+            "recalled": unit.access_count,
+            "last_recalled": unit.last_access,
+            "uses": meta.get("uses", 0),
+            "successes": meta.get("successes", 0),
+            "failures": meta.get("failures", 0),
+            "validation": unit.validation,
+            "audited_recalls": list(reversed(recalls)),
+        },
+        "history": [{"seq": e.seq, "ts": e.ts, "op": e.op, "actor": e.actor, "data": e.data} for e in history],
+    }
+
+
+def render(t: dict[str, Any]) -> str:
+    """The trace as an indented tree for a terminal."""
+    u, made = t["unit"], t["made_by"]
+    lines = [f"{u['id']} [{u['kind']}] {u['status']}: {u['content'][:100]}"]
+    lines.append(f"├─ made by: source={made['source'] or '-'} owner={made['owner'] or '-'} origin={made['origin'] or '-'}")
+    for ep in made["episodes"]:
+        lines.append(f"│  ├─ episode {ep['id']}" + ("" if ep.get("missing") else f" ({ep['agent']}, {ep['env']}, outcome {ep['outcome']})"))
+
+    def walk(nodes: list[dict[str, Any]], pad: str) -> None:
+        for n in nodes:
+            lines.append(f"{pad}├─ derived from {n['id']}" + ("" if n.get("missing") else f" [{n['kind']}] {n['status']}: {n['content'][:70]}"))
+            walk(n.get("derived_from", []), pad + "│  ")
+
+    walk(made["derived_from"], "│  ")
+    if t["broadcast"]:
+        lines.append("├─ broadcast: " + ", ".join(f"{k}={v}" for k, v in t["broadcast"].items() if k != "assessment"))
+    c = t["corroborations"]
+    lines.append(f"├─ corroborated by {len(c['channels'])} channel(s) {c['origins']}; {len(c['merged'])} merged duplicate(s)")
+    for m in c["merged"]:
+        lines.append(f"│  ├─ merged {m.get('id')} from {m.get('origin') or '-'} (cosine {m.get('similarity')})")
+    for d in t.get("decisions", []):
+        lines.append(f"├─ {d['ledger']} decided {d['outcome']} ({d['reason']}): {d['detail'][:80]}")
+    for r in t["conflicts"]:
+        lines.append(f"├─ {r['src']} -[{r['type']}]-> {r['dst']}: {r['note'][:80]}")
+    use = t["use"]
+    lines.append(
+        f"├─ used: recalled {use['recalled']}x, {use['uses']} uses ({use['successes']} ok, {use['failures']} failed), validation {use['validation']:.2f}"
+    )
+    for r in use["audited_recalls"][-5:]:
+        lines.append(f"│  ├─ recall #{r['seq']} by {r['actor'] or '-'}: {r['query'][:60]!r}")
+    lines.append(f"└─ history: {len(t['history'])} event(s)")
+    for e in t["history"]:
+        lines.append(f"   ├─ #{e['seq']} {e['op']} by {e['actor'] or '-'}: {str(e['data'])[:100]}")
+    return "\n".join(lines)
