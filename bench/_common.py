@@ -212,7 +212,7 @@ class Vocabulary:
     """
 
     def __init__(self, size: int = 30_000, *, n_clusters: int = 1000, topic_words: int = 40, seed: int = 0) -> None:
-        from forge.store.sqlite import _STOPWORDS
+        from forge.store.common import STOPWORDS as _STOPWORDS
 
         g = np.random.default_rng([seed, 7])
         words: list[str] = []

@@ -30,8 +30,9 @@ class Setup:
         return {"Authorization": f"Bearer {token}"}
 
 
-def make_setup(tmp_path: Path, **kw: Any) -> Setup:
-    mem = Memory(SQLiteStore(tmp_path / "svc.db"), HashingEmbedder(64))
+def make_setup(tmp_path: Path, *, store: Any = None, **kw: Any) -> Setup:
+    """An app over ``store`` (default: an SQLite file in ``tmp_path``)."""
+    mem = Memory(store if store is not None else SQLiteStore(tmp_path / "svc.db"), HashingEmbedder(64))
     keys = KeyStore(tmp_path / "svc.db.keys.json")
     admin = keys.create(admin=True, note="test admin")
     alice = keys.create(agent="alice", groups=["red"])

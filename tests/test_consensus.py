@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -310,6 +311,19 @@ def test_ledger_persists_filters_and_counts(tmp_path: Path) -> None:
         Ruling("maybe", "x")
     with pytest.raises(ValidationError):
         Ledger(None, name="a/b")
+
+
+def test_ledgers_are_decision_events_and_old_settings_ledgers_still_read(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "l.db")
+    Ledger(store, name="me").record(Ruling("accepted", "useful", capsule_id="c2", at=20.0))
+    # A ledger written before decisions were events: a settings key per decision.
+    old = Ruling("rejected", "replay", capsule_id="c1", at=10.0)
+    store.set_setting("ledger/old/00000000000000000001ab", json.dumps(old.to_dict()))
+    assert [e.actor for e in store.events(viewer=ADMIN, ops=["decision"])] == ["me"]
+    assert not [k for k in store.settings() if k.startswith("ledger/me/")]  # no key per decision any more
+    assert Ledger.names(store) == ["me", "old"]
+    assert [d.capsule_id for d in Ledger(store, name="old").list()] == ["c1"]
+    store.close()
 
 
 def test_two_prohibitions_never_contradict():

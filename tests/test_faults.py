@@ -259,7 +259,7 @@ class Flaky:
     def __init__(self, store: SQLiteStore, rng: random.Random, p: float) -> None:
         self.store, self.rng, self.p = store, rng, p
         self.failures = 0
-        for name in ("add", "update", "relate", "set_status", "set_setting"):
+        for name in ("add", "update", "relate", "set_status", "set_setting", "append_event"):
             real = getattr(store, name)
             setattr(store, name, self._wrap(real))
 

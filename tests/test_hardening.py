@@ -220,17 +220,17 @@ def test_periodic_sync_collects_group_units_only_for_the_network_to_filter(memor
 
 
 class FlakyKV:
-    """Makes the store's settings writes (the ledger's durable copy) fail N times."""
+    """Makes the store's ledger writes (appended ``decision`` events) fail N times."""
 
     def __init__(self, store: SQLiteStore, fail: int) -> None:
         self.store, self.fail = store, fail
-        self.real = store.set_setting
+        self.real = store.append_event
 
-    def __call__(self, key: str, value: str) -> None:
-        if key.startswith("ledger/") and self.fail > 0:
+    def __call__(self, op: str, **kw) -> int:
+        if op == "decision" and self.fail > 0:
             self.fail -= 1
             raise StoreError("simulated: disk I/O error while writing the ledger")
-        self.real(key, value)
+        return self.real(op, **kw)
 
 
 def test_a_failed_ledger_write_keeps_nothing_and_the_redelivery_is_judged_again(tmp_path, keyring):
@@ -238,7 +238,7 @@ def test_a_failed_ledger_write_keeps_nothing_and_the_redelivery_is_judged_again(
     (the redelivery would then be 'merged: already_counted') nor burn the capsule id."""
     memory = Memory(SQLiteStore(tmp_path / "m.db"), HashingEmbedder(256))
     try:
-        memory.store.set_setting = FlakyKV(memory.store, fail=1)  # type: ignore[method-assign]
+        memory.store.append_event = FlakyKV(memory.store, fail=1)  # type: ignore[method-assign]
         ex = Exchange(memory, "me", keyring, clock=Clock())
         cap = Capsule.from_dict(capsule_dict(keyring))
         with pytest.raises(StoreError):
@@ -280,7 +280,7 @@ def test_a_transient_store_error_does_not_mark_the_capsule_seen(memory, keyring,
 
 def test_a_rejection_after_a_failed_attempt_is_counted_once(memory, keyring):
     """Store errors leave no in-memory trace either: counts match the durable ledger."""
-    memory.store.set_setting = FlakyKV(memory.store, fail=1)  # type: ignore[method-assign]
+    memory.store.append_event = FlakyKV(memory.store, fail=1)  # type: ignore[method-assign]
     ex = Exchange(memory, "me", keyring, clock=Clock())
     unit = Unit(RULE, kind="rule", owner="alice")
     cap = keyring.sign(Capsule(unit=unit, sender="alice", origin="alice", confidence=0.8, sent_at=0.0, ttl=1.0, to=("me",)))  # expired

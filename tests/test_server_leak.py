@@ -27,9 +27,13 @@ Q_SECRET = "alice private plan 7431"  # queries that match them without naming t
 Q_GROUP = "red team runbook 9902"
 
 
-@pytest.fixture
-def world(tmp_path: Path):
-    setup = make_setup(tmp_path, capsule_secret="k")
+@pytest.fixture(params=["sqlite", "postgres"])
+def world(request: pytest.FixtureRequest, tmp_path: Path):
+    """The same probes over every store backend."""
+    from conftest import make_store
+
+    store = None if request.param == "sqlite" else make_store(request.param, tmp_path, request)
+    setup = make_setup(tmp_path, store=store, capsule_secret="k")
     with TestClient(setup.app) as c:
         h = setup.h(setup.alice)
         ids = c.post("/v1/units", json={"units": [{"content": SECRET, "scope": "private", "kind": "rule"},

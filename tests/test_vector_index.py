@@ -180,7 +180,7 @@ def test_a_second_opener_of_a_new_file_does_not_reset_the_counter(tmp_path, monk
     monkeypatch.setattr(SQLiteStore, "_owner_check", stale_first_look)
     second = SQLiteStore(db)
     monkeypatch.undo()
-    assert second.settings()["vseq"] == "1"
+    assert second._setting("vseq") == "1"
     v = _vecs(3, seed=4)
     second.add([Unit(f"b{i}", id=f"b{i}") for i in range(3)], v)
     assert _top(first, v[1]) == "b1"
@@ -221,7 +221,7 @@ def test_processes_opening_a_new_file_at_once_all_get_indexed(tmp_path):
         for me in range(6):
             v = np.random.default_rng(me).normal(size=(5, 16)).astype(np.float32)
             assert _top(s, v[3]) == f"p{me}-3"
-        assert s.settings()["vseq"] == "6"
+        assert s._setting("vseq") == "6"
         s.close()
 
 

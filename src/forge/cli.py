@@ -52,7 +52,8 @@ class _Ctx:
     def memory(self, *, must_exist: bool = False):  # -> Memory (imported lazily: keeps --help fast)
         from forge.memory import Memory
 
-        if must_exist and self.db != ":memory:" and not Path(self.db).exists():
+        server = self.db.startswith(("postgresql://", "postgres://"))  # the server says what exists
+        if must_exist and self.db != ":memory:" and not server and not Path(self.db).exists():
             raise UserError(f"{self.db}: no such database; create it with 'forge add' or 'forge import'")
         return Memory.open(self.db, embedder=self.embedder)
 
@@ -64,7 +65,7 @@ pass_ctx = click.make_pass_decorator(_Ctx)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", default="forge.db", show_default=True, envvar="FORGE_DB", help="Memory database file.")
+@click.option("--db", default="forge.db", show_default=True, envvar="FORGE_DB", help="Memory database file, or postgresql://USER@HOST/DB[?schema=NAME] (password from PGPASSWORD).")
 @click.option(
     "--embedder",
     default=None,

@@ -18,19 +18,20 @@ What a population believes should rest on independent evidence, not on who shout
 Every decision is a :class:`Ruling` appended to a :class:`Ledger` and can be listed and
 counted per outcome or reason.
 
-Where the bookkeeping lives: the ledger and reputations are kept in the store's key/value
-settings (``ledger/<name>/<id>``, ``reputation/<book>/<agent>``) when the store has them
-(SQLite does), so they survive a restart without a new table and travel with the file. They
-are not PROFILE units on purpose: a reputation is the receiver's private accounting, not a
-memory to recall into prompts or embed, and it changes on every outcome. A store without
-settings keeps both in memory (``Ledger.durable`` says which).
+Where the bookkeeping lives: each ledger decision is an appended store event (op
+``decision``, actor the ledger's name; no unit, so only the operator sees it) and reputations
+are store settings (``reputation/<book>/<agent>``), so both survive a restart, commit with the
+store's transaction and travel in an operator's export. They are not PROFILE units on purpose:
+a reputation is the receiver's private accounting, not a memory to recall into prompts or
+embed, and it changes on every outcome. Without a store both live in memory only
+(``Ledger.durable`` says which). Ledgers written before decisions were events, as
+``ledger/<name>/<id>`` settings, are still read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import threading
 import time
@@ -146,41 +147,51 @@ _DECISION_FIELDS = (
 )
 
 
-def _settings(store: Any) -> tuple[Any, Any] | None:
-    """The store's key/value settings (get-all, set) if it has them; SQLite does."""
-    get, put = getattr(store, "settings", None), getattr(store, "set_setting", None)
-    return (get, put) if callable(get) and callable(put) else None
+#: The event op of a ledger decision.
+DECISION_OP = "decision"
+
+
+def ledger_decisions(store: Any, *, name: str | None = None) -> list[Ruling]:
+    """Every decision in the store's ledgers (or ``name``'s), oldest first."""
+    legacy = f"ledger/{name}/" if name else "ledger/"
+    rows = sorted((k, v) for k, v in store.settings().items() if k.startswith(legacy))
+    out = [Ruling.from_dict(json.loads(v)) for _, v in rows]
+    seq = 0
+    while True:
+        page = store.events(viewer=Viewer.admin(), ops=(DECISION_OP,), actor=name, since_seq=seq, limit=10_000)
+        out.extend(Ruling.from_dict(e.data) for e in page)
+        if len(page) < 10_000:
+            return out
+        seq = page[-1].seq
 
 
 class Ledger:
-    """Append-only list of decisions, persisted in the store's settings when it can be.
+    """Append-only list of decisions, persisted as store events when there is a store.
 
-    Decisions are loaded once at start and appended in memory and in the store; keys sort
-    by time (``ledger/<name>/<nanoseconds><random>``), so two processes writing the same ledger
-    never overwrite each other.
+    Decisions are loaded once at start and appended in memory and in the store's event log,
+    whose order is the commit order, so two processes writing one ledger never collide.
     """
 
     def __init__(self, store: Any = None, *, name: str) -> None:
         if not name or "/" in name:
             raise ValidationError("a ledger needs a name without '/', e.g. the agent id")
         self.name = name
-        self._prefix = f"ledger/{name}/"
-        self._kv = _settings(store) if store is not None else None
+        self._store = store
         self._lock = threading.Lock()
-        self._items: list[Ruling] = []
         self._local = threading.local()  # this thread's staged decisions (see staged())
-        self._last_ns = 0
-        if self._kv is not None:
-            rows = sorted((k, v) for k, v in self._kv[0]().items() if k.startswith(self._prefix))
-            self._items = [Ruling.from_dict(json.loads(v)) for _, v in rows]
+        self._items: list[Ruling] = ledger_decisions(store, name=name) if store is not None else []
 
     @staticmethod
     def names(store: Any) -> list[str]:
-        """The ledgers kept in ``store`` (one per receiving agent), sorted; none without settings."""
-        kv = _settings(store)
-        if kv is None:
-            return []
-        return sorted({k.split("/", 2)[1] for k in kv[0]() if k.startswith("ledger/") and k.count("/") >= 2})
+        """The ledgers kept in ``store`` (one per receiving agent), sorted."""
+        names = {k.split("/", 2)[1] for k in store.settings() if k.startswith("ledger/") and k.count("/") >= 2}
+        seq = 0
+        while True:
+            page = store.events(viewer=Viewer.admin(), ops=(DECISION_OP,), since_seq=seq, limit=10_000)
+            names.update(e.actor for e in page)
+            if len(page) < 10_000:
+                return sorted(names)
+            seq = page[-1].seq
 
     @contextlib.contextmanager
     def staged(self) -> Iterator[None]:
@@ -204,16 +215,13 @@ class Ledger:
 
     @property
     def durable(self) -> bool:
-        """True when decisions survive a restart (the store has settings)."""
-        return self._kv is not None
+        """True when decisions survive a restart (there is a store)."""
+        return self._store is not None
 
     def record(self, decision: Ruling) -> Ruling:
         with self._lock:
-            if self._kv is not None:
-                # Nanosecond keys, strictly increasing here, random-suffixed against other writers.
-                self._last_ns = max(time.time_ns(), self._last_ns + 1)
-                key = f"{self._prefix}{self._last_ns:020d}{os.urandom(2).hex()}"
-                self._kv[1](key, json.dumps(decision.to_dict(), separators=(",", ":")))
+            if self._store is not None:
+                self._store.append_event(DECISION_OP, actor=self.name, data=decision.to_dict())
             stage = getattr(self._local, "stage", None)
             (stage if stage is not None else self._items).append(decision)
         return decision
@@ -271,11 +279,11 @@ class Reputation:
             raise ValidationError("reputation prior must be positive")
         self.prior = prior
         self._prefix = f"reputation/{book}/"
-        self._kv = _settings(store) if store is not None else None
+        self._store = store
         self._lock = threading.Lock()
         self._counts: dict[str, tuple[float, float]] = {}
-        if self._kv is not None:
-            for k, v in self._kv[0]().items():
+        if store is not None:
+            for k, v in store.settings().items():
                 if k.startswith(self._prefix):
                     d = json.loads(v)
                     self._counts[k[len(self._prefix) :]] = (float(d["success"]), float(d["failure"]))
@@ -295,8 +303,8 @@ class Reputation:
             s, f = self._counts.get(agent, (0.0, 0.0))
             s, f = (s + weight, f) if success else (s, f + weight)
             self._counts[agent] = (s, f)
-            if self._kv is not None:
-                self._kv[1](self._prefix + agent, json.dumps({"success": s, "failure": f}))
+            if self._store is not None:
+                self._store.set_setting(self._prefix + agent, json.dumps({"success": s, "failure": f}))
         return self.get(agent)
 
     def set(self, agent: str, *, successes: float, failures: float) -> None:
@@ -305,8 +313,8 @@ class Reputation:
             raise ValidationError("reputation counts cannot be negative")
         with self._lock:
             self._counts[agent] = (float(successes), float(failures))
-            if self._kv is not None:
-                self._kv[1](self._prefix + agent, json.dumps({"success": successes, "failure": failures}))
+            if self._store is not None:
+                self._store.set_setting(self._prefix + agent, json.dumps({"success": successes, "failure": failures}))
 
     def all(self) -> dict[str, float]:
         return {a: self.get(a) for a in sorted(self._counts)}

@@ -345,6 +345,10 @@ class Exchange:
                 now = self.clock()
                 verdict = self._judge(capsule, now)  # no writes: verify, screen, embed
                 with self.ledger.staged(), self.memory.store.transaction():
+                    # Durable and shared: a replica of this agent over the same store that
+                    # took the capsule first (or is taking it now) makes this one a replay.
+                    if capsule.id in self._stage.seen and not self.memory.store.claim(f"capsule/{self.agent_id}/{capsule.id}"):
+                        verdict = _Verdict("reject", reason="replay", detail=f"capsule {capsule.id} was already received")
                     decision = self._act(capsule, verdict, now)
             except BackendError as exc:
                 # A store or embedder failure mid-way: say so in the ledger, then let the caller see it.

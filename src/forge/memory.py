@@ -55,14 +55,14 @@ class Memory:
     """Units in, ranked and explained units out."""
 
     def __init__(self, store: Store, embedder: Embedder) -> None:
-        recorded = store.settings().get("embedder") if hasattr(store, "settings") else None
+        recorded = store.settings().get("embedder")
         if recorded and recorded != embedder.name:
             raise ConfigError(
                 f"this store was built with embedder {recorded!r}; open it with that embedder, not {embedder.name!r}"
             )
         if store.dim is not None and store.dim != embedder.dim:
             raise DimensionError(store.dim, embedder.dim)
-        if not recorded and hasattr(store, "set_setting") and not store.info.get("readonly"):
+        if not recorded and not store.info.get("readonly"):
             store.set_setting("embedder", embedder.name)
         self.store = store
         self.embedder = embedder
@@ -73,7 +73,7 @@ class Memory:
         store = open_store(path)
         try:
             if embedder is None:
-                embedder = store.settings().get("embedder") or "local"  # type: ignore[attr-defined]
+                embedder = store.settings().get("embedder") or "local"
             if isinstance(embedder, str):
                 embedder = open_embedder(embedder)  # a recorded name ("local:all-MiniLM-L6-v2") reopens that model
             return cls(store, embedder)

@@ -52,6 +52,7 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--embedder", default=None, help="Embedder of the run's store (default hash: fast, offline).")
 @click.option("--seed", type=int, default=None, help="Run seed; stage, instance and eval seeds derive from it.")
 @click.option("--workers", type=int, default=None, help="Worker processes playing instances in parallel.")
+@click.option("--executor", default="process", show_default=True, help="Where instances are played: process, ray (a local Ray with --workers CPUs) or ray://HOST:PORT.")
 @click.option("--policy", default=None, help=f"Acting agent: {', '.join(POLICIES)}.")
 @click.option("--eval-episodes", type=int, default=None, help="Final evaluation episodes per instance.")
 @click.option("--max-steps", type=int, default=None, help="Cap on steps per episode (default: the env's).")
@@ -65,7 +66,7 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--quick-demo", is_flag=True, help="Zero-shot and FORGE on the embedded model with the same seeds (minutes on 2 cores), then one comparison report.")
 @click.option("--report/--no-report", "with_report", default=None, help="Write the HTML/JSON report into RUN/report afterwards.")
 @click.option("--json", "as_json", is_flag=True, help="Print the final summary as JSON.")
-def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bool, with_report: bool | None, as_json: bool, bus_url: str | None, **options: Any) -> None:
+def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bool, with_report: bool | None, as_json: bool, bus_url: str | None, executor: str, **options: Any) -> None:
     """Run (or resume) a FORGE / Reflexion / zero-shot evolution experiment."""
     from forge.protocols.forge import evolve, resume
 
@@ -81,7 +82,7 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
             delivery = BusDelivery(bus)
         runs: list[tuple[Path, Any]] = []
         if resume_dir is not None:
-            runs.append((resume_dir, resume(resume_dir, progress=True, delivery=delivery)))
+            runs.append((resume_dir, resume(resume_dir, progress=True, delivery=delivery, executor=executor)))
             run_path = resume_dir
             report_root = resume_dir
         else:
@@ -99,7 +100,7 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
             for config, path in zip(configs, paths, strict=True):
                 if len(configs) > 1 and not as_json:
                     click.echo(f"== {config.condition} on {config.env} with {config.llm} ({config.instances} instances, {config.stages} stages) ==", err=True)
-                runs.append((path, evolve(config, path, progress=True, delivery=delivery)))
+                runs.append((path, evolve(config, path, progress=True, delivery=delivery, executor=executor)))
             run_path = paths[-1]
         report_paths: dict[str, Any] = {}
         if with_report or (with_report is None and quick_demo):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from forge.errors import StoreError
+from forge.errors import ConfigError, StoreError
 from forge.llm.accounting import TokenLedger
 from forge.llm.base import LLM
 from forge.model import Provenance, Unit, new_id
@@ -158,6 +158,7 @@ class _Instance:
 
 _WORKER_LLM: LLM | None = None
 _WORKER_FACTORY: LLMFactory | None = None
+_WORKER_KEY: str | None = None  # the run whose LLM a Ray worker holds
 
 
 def _init_worker(factory: LLMFactory) -> None:
@@ -170,6 +171,17 @@ def _in_worker(kind: str, task: Mapping[str, Any]) -> dict[str, Any]:
     if _WORKER_LLM is None:
         assert _WORKER_FACTORY is not None  # set by the pool initializer
         _WORKER_LLM = _WORKER_FACTORY()
+    fn = play_stage if kind == "stage" else evaluate_instance
+    return fn(task, _WORKER_LLM)
+
+
+def _in_ray_worker(key: str, factory: LLMFactory, kind: str, task: Mapping[str, Any]) -> dict[str, Any]:
+    """A Ray task: a Ray worker process builds the LLM once per run (``key``) and keeps it."""
+    global _WORKER_LLM, _WORKER_KEY
+    if _WORKER_LLM is None or key != _WORKER_KEY:
+        if _WORKER_LLM is not None:
+            _WORKER_LLM.close()
+        _WORKER_LLM, _WORKER_KEY = factory(), key
     fn = play_stage if kind == "stage" else evaluate_instance
     return fn(task, _WORKER_LLM)
 
@@ -191,18 +203,58 @@ def default_llm_factory(config: ForgeConfig) -> LLMFactory:
     return functools.partial(_open_llm, config.llm, threads)
 
 
-class _Runner:
-    """Runs tasks in process (workers=1) or in a process pool; results come back as they finish."""
+EXECUTORS = ("process", "ray")  # or ray://HOST:PORT, a running Ray cluster
 
-    def __init__(self, config: ForgeConfig, factory: LLMFactory, hook: Hook | None) -> None:
+
+def check_executor(executor: str) -> str:
+    if executor in EXECUTORS or (isinstance(executor, str) and executor.startswith("ray://")):
+        return executor
+    raise ConfigError(f"unknown executor {executor!r}; expected process, ray or ray://HOST:PORT")
+
+
+def _import_ray() -> Any:
+    """Import Ray, before anything loads usearch: Ray aborts in ``ray.init`` (std::regex_error)
+    in a process where usearch's C++ library was loaded first (measured with ray 2.60 and
+    usearch 2.x); loaded the other way round both work."""
+    import sys
+    import warnings
+
+    mods = list(sys.modules)
+    if "usearch.index" in sys.modules and ("ray._raylet" not in sys.modules
+                                           or mods.index("usearch.index") < mods.index("ray._raylet")):
+        raise ConfigError(
+            "Ray cannot start in this process: it loaded usearch (the vector index) before Ray, and their "
+            "C++ runtimes clash; run with --executor ray in a fresh process, or import ray before forge"
+        )
+    with warnings.catch_warnings():  # Ray's own import-time notices are not ours to fail on
+        warnings.simplefilter("ignore")
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("--executor ray needs Ray: pip install 'forge-memory[ray]'") from None
+    return ray
+
+
+class _Runner:
+    """Runs tasks in process (workers=1), in a process pool, or as Ray tasks; results come
+    back as they finish and are handed on in instance order per batch, so the run is the
+    same whichever executes it (every task carries its own seeds)."""
+
+    def __init__(self, config: ForgeConfig, factory: LLMFactory, hook: Hook | None, executor: str = "process") -> None:
         self.config = config
         self.factory = factory
         self.hook = hook
+        self.executor = check_executor(executor)
         self._llm: LLM | None = None
         self._pool: ProcessPoolExecutor | None = None
+        self._ray: Any = None  # the ray module once this runner started or joined a cluster
+        self._ray_owned = False
 
     def run(self, kind: str, tasks: Sequence[Mapping[str, Any]], on_result: Callable[[dict[str, Any]], None]) -> None:
         if not tasks:
+            return
+        if self.executor != "process":
+            self._run_ray(kind, tasks, on_result)
             return
         if self.config.workers == 1:
             if self._llm is None:
@@ -229,7 +281,47 @@ class _Runner:
                 fut.cancel()
             raise
 
+    def _start_ray(self) -> Any:
+        """Join the Ray cluster (``ray://``) or start a local one with ``workers`` CPUs."""
+        import os
+        import sys
+        import uuid
+        import warnings
+
+        ray = _import_ray()
+        with warnings.catch_warnings():  # Ray's own start-up notices are not ours to fail on
+            warnings.simplefilter("ignore")
+            if not ray.is_initialized():
+                if self.executor == "ray":
+                    # Local workers import what this process can (tests, user modules with factories).
+                    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+                    ray.init(num_cpus=self.config.workers, include_dashboard=False, log_to_driver=False,
+                             runtime_env={"env_vars": env})
+                else:
+                    ray.init(address=self.executor, log_to_driver=False)
+                self._ray_owned = True
+        self._ray, self._ray_key = ray, uuid.uuid4().hex
+        self._ray_task = ray.remote(num_cpus=1, max_retries=0)(_in_ray_worker)
+        return ray
+
+    def _run_ray(self, kind: str, tasks: Sequence[Mapping[str, Any]], on_result: Callable[[dict[str, Any]], None]) -> None:
+        ray = self._ray or self._start_ray()
+        factory = ray.put(self.factory)
+        pending = [self._ray_task.remote(self._ray_key, factory, kind, dict(t)) for t in tasks]
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for result in sorted(ray.get(done), key=lambda r: r["instance"]):
+                    on_result(result)
+        except BaseException:
+            for ref in pending:
+                ray.cancel(ref)
+            raise
+
     def close(self) -> None:
+        if self._ray is not None and self._ray_owned:
+            self._ray.shutdown()
+        self._ray = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -249,20 +341,27 @@ def evolve(
     progress: ProgressSink | bool | None = None,
     hook: Hook | None = None,
     delivery: ChampionDelivery | None = None,
+    executor: str = "process",
 ) -> RunResult:
     """Run ``config`` from scratch into ``run_dir`` (which must not hold a run yet).
 
     ``llm_factory`` builds the LLM (once per worker process; it must be picklable when
-    ``workers > 1``); by default ``open_llm(config.llm)``. ``progress`` is True for a rich
+    ``workers > 1``); by default ``open_llm(config.llm)``. ``executor`` is where instances
+    are played: ``process`` (in this process, or ``workers`` worker processes), ``ray`` (Ray
+    tasks on a local Ray started with ``workers`` CPUs) or ``ray://HOST:PORT`` (a running
+    cluster whose nodes have FORGE installed); the result is the same for the same seeds. ``progress`` is True for a rich
     display (only on a terminal), a callable receiving ``(event, data)``, or None. ``hook``
     is called at stage, instance and attempt boundaries (tests interrupt runs from it).
     """
+    if check_executor(executor) != "process":
+        _import_ray()  # before the run's store loads usearch (see _import_ray)
     env = build_env(config)  # fail on a missing optional backend before creating anything
     env.close()
     run = RunDir(run_dir)
     run.create(config)
     run.event("run_started", config=config.to_dict())
-    return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery)
+    return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery,
+                  executor=executor)
 
 
 def resume(
@@ -272,6 +371,7 @@ def resume(
     progress: ProgressSink | bool | None = None,
     hook: Hook | None = None,
     delivery: ChampionDelivery | None = None,
+    executor: str = "process",
 ) -> RunResult:
     """Continue an interrupted run where it stopped (a finished run returns its result).
 
@@ -287,7 +387,10 @@ def resume(
         final = run.read_json(run.final_path)
         return RunResult(run.path, config, final)
     run.event("resumed")
-    return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery)
+    if check_executor(executor) != "process":
+        _import_ray()
+    return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery,
+                  executor=check_executor(executor))
 
 
 def _drive(
@@ -298,11 +401,12 @@ def _drive(
     progress: ProgressSink | bool | None,
     hook: Hook | None,
     delivery: ChampionDelivery | None,
+    executor: str = "process",
 ) -> RunResult:
     started = time.perf_counter()
     sink = make_sink(progress, config)
     store = RunStore(run, config)
-    runner = _Runner(config, llm_factory or default_llm_factory(config), _chain(hook, sink))
+    runner = _Runner(config, llm_factory or default_llm_factory(config), _chain(hook, sink), executor)
     try:
         with sink:
             final = _Protocol(run, config, store, runner, sink, hook, delivery or DirectDelivery()).execute()

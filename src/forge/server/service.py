@@ -87,7 +87,7 @@ class Service:
 
     def get(self, who: Principal, unit_id: str) -> Unit:
         unit = self.memory.get(unit_id, viewer=who.viewer)
-        self.store.log_event("read", unit_id=unit.id, actor=who.actor, data={"key": who.key_id})
+        self.store.append_event("read", unit_id=unit.id, actor=who.actor, data={"key": who.key_id})
         return unit
 
     def list(self, who: Principal, *, filter: Filter = Filter(), limit: int = 50, offset: int = 0) -> tuple[list[Unit], int]:
@@ -95,7 +95,7 @@ class Service:
         units = self.store.list(viewer=who.viewer, filter=filter, limit=limit, offset=offset)
         total = self.store.count(viewer=who.viewer, filter=filter)
         if units:
-            self.store.log_event("list", actor=who.actor, data={"key": who.key_id, "ids": [u.id for u in units]})
+            self.store.append_event("list", actor=who.actor, data={"key": who.key_id, "ids": [u.id for u in units]})
         return units, total
 
     def update(self, who: Principal, unit_id: str, changes: Mapping[str, Any]) -> Unit:
@@ -134,7 +134,7 @@ class Service:
         if not 0 <= hops <= 3:
             raise ValidationError("hops must be between 0 and 3")
         results = self.memory.recall(query, viewer=who.viewer, k=k, filter=filter, hops=hops, touch=touch)
-        self.store.log_event(
+        self.store.append_event(
             "recall",
             actor=who.actor,
             data={
@@ -153,7 +153,7 @@ class Service:
         if not 1 <= k <= 200:
             raise ValidationError("k must be between 1 and 200")
         packed = self.memory.context(query, viewer=who.viewer, budget=budget, k=k, filter=filter, hops=hops)
-        self.store.log_event(
+        self.store.append_event(
             "context",
             actor=who.actor,
             data={"key": who.key_id, "query": query[:500], "budget": budget, "tokens": packed.tokens,
@@ -221,13 +221,13 @@ class Service:
         ep = self.store.get_episode(episode_id)
         if not who.admin and ep.agent not in ("", who.agent):
             raise NotFoundError(f"no episode with id {episode_id}")
-        self.store.log_event("read_episode", actor=who.actor, data={"key": who.key_id, "episode": episode_id})
+        self.store.append_event("read_episode", actor=who.actor, data={"key": who.key_id, "episode": episode_id})
         return ep
 
     # -- bulk -----------------------------------------------------------------------------
     def export(self, who: Principal) -> Iterator[dict[str, Any]]:
         _admin(who, "export the whole store")
-        self.store.log_event("export", actor=who.actor, data={"key": who.key_id})
+        self.store.append_event("export", actor=who.actor, data={"key": who.key_id})
         return self.memory.export(viewer=who.viewer)
 
     def import_records(self, who: Principal, records: Iterable[Mapping[str, Any]]) -> int:
@@ -308,13 +308,10 @@ class Service:
     def decisions(self, who: Principal, *, outcomes: Iterable[str] = ("conflict", "resolved"), limit: int = 200) -> list[dict[str, Any]]:
         """Ledger decisions (conflicts and resolutions by default) across every agent's ledger."""
         _admin(who, "read every agent's decisions")
+        from forge.consensus import ledger_decisions
+
         wanted = set(outcomes)
-        out = []
-        for key, value in _settings(self.store).items():
-            if key.startswith("ledger/"):
-                d = json.loads(value)
-                if not wanted or d.get("outcome") in wanted:
-                    out.append(d)
+        out = [d.to_dict() for d in ledger_decisions(self.store) if not wanted or d.outcome in wanted]
         return sorted(out, key=lambda d: d.get("at", 0), reverse=True)[:limit]
 
     def reputations(self, who: Principal) -> dict[str, dict[str, float]]:
@@ -322,7 +319,7 @@ class Service:
         _admin(who, "read reputations")
         from forge.consensus import Reputation
 
-        books = sorted({k.split("/")[1] for k in _settings(self.store) if k.startswith("reputation/")})
+        books = sorted({k.split("/")[1] for k in self.store.settings() if k.startswith("reputation/")})
         return {b: Reputation(self.store, book=b).all() for b in books}
 
     def agents(self, who: Principal) -> list[dict[str, Any]]:
@@ -376,11 +373,6 @@ def _admin(who: Principal, what: str) -> None:
 def _page(limit: int, offset: int) -> None:
     if not 1 <= limit <= 1000 or offset < 0:
         raise ValidationError("limit must be between 1 and 1000 and offset non-negative")
-
-
-def _settings(store: Any) -> dict[str, str]:
-    get = getattr(store, "settings", None)
-    return get() if callable(get) else {}
 
 
 def _event(e: Event) -> dict[str, Any]:

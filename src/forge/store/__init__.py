@@ -3,6 +3,8 @@
     open_store("sqlite:///path/to/memory.db")   # the embedded default
     open_store("memory.db")                       # same: a bare path is SQLite
     open_store(":memory:")                        # throw-away, for tests
+    open_store("postgresql://forge@db/memory")    # PostgreSQL + pgvector, for many writers
+    open_store("postgresql://forge@db/memory?schema=team_red")  # another memory there
 """
 
 from __future__ import annotations
@@ -26,4 +28,10 @@ def open_store(url: str | Path, *, create: bool = True) -> Store:
     if "://" not in text:
         return SQLiteStore(text, create=create)
     scheme = text.split("://", 1)[0]
-    raise ConfigError(f"unknown store URL scheme {scheme!r}; expected a file path or sqlite:///PATH")
+    if scheme in ("postgresql", "postgres"):
+        from forge.store.postgres import PostgresStore
+
+        return PostgresStore(text, create=create)
+    raise ConfigError(
+        f"unknown store URL scheme {scheme!r}; expected a file path, sqlite:///PATH or postgresql://HOST/DB"
+    )

@@ -8,6 +8,12 @@ nor a relation, event, vector or export record that gives one away, whatever it 
 
 Writes are atomic one by one; :meth:`Store.transaction` makes several of them one atomic
 unit (the exchange writes a received unit and its ledger record together).
+
+Besides units a store keeps two things callers need on every backend: ``settings`` (the
+memory's own key/value facts: which embedder built it, reputations) and the event log, where
+changes are logged by the store itself and everything else (ledger decisions, audit reads,
+consolidation logs) is appended as a typed event with :meth:`Store.append_event`. An
+operator's export carries both, so a moved memory keeps its ledger, reputations and embedder.
 """
 
 from __future__ import annotations
@@ -22,11 +28,35 @@ import numpy as np
 from forge.errors import ValidationError
 from forge.model import Episode, Kind, Relation, RelationType, Status, Unit, Viewer
 
-__all__ = ["ANY_STATUS", "MAX_RESULTS", "SEARCH_CONTEXT", "Event", "Filter", "Hit", "Store", "indexed_text"]
+__all__ = ["ANY_STATUS", "CHANGE_OPS", "MAX_RESULTS", "SEARCH_CONTEXT", "Event", "Filter", "Hit", "Store", "indexed_text"]
 
 #: Most results one read may ask for (``k``, ``limit``): a bigger number is a mistake, and
 #: SQLite cannot take one past 2**63 at all.
 MAX_RESULTS = 1_000_000
+
+
+#: Event ops the store writes itself for its changes. They describe the store they happened in,
+#: so they cannot be appended by callers and do not travel in an export (the import that
+#: carries a memory elsewhere is itself one such event there).
+CHANGE_OPS = frozenset({"add", "update", "status", "relate", "episode", "import"})
+
+
+def check_event_op(op: Any) -> str:
+    """Validate the op of an appended event (a backend calls this before writing)."""
+    if not isinstance(op, str) or not op.strip() or len(op) > 64:
+        raise ValidationError("an event needs an op: a short non-empty string")
+    if op in CHANGE_OPS:
+        raise ValidationError(f"{op!r} events are written by the store for its own changes; use another op")
+    return op
+
+
+def check_setting(key: Any, value: Any) -> tuple[str, str]:
+    """Validate one setting (a backend calls this before writing)."""
+    if not isinstance(key, str) or not key or len(key) > 512:
+        raise ValidationError("a setting key must be a non-empty string of at most 512 characters")
+    if not isinstance(value, str):
+        raise ValidationError(f"setting {key!r}: the value must be a string, got {type(value).__name__}")
+    return key, value
 
 
 #: ``Unit.meta`` key for text indexed with a unit (embedded and keyword-searched) but not
@@ -137,6 +167,23 @@ class Store(Protocol):
         """Backend facts and capability flags (e.g. ``{"backend": "sqlite", "ann": "usearch"}``)."""
         ...
 
+    def settings(self) -> dict[str, str]:
+        """The memory's own settings (``embedder``, ``reputation/<book>/<agent>``...), not the
+        backend's bookkeeping (schema version, counters)."""
+        ...
+
+    def set_setting(self, key: str, value: str) -> None:
+        """Set one setting; inside :meth:`transaction` it commits or rolls back with the rest."""
+        ...
+
+    def claim(self, key: str) -> bool:
+        """Record ``key`` once and for all: True for the one call that recorded it, False
+        when it was recorded before. Inside :meth:`transaction` the claim is undone with
+        the rest, and a concurrent claim of the same key waits for that transaction to end,
+        so replicas of one receiver act on a message exactly once (the exchange claims
+        each capsule id)."""
+        ...
+
     def transaction(self) -> AbstractContextManager[None]:
         """``with store.transaction():`` makes the writes inside one atomic unit.
 
@@ -216,20 +263,29 @@ class Store(Protocol):
         oldest first (or newest first), narrowed by any of the given fields."""
         ...
 
-    def log_event(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> int:
-        """Append one event that is not a change (a read, a recall, a review) and return its seq.
+    def append_event(
+        self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None
+    ) -> int:
+        """Append one event that is not a change (a read, a recall, a ledger decision) and
+        return its seq. ``op`` may not be one of :data:`CHANGE_OPS`.
 
-        The service's audit trail uses it: who read what, when, and why it was returned.
+        The service's audit trail and the exchange's ledger use it. Events without a
+        ``unit_id`` are the operator's: an agent's :meth:`events` never shows them.
         """
         ...
 
     # -- bulk ---------------------------------------------------------------------------
     def export_records(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
-        """Every unit, relation and episode ``viewer`` may see (the operator: all)."""
+        """Every unit, relation and episode ``viewer`` may see; the operator also gets the
+        settings and the appended events (records ``setting`` and ``event``)."""
         ...
 
     def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
-        """Import export records in ONE transaction: all land or none do."""
+        """Import export records in ONE transaction: all land or none do.
+
+        Imported settings fill keys the store lacks; a key it has keeps its value, except that
+        vectors from another embedder than the store's are refused.
+        """
         ...
 
     def stats(self) -> dict[str, Any]: ...

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import sqlite3
 import threading
 import time
@@ -42,13 +41,32 @@ from forge.model import (
     Unit,
     Viewer,
 )
-from forge.store.base import ANY_STATUS, MAX_RESULTS, Event, Filter, Hit, indexed_text
+from forge.store.base import (
+    ANY_STATUS,
+    CHANGE_OPS,
+    Event,
+    Filter,
+    Hit,
+    check_event_op,
+    check_setting,
+    indexed_text,
+)
+from forge.store.common import HIDDEN as _HIDDEN
+from forge.store.common import count_arg as _count_arg
+from forge.store.common import diff as _diff
+from forge.store.common import int_arg as _int_arg
+from forge.store.common import query_words
+from forge.store.common import scope_before as _before
+from forge.store.common import sees as _sees
+from forge.store.records import event_record, parse_records, setting_record, vector_field
 from forge.store.vectors import VectorIndex
 
 __all__ = ["SQLiteStore"]
 
 APPLICATION_ID = 0x464F5247  # "FORG": marks a file as ours, so a foreign database is refused
 SCHEMA_VERSION = 1
+# The backend's own bookkeeping in the meta table: not settings, never exported or set by callers.
+_INTERNAL_KEYS = frozenset({"schema_version", "vseq", "vgen", "dim", "db_id"})
 EXACT_SEARCH_LIMIT = 20_000  # below this many filtered candidates, exact search is cheaper
 COMMON_TERM_SHARE = 0.10  # keyword search skips words in more than this share of units (IDF ~ 2)
 # Before its first write a store checks the file's pages (PRAGMA quick_check) when the file is
@@ -131,11 +149,9 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
 CREATE INDEX IF NOT EXISTS events_actor ON events(actor, seq);
+CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
 """
 
-_STOPWORDS = frozenset(
-    ["a", "an", "and", "are", "as", "at", "be", "but", "by", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "his", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "no", "not", "of", "on", "or", "our", "she", "so", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "to", "was", "we", "were", "what", "when", "where", "which", "who", "why", "will", "with", "you", "your"]
-)
 
 _COLUMNS = (
     "id, kind, content, domain, task, role, tags, scope, owner, confidence, validation, "
@@ -270,6 +286,9 @@ class SQLiteStore:
             raise StoreError(
                 f"{self.path}: schema version {version} is not supported (this FORGE reads {SCHEMA_VERSION})"
             )
+        if not self.readonly and not self._q("SELECT 1 FROM sqlite_master WHERE name = 'claims'"):
+            with self._tx(check=False) as db:  # files made before claims existed
+                db.execute("CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID")
         if not self.readonly and self._setting("db_id") is None:
             # Binds the vector index file to this database (see forge.store.vectors).
             with self._tx(check=False) as db:
@@ -409,9 +428,17 @@ class SQLiteStore:
                 "readonly": self.readonly}
 
     def settings(self) -> dict[str, str]:
-        return dict(self._q("SELECT key, value FROM meta"))
+        return {k: v for k, v in self._q("SELECT key, value FROM meta") if k not in _INTERNAL_KEYS}
+
+    def claim(self, key: str) -> bool:
+        key, _ = check_setting(key, "")
+        with self._tx() as db:
+            return db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?)", (key, time.time())).rowcount == 1
 
     def set_setting(self, key: str, value: str) -> None:
+        key, value = check_setting(key, value)
+        if key in _INTERNAL_KEYS:
+            raise ValidationError(f"{key!r} is the store's own bookkeeping, not a setting")
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
 
@@ -808,15 +835,16 @@ class SQLiteStore:
             out.append(Event(seq, ts, op, uid, actor, d))
         return out
 
-    def log_event(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> int:
-        if not op:
-            raise ValidationError("an event needs an op")
+    def append_event(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> int:
+        op = check_event_op(op)
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, ?, ?, ?, ?)",
                 (time.time(), op, unit_id, actor, json.dumps(dict(data or {}), default=str)),
             )
             return int(cur.lastrowid)
+
+    log_event = append_event  # the older name, kept for callers written before append_event
 
     # -- search ---------------------------------------------------------------------------
     def _sync_index_after_write(self) -> None:
@@ -830,7 +858,7 @@ class SQLiteStore:
         if self._index is None:
             # Settings first (they take the store lock), then the index lock: the same order
             # as a write transaction that searches, so the warm-up thread cannot deadlock it.
-            settings = self.settings()
+            settings = dict(self._q("SELECT key, value FROM meta"))
             with self._index_lock:  # the warm-up thread may be loading it right now: wait for it
                 if self._index is None:
                     path = Path(self.path + ".usearch") if self._file is not None else None
@@ -999,10 +1027,8 @@ class SQLiteStore:
     # -- bulk -----------------------------------------------------------------------------
     def export_records(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
         """Every unit (with its vector), relation and episode ``viewer`` may see, as JSON-ready
-        records: the operator gets everything; an agent its visible units, the relations
-        between them, and its own episodes."""
-        import base64
-
+        records: the operator gets everything (settings and appended events too); an agent
+        its visible units, the relations between them, and its own episodes."""
         where, params = _where(viewer, ANY_STATUS)
         last = 0
         while True:
@@ -1015,7 +1041,7 @@ class SQLiteStore:
             for r in rows:
                 rec = {"record": "unit", **self._touched(_row_unit(r[1:-1])).to_dict()}
                 if r[-1] is not None:
-                    rec["vector"] = base64.b64encode(r[-1]).decode()
+                    rec["vector"] = vector_field(np.frombuffer(r[-1], dtype=np.float32))
                 yield rec
             last = rows[-1][0]
         rel_sql = "SELECT r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r"
@@ -1031,53 +1057,30 @@ class SQLiteStore:
             yield {"record": "relation", **Relation(*r).to_dict()}
         for (body,) in self._q(ep_sql + " ORDER BY created_at, id", ep_params):
             yield {"record": "episode", **json.loads(body)}
+        if not viewer.operator:
+            return
+        for key, value in sorted(self.settings().items()):
+            yield setting_record(key, value)
+        changes = sorted(CHANGE_OPS)
+        last = 0
+        while True:
+            rows = self._q(
+                f"SELECT seq, ts, op, unit_id, actor, data FROM events WHERE seq > ? "
+                f"AND op NOT IN ({','.join('?' * len(changes))}) ORDER BY seq LIMIT 1000",
+                (last, *changes),
+            )
+            if not rows:
+                break
+            for _seq, ts, op, uid, actor, data in rows:
+                yield event_record(ts, op, uid, actor, json.loads(data))
+            last = rows[-1][0]
 
     def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
-        import base64
-
         now = time.time()
-        n = 0
-        units: list[Unit] = []
-        vecs: list[np.ndarray | None] = []
-        relations: list[Relation] = []
-        episodes: list[Episode] = []
-        for i, rec in enumerate(records, 1):
-            try:
-                if not isinstance(rec, Mapping):
-                    raise ValidationError("a record must be a JSON object")
-                rec = dict(rec)
-                kind = rec.pop("record", None)
-                if kind == "unit":
-                    vec = rec.pop("vector", None)
-                    units.append(Unit.from_dict(rec))
-                    if vec is not None:
-                        if not isinstance(vec, str):
-                            raise ValidationError(f"vector must be a base64 string of float32 values, got {type(vec).__name__}")
-                        try:
-                            vecs.append(np.frombuffer(base64.b64decode(vec, validate=True), dtype=np.float32))
-                        except ValueError:
-                            raise ValidationError("vector is not base64 float32") from None
-                    else:
-                        vecs.append(None)
-                elif kind == "relation":
-                    relations.append(Relation.from_dict(rec))
-                elif kind == "episode":
-                    episodes.append(Episode.from_dict(rec))
-                else:
-                    raise ValidationError(f"unknown record {kind!r}; expected 'record' to be unit, relation or episode")
-            except ValidationError as exc:
-                raise ValidationError(f"record {i}: {exc}") from None
-            except (TypeError, ValueError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
-                raise ValidationError(f"record {i}: {type(exc).__name__}: {str(exc)[:200]}") from None
-            n += 1
-        with_vec = [v for v in vecs if v is not None]
-        if with_vec and len(with_vec) != len(vecs):
-            raise ValidationError("either every imported unit carries a vector or none does")
-        dims = {v.shape[0] for v in with_vec}
-        if len(dims) > 1:
-            raise ValidationError(f"imported vectors have mixed dimensions: {sorted(dims)}")
-        matrix = np.stack(with_vec) if with_vec else None
-        matrix = self._check_vectors(matrix, len(units)) if matrix is not None else None
+        batch = parse_records(records)
+        units, relations, episodes = batch.units, batch.relations, batch.episodes
+        batch.check_embedder(self.settings().get("embedder"))
+        matrix = self._check_vectors(batch.vectors, len(units)) if batch.vectors is not None else None
         with self._tx() as db:
             if units:
                 self._fix_dim(db, matrix)
@@ -1099,12 +1102,20 @@ class SQLiteStore:
                     )
                 except sqlite3.IntegrityError:
                     raise ConflictError(f"episode id already exists: {ep.id}") from None
+            for key, value in batch.settings.items():
+                if key not in _INTERNAL_KEYS:
+                    db.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)", (key, value))
+            db.executemany(
+                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, ?, ?, ?, ?)",
+                [(ts, op, uid, who, json.dumps(data, default=str)) for ts, op, uid, who, data in batch.events],
+            )
             db.execute(
                 "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'import', NULL, ?, ?)",
-                (now, actor, json.dumps({"units": len(units), "relations": len(relations), "episodes": len(episodes)})),
+                (now, actor, json.dumps({"units": len(units), "relations": len(relations), "episodes": len(episodes),
+                                         "settings": len(batch.settings), "events": len(batch.events)})),
             )
             self._wrote(matrix)
-        return n
+        return batch.count
 
     def stats(self) -> dict[str, Any]:
         by_kind = dict(self._q("SELECT kind, count(*) FROM units GROUP BY kind ORDER BY kind"))
@@ -1194,44 +1205,6 @@ def _check_file(path: Path, *, create: bool) -> None:
         head = fh.read(16)
     if head != b"SQLite format 3\x00":
         raise StoreError(f"{path}: not a FORGE database (not an SQLite file, or corrupt)")
-
-
-_HIDDEN = "(hidden)"  # what an agent sees of a value it could not see when it was written
-
-
-def _sees(viewer: Viewer, scope: Any, owner: Any) -> bool:
-    """Whether ``viewer`` may see a unit with this scope and owner."""
-    if viewer.operator or scope == "global":
-        return True
-    if scope == "private":
-        return bool(owner) and owner == viewer.agent
-    return isinstance(scope, str) and scope.startswith("group:") and scope[6:] in viewer.groups
-
-
-def _before(state: tuple[Any, Any], change: Mapping[str, Any]) -> tuple[Any, Any]:
-    """(scope, owner) before an update event whose diff is ``change``."""
-    scope, owner = state
-    if isinstance(change.get("scope"), Mapping):
-        scope = change["scope"].get("from")
-    if isinstance(change.get("owner"), Mapping):
-        owner = change["owner"].get("from")
-    return scope, owner
-
-
-def _int_arg(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(f"{name} must be an integer, got {type(value).__name__}")
-    if not -(2**63) <= value < 2**63:
-        raise ValidationError(f"{name} is out of range")
-    return value
-
-
-def _count_arg(value: Any, name: str, *, most: int = MAX_RESULTS) -> int:
-    """A result count: an integer from 0 to ``most``."""
-    value = _int_arg(value, name)
-    if not 0 <= value <= most:
-        raise ValidationError(f"{name} must be between 0 and {most}, got {value}")
-    return value
 
 
 def _split_sql(script: str) -> list[str]:
@@ -1342,13 +1315,6 @@ def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any
     return (" AND ".join(clauses) or "1"), params
 
 
-def query_words(text: str) -> list[str]:
-    """The content words of free text, deduplicated, at most 32: what keyword search matches."""
-    # One-letter tokens ("Jonah's" -> "s") match huge posting lists and carry no meaning.
-    words = [w for w in re.findall(r"\w+", text.lower()) if len(w) > 1 and w not in _STOPWORDS]
-    return list(dict.fromkeys(words))[:32]
-
-
 def fts_query(text: str) -> str | None:
     """A safe FTS5 query from free text: its content words, OR-ed, each quoted."""
     words = query_words(text)
@@ -1358,7 +1324,3 @@ def fts_query(text: str) -> str | None:
 def _chunks(items: list, n: int) -> Iterator[list]:
     for i in range(0, len(items), n):
         yield items[i : i + n]
-
-
-def _diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: {"from": before.get(k), "to": v} for k, v in after.items() if before.get(k) != v and k != "updated_at"}

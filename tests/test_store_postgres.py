@@ -1,0 +1,212 @@
+"""What only the PostgreSQL store has: migrations, row-level security, many writers, URLs.
+
+The behaviour every store shares is in test_store_conformance.py (run on PostgreSQL too).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import pg_support
+from forge.errors import ConfigError, NotFoundError, StoreError
+from forge.model import Unit, Viewer
+
+pytestmark = pytest.mark.skipif(not pg_support.available(), reason=pg_support.MISSING)
+
+ADMIN = Viewer.admin()
+
+
+@pytest.fixture
+def url(pg_server):
+    schema = pg_support.new_schema()
+    yield pg_server.url(schema)
+    pg_server.drop(schema)
+
+
+def _vecs(n: int, dim: int = 8, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, dim)).astype(np.float32)
+
+
+def test_an_old_schema_is_migrated_forward_with_its_rows(pg_server, url):
+    import psycopg
+
+    from forge.store.postgres import SCHEMA_VERSION, PostgresStore, migrate, parse_url
+
+    dsn, schema = parse_url(url)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert migrate(conn, schema, upto=1) == 1  # what a first release created
+        conn.execute(
+            f"INSERT INTO {schema}.units (id, kind, content, search_text, scope, confidence, validation, "
+            "importance, created_at, updated_at, status) VALUES ('old', 'fact', 'the lighthouse keeper logs "
+            "every storm', 'the lighthouse keeper logs every storm', 'global', 0.5, 0.5, 0.5, 1, 1, 'active')"
+        )
+    store = PostgresStore(url)
+    try:
+        assert [h.id for h in store.keyword_search("storms at the lighthouse", k=5, viewer=ADMIN)] == ["old"]
+        assert store.info["rls"]  # the test role is no superuser: the second wall is up
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            versions = [r[0] for r in conn.execute(f"SELECT version FROM {schema}.forge_schema ORDER BY version")]
+            assert versions == list(range(1, SCHEMA_VERSION + 1))
+            conn.execute(f"INSERT INTO {schema}.forge_schema VALUES (%s, 0)", (SCHEMA_VERSION + 1,))
+    finally:
+        store.close()
+    with pytest.raises(StoreError, match="upgrade FORGE"):
+        PostgresStore(url)
+
+
+def test_a_schema_holding_other_tables_is_refused(pg_server, url):
+    import psycopg
+
+    from forge.store.postgres import PostgresStore, parse_url
+
+    dsn, schema = parse_url(url)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.invoices (id int)")
+    with pytest.raises(StoreError, match="not FORGE's"):
+        PostgresStore(url)
+
+
+def test_row_level_security_hides_rows_from_a_query_that_forgot_the_viewer(url):
+    from forge.store.postgres import PostgresStore
+
+    with PostgresStore(url) as store:
+        secret = Unit("alice's secret", scope="private", owner="alice")
+        team = Unit("red team plan", scope="group:red")
+        public = Unit("public note")
+        store.add([secret, team, public], _vecs(3))
+        everything = "SELECT id FROM units"  # no viewer clause: only the policy filters
+        assert {r[0] for r in store._q(everything, viewer=Viewer.of("bob"))} == {public.id}
+        assert {r[0] for r in store._q(everything, viewer=Viewer.of("bob", ["red"]))} == {public.id, team.id}
+        assert {r[0] for r in store._q(everything, viewer=Viewer.of("alice"))} == {public.id, secret.id}
+        assert len(store._q(everything, viewer=ADMIN)) == 3
+        assert store.get(secret.id, viewer=Viewer.of("alice")).content == "alice's secret"
+
+
+def test_two_stores_on_one_schema_see_each_others_writes_at_once(url):
+    from forge.store.postgres import PostgresStore
+
+    with PostgresStore(url) as a, PostgresStore(url) as b:
+        v = _vecs(2, seed=3)
+        a.add([Unit("written through a", id="u1")], v[:1])
+        assert b.get("u1", viewer=ADMIN).content == "written through a"
+        assert b.vector_search(v[0], k=1, viewer=ADMIN)[0].id == "u1"
+        b.set_setting("embedder", "hash:8")
+        assert a.settings()["embedder"] == "hash:8"
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, numpy as np
+    from forge.model import Unit
+    from forge.store.postgres import PostgresStore
+    url, me = sys.argv[1], int(sys.argv[2])
+    s = PostgresStore(url)
+    rng = np.random.default_rng(me)
+    for batch in range(5):
+        ids = [f"w{me}-{batch}-{i}" for i in range(10)]
+        with s.transaction():
+            s.add([Unit(f"writer {me} batch {batch} unit {i}", id=uid) for i, uid in enumerate(ids)],
+                  rng.normal(size=(10, 16)).astype(np.float32))
+            s.append_event("decision", actor=f"w{me}", data={"batch": batch})
+        s.touch(["w0-0-0"] if batch else [])
+    s.close()
+    """
+)
+
+
+def test_many_writer_processes_at_once_lose_nothing(url):
+    """Four processes write one new schema together (the first vectors fix the dimension in a race)."""
+    from forge.store.postgres import PostgresStore
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, url, str(me)], env=env, stderr=subprocess.PIPE, text=True)
+             for me in range(4)]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    for p in procs:
+        p.stderr.close()
+    assert [r[0] for r in results] == [0] * 4, [r[1][-1500:] for r in results]
+    with PostgresStore(url) as s:
+        assert s.count(viewer=ADMIN) == 200 and s.dim == 16
+        assert len(s.events(viewer=ADMIN, ops=["decision"])) == 20
+        assert len(s.events(viewer=ADMIN, ops=["add"], limit=10_000)) == 200
+        probe = s.vector("w3-4-9", viewer=ADMIN)
+        assert s.vector_search(probe, k=1, viewer=ADMIN)[0].id == "w3-4-9"
+
+
+def test_memory_and_ledger_over_postgres(url):
+    from forge.consensus import Ledger, Ruling
+    from forge.embed import HashingEmbedder
+    from forge.memory import Memory
+
+    mem = Memory.open(url, embedder=HashingEmbedder(32))
+    try:
+        mem.add([Unit("Lock the shed before a storm.", kind="rule"), Unit("The shed key hangs by the door.")])
+        assert "storm" in mem.recall("storm coming, what about the shed?", viewer=ADMIN)[0].unit.content
+        Ledger(mem.store, name="me").record(Ruling(outcome="accepted", reason="useful"))
+    finally:
+        mem.close()
+    again = Memory.open(url)  # the recorded embedder is used
+    try:
+        assert again.embedder.name == HashingEmbedder(32).name
+        assert [d.reason for d in Ledger(again.store, name="me").list()] == ["useful"]
+    finally:
+        again.close()
+
+
+def test_urls_carry_no_password_and_bad_ones_fail_in_one_line(pg_server):
+    from forge.store import open_store
+    from forge.store.postgres import redact_dsn
+
+    with pytest.raises(ConfigError, match="PGPASSWORD"):
+        open_store("postgresql://forge:hunter2@db.example/memory")
+    with pytest.raises(ConfigError, match="schema"):
+        open_store("postgresql://forge@db.example/memory?schema=Robert'); DROP TABLE units;--")
+    assert "hunter2" not in redact_dsn("postgresql://forge:hunter2@db/memory")
+    with pytest.raises(NotFoundError):
+        open_store(pg_server.url(pg_support.new_schema()), create=False)
+    for argv in (["--db", "postgresql://nobody@127.0.0.1:1/none", "stats"],
+                 ["--db", "postgresql://forge:hunter2@127.0.0.1:1/none", "stats"]):
+        proc = subprocess.run([sys.executable, "-c", "from forge.cli import main; main()", *argv],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: ")
+        assert "hunter2" not in proc.stderr + proc.stdout
+
+
+def test_keyword_search_skips_words_most_units_hold(url):
+    """As SQLite's store: a word in most units would make every query rank them all."""
+    from forge.store.postgres import PostgresStore
+
+    with PostgresStore(url) as store:
+        store.add([Unit(f"harbour note {i}", id=f"n{i}") for i in range(1200)] + [Unit("harbour lighthouse", id="lh")])
+        assert store._informative(["harbour", "lighthous"]) == ["lighthous"]
+        assert store._informative(["harbour", "note"]) in (["harbour"], ["note"])  # all common: the rarest
+        assert [h.id for h in store.keyword_search("harbour lighthouse", k=3, viewer=ADMIN)] == ["lh"]
+
+
+def test_the_cli_on_a_postgresql_url(url, capsys):
+    from forge.cli import main
+
+    def forge(*args):
+        try:
+            main(["--db", url, *args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, _, err = forge("--embedder", "hash", "add", "Bleed the radiator before winter.", "--kind", "rule")
+    assert code == 0, err
+    code, out, err = forge("--json", "recall", "radiator winter")
+    assert code == 0, err
+    assert "Bleed the radiator" in out
+    code, out, _ = forge("--json", "stats")
+    assert code == 0 and '"units": 1' in out
