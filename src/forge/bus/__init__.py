@@ -7,9 +7,10 @@
 The Redis backend is imported only when a ``redis://`` URL is opened.
 """
 
-from forge.bus.base import Bus, BusMessage, Subscription, encode, open_bus
+from forge.bus.base import Bus, BusMessage, Subscription, encode
 from forge.bus.memory import MemoryBus, MemorySubscription
 from forge.bus.network import CapsuleInbox, Delivery, Network, Rejection
+from forge.errors import ConfigError
 
 __all__ = [
     "Bus",
@@ -24,3 +25,27 @@ __all__ = [
     "encode",
     "open_bus",
 ]
+
+
+def open_bus(
+    url: str = "memory://",
+    *,
+    prefix: str | None = None,
+    maxlen: int | None = None,
+    socket_timeout: float | None = None,
+) -> Bus:
+    """A bus from a URL: ``memory://`` (in-process) or ``redis://host:port/db``.
+
+    Redis options may also be given in the URL query (``?prefix=forge:&maxlen=100000``);
+    keyword arguments win. The Redis client is imported only when asked for.
+    """
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        raise ConfigError(f"bus URL {url!r} has no scheme; use memory:// or redis://HOST:PORT/DB")
+    if scheme == "memory":
+        return MemoryBus(maxlen=maxlen)
+    if scheme in ("redis", "rediss", "unix"):
+        from forge.bus.redis import RedisBus
+
+        return RedisBus.from_url(url, prefix=prefix, maxlen=maxlen, socket_timeout=socket_timeout)
+    raise ConfigError(f"unknown bus URL scheme {scheme!r}; expected memory:// or redis://")

@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from forge.capsule import Capsule
-from forge.errors import ConfigError, ValidationError
+from forge.errors import ValidationError
 
-__all__ = ["Bus", "BusMessage", "Subscription", "encode", "open_bus", "check_name"]
+__all__ = ["Bus", "BusMessage", "Subscription", "encode", "check_name"]
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:@/+-]{1,200}$")
 
@@ -115,29 +115,3 @@ def check_start(start: str) -> str:
     if start not in ("earliest", "latest"):
         raise ValidationError(f"start must be 'earliest' or 'latest', not {start!r}")
     return start
-
-
-def open_bus(
-    url: str = "memory://",
-    *,
-    prefix: str | None = None,
-    maxlen: int | None = None,
-    socket_timeout: float | None = None,
-) -> Bus:
-    """A bus from a URL: ``memory://`` (in-process) or ``redis://host:port/db``.
-
-    Redis options may also be given in the URL query (``?prefix=forge:&maxlen=100000``);
-    keyword arguments win. The Redis client is imported only when asked for.
-    """
-    scheme, sep, _ = url.partition("://")
-    if not sep:
-        raise ConfigError(f"bus URL {url!r} has no scheme; use memory:// or redis://HOST:PORT/DB")
-    if scheme == "memory":
-        from forge.bus.memory import MemoryBus
-
-        return MemoryBus(maxlen=maxlen)
-    if scheme in ("redis", "rediss", "unix"):
-        from forge.bus.redis import RedisBus
-
-        return RedisBus.from_url(url, prefix=prefix, maxlen=maxlen, socket_timeout=socket_timeout)
-    raise ConfigError(f"unknown bus URL scheme {scheme!r}; expected memory:// or redis://")
