@@ -17,7 +17,7 @@ be in production. Measured per size, k=10, one query at a time:
   ANN recall@10    store.vector_search against exact numpy search over the same vectors
   writers          W processes adding units at once (batches of 50): total units/s
 
-    python bench/store_backends.py [--quick] [--json] [--sizes 10000] [--queries 200]
+    python bench/backends.py [--quick] [--json] [--sizes 10000] [--queries 200]
                                    [--writers 1,4] [--pg-url postgresql://USER@HOST/DB]
 """
 
@@ -211,7 +211,7 @@ def run(sizes: list[int], n_queries: int, writer_counts: list[int], per_writer: 
                 })
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return {"bench": "store_backends", "k": K, "queries": n_queries, "cpus": os.cpu_count(),
+    return {"bench": "backends", "k": K, "queries": n_queries, "cpus": os.cpu_count(),
             "filter": "kinds={rule}, tags_all={tag05}", "agent": "agent-7, groups={g3}",
             "sizes": results, "writers": concurrent, "per_writer": per_writer}
 
