@@ -37,7 +37,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from forge.capsule import Capsule, Keyring
-from forge.consensus import ConfidencePolicy, Consensus, ContextSplit, RecencyPolicy
+from forge.conflicts import ConfidencePolicy, ContextSplit, RecencyPolicy
+from forge.consensus import Consensus
 from forge.embed import HashingEmbedder, open_embedder
 from forge.exchange import Exchange
 from forge.memory import Memory

@@ -7,22 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from forge.consensus import (
+from forge.conflicts import (
     ArbiterLLM,
     ConfidencePolicy,
     Conflict,
-    Consensus,
     ContextSplit,
     Debate,
     HeuristicDetector,
-    Ledger,
     LLMDetector,
     RecencyPolicy,
-    Reputation,
-    Ruling,
 )
+from forge.consensus import Consensus, Reputation
 from forge.embed import HashingEmbedder
 from forge.errors import LLMError, ValidationError
+from forge.ledger import Ledger, Ruling
 from forge.llm.testing import ScriptedLLM
 from forge.memory import Memory
 from forge.model import Context, Status, Unit, Viewer
@@ -327,7 +325,7 @@ def test_ledgers_are_decision_events_and_old_settings_ledgers_still_read(tmp_pat
 
 
 def test_two_prohibitions_never_contradict():
-    from forge.consensus import HeuristicDetector
+    from forge.conflicts import HeuristicDetector
     from forge.model import Unit
 
     det = HeuristicDetector()

@@ -10,7 +10,8 @@ import pytest
 
 from fakes import Clock
 from forge.capsule import Capsule, Keyring
-from forge.consensus import Consensus, RecencyPolicy
+from forge.conflicts import RecencyPolicy
+from forge.consensus import Consensus
 from forge.embed import HashingEmbedder
 from forge.exchange import Exchange, HeuristicAssessor, Limits, LLMAssessor
 from forge.llm.testing import ScriptedLLM

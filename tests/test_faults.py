@@ -30,10 +30,10 @@ import pytest
 
 from forge.bus import MemoryBus, Network
 from forge.capsule import Capsule, Keyring
-from forge.consensus import Ledger
 from forge.embed import HashingEmbedder
 from forge.errors import StoreError
 from forge.exchange import Exchange
+from forge.ledger import Ledger
 from forge.memory import Memory
 from forge.model import Unit, Viewer
 from forge.store import ANY_STATUS, SQLiteStore

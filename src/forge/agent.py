@@ -28,11 +28,11 @@ from typing import Any
 
 from forge.bus import Bus, CapsuleInbox, Network, open_bus
 from forge.capsule import Keyring
-from forge.consensus import Ruling
 from forge.embed import Embedder, open_embedder
 from forge.envs.base import Env
 from forge.errors import ConfigError, NotFoundError
 from forge.exchange import Exchange, HeuristicAssessor
+from forge.ledger import Ruling
 from forge.llm.base import LLM
 from forge.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
 from forge.memory import Memory

@@ -23,7 +23,7 @@ The pipeline, cheapest and most decisive checks first:
    or reject with the reason. Conflicts found in step 3 are recorded as ``contradicts`` and
    settled by the resolution policy (:mod:`forge.consensus`).
 
-Every capsule yields exactly one :class:`~forge.consensus.Ruling` in the ledger, listable
+Every capsule yields exactly one :class:`~forge.ledger.Ruling` in the ledger, listable
 with :meth:`Exchange.decisions` and countable per reason with :meth:`Exchange.counts`.
 Nothing here knows about a transport.
 """
@@ -40,17 +40,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from forge.capsule import Capsule, Keyring, content_hash
-from forge.consensus import (
+from forge.conflicts import (
     ConfidencePolicy,
     Conflict,
-    Consensus,
     Detector,
     HeuristicDetector,
-    Ledger,
     ResolutionPolicy,
-    Ruling,
 )
+from forge.consensus import Consensus
 from forge.errors import BackendError, ForgeError, LLMError, NotFoundError, ValidationError
+from forge.ledger import Ledger, Ruling
 from forge.llm.base import LLM
 from forge.llm.structured import complete_json
 from forge.model import Context, Provenance, Status, Unit, Viewer

@@ -39,6 +39,7 @@ from typing import Any
 from forge.errors import ValidationError
 
 __all__ = [
+    "origin_of",
     "MAX_CONTENT_CHARS",
     "MAX_FIELD_CHARS",
     "MAX_ID_CHARS",
@@ -652,3 +653,9 @@ class Episode:
             raise ValidationError(f"episode steps must be a list of steps, got {_kind_of(steps)}")
         kwargs["steps"] = tuple(Step.from_dict(s) for s in steps)
         return _build(cls, kwargs, "episode")
+
+
+def origin_of(unit: Unit, *, default: str = "") -> str:
+    """Who first wrote a unit: ``meta["origin"]`` for received units, else its owner."""
+    origin = unit.meta.get("origin") if isinstance(unit.meta, Mapping) else None
+    return str(origin) if origin else (unit.owner or default)

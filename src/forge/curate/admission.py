@@ -42,10 +42,20 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from forge.capsule import content_hash
-from forge.consensus import Conflict, Detector, HeuristicDetector, origin_of
+from forge.conflicts import Conflict, Detector, HeuristicDetector
 from forge.errors import LLMError, ValidationError
 from forge.llm.structured import complete_json
-from forge.model import MAX_REFS, Kind, Provenance, Relation, RelationType, Status, Unit, Viewer
+from forge.model import (
+    MAX_REFS,
+    Kind,
+    Provenance,
+    Relation,
+    RelationType,
+    Status,
+    Unit,
+    Viewer,
+    origin_of,
+)
 from forge.store.base import Filter, indexed_text
 
 __all__ = [

@@ -308,7 +308,7 @@ class Service:
     def decisions(self, who: Principal, *, outcomes: Iterable[str] = ("conflict", "resolved"), limit: int = 200) -> list[dict[str, Any]]:
         """Ledger decisions (conflicts and resolutions by default) across every agent's ledger."""
         _admin(who, "read every agent's decisions")
-        from forge.consensus import ledger_decisions
+        from forge.ledger import ledger_decisions
 
         wanted = set(outcomes)
         out = [d.to_dict() for d in ledger_decisions(self.store) if not wanted or d.outcome in wanted]
