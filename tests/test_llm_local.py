@@ -101,3 +101,24 @@ def test_loading_leaves_llama_cpp_unpatched(llm):
 def test_overlong_prompt_is_an_llm_error(llm):
     with pytest.raises(LLMError, match="n_ctx"):
         llm.complete(_ask("word " * 3000, max_tokens=4))
+
+
+def test_a_memory_opened_before_the_model_does_not_break_it(tmp_path):
+    """usearch 2.26 broke llama.cpp's tokenizer (std::bad_cast) in any process that had loaded
+    it first, e.g. an agent opening its memory before its model; pyproject keeps usearch below it."""
+    import subprocess
+
+    script = (
+        "from forge.embed import HashingEmbedder\n"
+        "from forge.memory import Memory\n"
+        "from forge.model import Unit, Viewer\n"
+        "from forge.store import open_store\n"
+        "from forge.llm import open_llm\n"
+        f"m = Memory(open_store({str(tmp_path / 'm.db')!r}), HashingEmbedder(64))\n"
+        "m.add([Unit('the vector index is loaded now')])\n"
+        "assert m.recall('vector index', viewer=Viewer.admin(), k=1)\n"
+        "print(open_llm('local:smollm2', n_ctx=256).load().count_tokens('hello world'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split()[-1]) > 0
