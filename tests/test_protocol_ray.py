@@ -1,8 +1,7 @@
 """``evolve(..., executor="ray")``: instances played as Ray tasks give the process workers' result.
 
-Both runs happen in a fresh Python process that imports Ray first (Ray cannot start in a
-process that loaded usearch before it; see forge.protocols.forge._import_ray), with a local
-``ray.init()`` on two CPUs. Skipped when Ray is not installed.
+Both runs happen in a fresh Python process, with a local ``ray.init()`` on two CPUs, so Ray's
+workers and state never touch the pytest process. Skipped when Ray is not installed.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from test_protocol_toy import toy_factory
 _BOTH = textwrap.dedent(
     """
     import json, sys
-    import ray  # first, before anything loads usearch
+    import ray
     sys.path.insert(0, {tests!r})
     from forge.llm.base import forbid_real_llms
     from forge.protocols import ForgeConfig, evolve

@@ -213,19 +213,10 @@ def check_executor(executor: str) -> str:
 
 
 def _import_ray() -> Any:
-    """Import Ray, before anything loads usearch: Ray aborts in ``ray.init`` (std::regex_error)
-    in a process where usearch's C++ library was loaded first (measured with ray 2.60 and
-    usearch 2.x); loaded the other way round both work."""
-    import sys
+    """Import Ray, or say how to install it. (Ray, like llama.cpp, failed to start in a process
+    that had loaded usearch 2.26's C++ runtime; pyproject keeps usearch below 2.26.)"""
     import warnings
 
-    mods = list(sys.modules)
-    if "usearch.index" in sys.modules and ("ray._raylet" not in sys.modules
-                                           or mods.index("usearch.index") < mods.index("ray._raylet")):
-        raise ConfigError(
-            "Ray cannot start in this process: it loaded usearch (the vector index) before Ray, and their "
-            "C++ runtimes clash; run with --executor ray in a fresh process, or import ray before forge"
-        )
     with warnings.catch_warnings():  # Ray's own import-time notices are not ours to fail on
         warnings.simplefilter("ignore")
         try:
@@ -354,7 +345,7 @@ def evolve(
     is called at stage, instance and attempt boundaries (tests interrupt runs from it).
     """
     if check_executor(executor) != "process":
-        _import_ray()  # before the run's store loads usearch (see _import_ray)
+        _import_ray()  # fail fast, before anything is written, when Ray is missing
     env = build_env(config)  # fail on a missing optional backend before creating anything
     env.close()
     run = RunDir(run_dir)
