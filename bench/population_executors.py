@@ -12,18 +12,14 @@ run, as ``forge evolve --executor ray`` does; the results of both executors are 
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-with contextlib.suppress(ImportError):  # Ray first: it cannot start where usearch was loaded before it
-    import ray  # noqa: F401
-
-from _common import emit, log, parser, table  # noqa: E402
-from forge.protocols import ForgeConfig, evolve  # noqa: E402
+from _common import emit, log, parser, table
+from forge.protocols import ForgeConfig, evolve
 
 
 def one(executor: str, workers: int, instances: int, stages: int, where: Path) -> dict[str, Any]:
