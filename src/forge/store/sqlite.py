@@ -133,6 +133,14 @@ CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
 CREATE INDEX IF NOT EXISTS events_actor ON events(actor, seq);
 """
 
+#: The vector rows the index has not seen, paged by (vseq, rowid): the order of the units_vseq
+#: index. Paged by rowid, SQLite walked the whole table by rowid instead (~12 ms at 8k units),
+#: after every write once the index was loaded.
+_CATCH_UP_SQL = (
+    "SELECT rowid, vector, vseq FROM units WHERE vseq > ? AND vseq <= ? AND vector IS NOT NULL "
+    "AND (vseq, rowid) > (?, ?) ORDER BY vseq, rowid LIMIT 20000"
+)
+
 _STOPWORDS = frozenset(
     ["a", "an", "and", "are", "as", "at", "be", "but", "by", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "his", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "no", "not", "of", "on", "or", "our", "she", "so", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "to", "was", "we", "were", "what", "when", "where", "which", "who", "why", "will", "with", "you", "your"]
 )
@@ -858,19 +866,15 @@ class SQLiteStore:
             return
 
         def rows(after: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
-            last_rowid = 0
+            last = (after, 0)
             while True:
-                batch = self._q(
-                    "SELECT rowid, vector, vseq FROM units WHERE vseq > ? AND vseq <= ? AND vector IS NOT NULL "
-                    "AND rowid > ? ORDER BY rowid LIMIT 20000",
-                    (after, target, last_rowid),
-                )
+                batch = self._q(_CATCH_UP_SQL, (after, target, *last))
                 if not batch:
                     return
                 keys = np.array([b[0] for b in batch], dtype=np.uint64)
                 vecs = np.frombuffer(b"".join(b[1] for b in batch), dtype=np.float32).reshape(len(batch), -1)
-                last_rowid = batch[-1][0]
-                yield keys, vecs, max(b[2] for b in batch)
+                last = (batch[-1][2], batch[-1][0])
+                yield keys, vecs, batch[-1][2]
 
         index.catch_up(rows, target=target)
 
