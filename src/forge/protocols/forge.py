@@ -8,8 +8,9 @@ return R_i) in a freshly seeded environment. Then, depending on the condition's 
   The paper writes R_i > theta; the env specs here set theta to the return that counts as
   solved (FrozenLake's theta is its maximum return, 1.0), so reaching it must suffice;
 - broadcast: the champion (highest R_i among the instances that played the stage, lowest
-  index on ties) has its whole memory copied over every other still-active instance; the
-  replaced units are kept as SUPERSEDED history, the copies point back to the champion's units.
+  index on ties) has its whole memory copied over every other still-active instance (but
+  the ``isolated`` ones); the replaced units are kept as SUPERSEDED history, the copies point
+  back to the champion's units.
 
 An instance's memory is the units in the run's store in its private scope (owner
 ``inst-<i>``); each task hands a worker those units, and the worker's prompts are written from
@@ -128,6 +129,13 @@ class _Instance:
     @property
     def graduated(self) -> bool:
         return self.graduated_stage is not None
+
+    @property
+    def episodes(self) -> int:
+        """Training episodes played so far (attempts and checkpoints): what warm-up counts.
+        A graduated instance played every stage up to the one it graduated in."""
+        played = self.graduated_stage + 1 if self.graduated_stage is not None else len(self.returns)
+        return self.attempts + played
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -395,6 +403,7 @@ class _Protocol:
                 "seed": derive_seed(cfg.seed, "stage", stage, "instance", inst.index),
                 "sampling": self._sampling(inst.index, stage),
                 "units": self.store.units(inst.index),
+                "episodes": inst.episodes,
             }
             for inst in active
             if inst.index not in results
@@ -462,7 +471,7 @@ class _Protocol:
             champion = max(sorted(scores), key=lambda i: scores[i])  # first max: lowest index
             source = [Unit.from_dict(u) for u in self.store.units(champion)]
             for inst in self.instances:
-                if inst.index == champion or inst.graduated or inst.index not in scores:
+                if inst.index == champion or inst.graduated or inst.index not in scores or inst.index in self.config.isolated:
                     continue
                 new = self.delivery.deliver(champion=champion, receiver=inst.index, units=source, stage=stage)
                 old = [Unit.from_dict(u) for u in self.store.units(inst.index)]
@@ -512,7 +521,7 @@ class _Protocol:
             if path.is_file():
                 results[inst.index] = self.run.read_json(path)
                 self.store.add_episodes(results[inst.index]["episodes"])
-        tasks = [{"config": cfg.to_dict(), "instance": i.index, "seeds": seeds, "units": self.store.units(i.index)} for i in self.instances if i.index not in results]
+        tasks = [{"config": cfg.to_dict(), "instance": i.index, "seeds": seeds, "units": self.store.units(i.index), "episodes": i.episodes} for i in self.instances if i.index not in results]
         self.run.event("eval_started", pending=[t["instance"] for t in tasks])
         self._emit("eval_started", pending=len(tasks))
 
