@@ -17,6 +17,7 @@ sys.path.insert(0, str(BENCH))
 
 import curation  # noqa: E402
 import ingest  # noqa: E402
+import lifecycle  # noqa: E402
 import locomo  # noqa: E402
 from _common import Mixture, exact_topk, percentiles_ms, recall_at_k  # noqa: E402
 
@@ -201,3 +202,14 @@ def test_curation_bench_runs_and_curation_helps_on_its_stream() -> None:
     assert on["duplicate_rate"] < off["duplicate_rate"] and on["false_recall_share"] <= off["false_recall_share"]
     assert set(on["actions"]) >= {"add", "noop", "update"} and r["pass"][0]["units"] == 200
     assert "Curation off vs on" in curation.render(r)
+
+
+def test_lifecycle_bench_checks_the_issue_targets_side_by_side() -> None:
+    r = lifecycle.run(writes=400, queries=40)
+    off, on = r["off"], r["on"]
+    assert off["duplicates"] > 0 and on["duplicates"] < off["duplicates"] and on["stored"] < off["stored"]
+    assert [t["target"] for t in r["targets"]][0].startswith(">= 90% fewer duplicates")
+    cut = r["targets"][0]
+    assert cut["value"] == 1 - on["duplicates"] / off["duplicates"] and cut["met"] == (cut["value"] >= 0.9)
+    text = lifecycle.render(r)
+    assert "Targets with curation on" in text and "ms per write p50 over a bare add" in text
