@@ -17,6 +17,7 @@ sys.path.insert(0, str(BENCH))
 
 import curation  # noqa: E402
 import ingest  # noqa: E402
+import learning  # noqa: E402
 import lifecycle  # noqa: E402
 import locomo  # noqa: E402
 from _common import Mixture, exact_topk, percentiles_ms, recall_at_k  # noqa: E402
@@ -213,3 +214,12 @@ def test_lifecycle_bench_checks_the_issue_targets_side_by_side() -> None:
     assert cut["value"] == 1 - on["duplicates"] / off["duplicates"] and cut["met"] == (cut["value"] >= 0.9)
     text = lifecycle.render(r)
     assert "Targets with curation on" in text and "ms per write p50 over a bare add" in text
+
+
+def test_learning_bench_has_a_cold_start_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Plumbing only (the scripted model): forge/rules with the seed pack beside forge/rules without."""
+    learning.main(["--llm", "test", "--quick", "--env", "frozenlake-4x4", "--condition", "forge", "--seeds", "1",
+                   "--seed-pack", str(BENCH / "data/frozenlake_seeds.jsonl"), "--out", str(tmp_path), "--json"])
+    cells = json.loads(capsys.readouterr().out)["cells"]
+    assert [c["representation"] for c in cells] == ["rules", "rules+seed-pack"]
+    assert (tmp_path / "frozenlake-4x4-forge-rules-seeded-seed0/events.jsonl").read_text().count('"seeded"') == 1

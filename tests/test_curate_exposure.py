@@ -216,3 +216,41 @@ def test_bad_exposures_are_refused() -> None:
         ForgeConfig(llm="test", isolated="0")
     with pytest.raises(ConfigError):
         ForgeConfig(llm="test", ramp_episodes=True)
+
+
+# -- cold start: a seed pack in the protocol ---------------------------------------------------
+
+PACK = "bench/data/frozenlake_seeds.jsonl"
+
+
+def test_a_seed_pack_reaches_every_instance_and_its_prompts(tmp_path) -> None:
+    from pathlib import Path
+
+    pack = str(Path(__file__).resolve().parents[1] / PACK)
+    llm = toy_llm()
+
+    def factory():
+        return llm
+
+    cfg = ForgeConfig(condition="forge", env="frozenlake-4x4", llm="test", instances=2, stages=1, attempts=1, eval_episodes=1, seed_pack=pack)
+    evolve(cfg, tmp_path / "run", llm_factory=factory)
+    seen = [m.content for r in llm.requests for m in r.messages]
+    assert any("when you are at row 0, col 1, on a frozen tile, then do not down" in t for t in seen)
+    with Memory.open(tmp_path / "run/memory.db", embedder="hash") as m:
+        units = [u for u in m.store.list(viewer=Viewer.admin(), limit=1000) if u.provenance.source == "seed"]
+    assert {u.owner for u in units} == {"inst-0", "inst-1"} and len(units) == 18
+    assert all(u.validation == 0.3 or u.meta.get("uses") for u in units)  # 0.3 until use earns more
+    assert any(u.validation > 0.3 for u in units)  # the toy walker was shown them and succeeded
+    assert not any(own(u, u.owner) for u in units)  # a seed is not the instance's own experience: warm-up may hide it
+    events = [json.loads(line)["event"] for line in (tmp_path / "run/events.jsonl").read_text().splitlines()]
+    assert events[:2] == ["run_started", "seeded"]
+
+
+def test_a_bad_seed_pack_fails_before_the_run_exists(tmp_path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"content": "ok"}\n{"contnet": "typo"}\n')
+    res = CliRunner().invoke(evolve_command, ["--llm", "test", "--run-dir", str(tmp_path / "run"), "--seed-pack", str(bad)])
+    assert res.exit_code == 2 and res.output.startswith("error: bad.jsonl:2: unknown seed field(s): contnet") and res.output.count("\n") == 1
+    res = CliRunner().invoke(evolve_command, ["--llm", "test", "--run-dir", str(tmp_path / "run"), "--seed-pack", str(tmp_path / "none.jsonl")])
+    assert res.exit_code == 2 and "no such file" in res.output
+    assert not (tmp_path / "run").exists()

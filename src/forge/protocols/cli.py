@@ -72,6 +72,7 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--warmup-episodes", type=int, default=None, help="Warm-up: received memory stays out of an instance's prompts until it has played this many episodes (default 0).")
 @click.option("--warmup-validation", type=float, default=None, help="Warm-up: then show received units only if validated at least this well (0-1; default 0).")
 @click.option("--ramp-episodes", type=int, default=None, help="Gradual enablement: prompt sections shown grow from one to all over this many episodes (default 0: all).")
+@click.option("--seed-pack", default=None, help="Cold start: copy this JSONL seed pack into every instance's memory first (source seed, validation 0.3).")
 @click.option("--isolate", "isolated", default=None, help="Instances cut off from all but their own memory, e.g. 0,2 or all (an ablation; default none).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="Where the run is written (default runs/<condition>-<time>).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, help="Continue the interrupted run in this directory.")

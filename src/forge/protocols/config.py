@@ -85,6 +85,8 @@ class ForgeConfig:
     shown from one to all over that many episodes (gradual enablement). ``isolated`` lists
     the instances cut off from everything but their own memory (an ablation): they read
     only their own units and the champion broadcast skips them; they may still be champion.
+    ``seed_pack`` (a JSONL path, :mod:`forge.curate.seeds`) is copied into every instance's
+    memory when the run starts (source ``seed``, validation 0.3): the cold-start condition.
     """
 
     condition: str = "forge"
@@ -116,6 +118,7 @@ class ForgeConfig:
     warmup_validation: float = 0.0
     ramp_episodes: int = 0
     isolated: tuple[int, ...] = ()
+    seed_pack: str = ""
 
     def __post_init__(self) -> None:
         if self.condition not in CONDITIONS:
@@ -163,6 +166,8 @@ class ForgeConfig:
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.instances:
                 raise ConfigError(f"isolated instance {i!r} is not one of 0..{self.instances - 1}")
         object.__setattr__(self, "isolated", tuple(sorted(set(self.isolated))))  # JSON gives a list
+        if not isinstance(self.seed_pack, str):
+            raise ConfigError(f"seed_pack must be a file path, got {self.seed_pack!r}")
 
     def exposure(self, instance: int) -> Exposure:
         """What ``instance``'s prompts may show besides its own memory (warm-up, isolation)."""

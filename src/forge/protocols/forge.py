@@ -267,10 +267,32 @@ def evolve(
     """
     env = build_env(config)  # fail on a missing optional backend before creating anything
     env.close()
+    seeds = seed_units(config)  # a bad pack fails here, before the run directory exists
     run = RunDir(run_dir)
     run.create(config)
     run.event("run_started", config=config.to_dict())
+    if seeds:
+        store = RunStore(run, config)
+        try:
+            for owner, units in seeds.items():
+                store.apply([{"op": "add", "unit": u.to_dict()} for u in units], owner=owner)
+        finally:
+            store.close()
+        run.event("seeded", pack=config.seed_pack, units={owner: len(units) for owner, units in seeds.items()})
     return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery)
+
+
+def seed_units(config: ForgeConfig) -> dict[str, list[Unit]]:
+    """Every instance's copy of ``config.seed_pack`` (none without one), read and checked whole."""
+    if not config.seed_pack:
+        return {}
+    from forge.curate.seeds import load_seed_pack
+
+    out = {}
+    for i in range(config.instances):
+        owner = f"inst-{i}"
+        out[owner] = [u.replace(id=f"{u.id}@{owner}") for u in load_seed_pack(config.seed_pack, scope="private", owner=owner)]
+    return out
 
 
 def resume(
