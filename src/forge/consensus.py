@@ -29,6 +29,7 @@ settings keeps both in memory (``Ledger.durable`` says which).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -375,7 +376,10 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9_]+", text)
 
 
+@functools.lru_cache(maxsize=65_536)
 def _stem(w: str) -> str:
+    # cached: admission runs the detector on every near neighbour of every write, and it
+    # re-stems the same words (and the antonym list) each time
     for suffix in ("ing", "ed", "es", "s"):
         if len(w) > len(suffix) + 2 and w.endswith(suffix):
             return w[: -len(suffix)]
