@@ -94,10 +94,11 @@ class Recaller:
         self.episodes = episodes
 
     def __call__(self, role: str, query: str) -> Recollection:
-        memory, sections = self.memory, PROMPT_SECTIONS
+        memory: Any = self.memory
+        gated: dict[str, Any] = {}  # only a gated recall names its sections: the default stays recollect's
         if self.exposure is not None and not self.exposure.open:
             memory = self.exposure.view(self.memory, agent=self.viewer.agent or "", episodes=self.episodes)
-            sections = self.exposure.sections(PROMPT_SECTIONS, episodes=self.episodes)
+            gated = {"sections": self.exposure.sections(PROMPT_SECTIONS, episodes=self.episodes)}
         return recollect(
             memory,
             viewer=self.viewer,
@@ -107,7 +108,7 @@ class Recaller:
             filter=self.filter,
             weights=self.weights,
             valid_actions=self.valid_actions,
-            sections=sections,
+            **gated,
         )
 
 
