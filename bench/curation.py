@@ -116,6 +116,7 @@ def measure(mem: Memory, truth: dict[tuple[str, str], str], *, now: float, queri
         false_hits += stale
     return {
         "active": len(active),
+        "duplicates": dups,
         "duplicate_rate": dups / len(active) if active else 0.0,
         "recall_at_10": found / len(keys) if keys else 0.0,
         "false_recall_share": false_hits / len(keys) if keys else 0.0,
@@ -173,49 +174,55 @@ def pass_times(sizes: list[int], *, embedder: str, workdir: Path) -> list[dict[s
     return out
 
 
-def render(r: dict[str, Any]) -> str:
-    off, on = r["off"], r["on"]
-    rows = [
+def side_rows(off: dict[str, Any], on: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The off / on rows both this bench and ``lifecycle.py`` print."""
+    return [
         ("active units", off["active"], on["active"]),
         ("stored units (all states)", off["stored"], on["stored"]),
+        ("duplicates (active units repeating a held fact)", off["duplicates"], on["duplicates"]),
         ("duplicate rate", off["duplicate_rate"], on["duplicate_rate"]),
         ("recall@10 of true facts", off["recall_at_10"], on["recall_at_10"]),
-        ("recalls with a false fact in top 10", off["false_recall_share"], on["false_recall_share"]),
+        ("recalls with a false (superseded/expired) fact in top 10", off["false_recall_share"], on["false_recall_share"]),
         ("ms per write p50", off["p50_ms"], on["p50_ms"]),
         ("ms per write p95", off["p95_ms"], on["p95_ms"]),
     ]
+
+
+def render(r: dict[str, Any]) -> str:
     a = table(
         f"Curation off vs on: {r['writes']:,} writes ({r['mix']}), {r['queries']} queries, embedder {r['embedder']}",
         ["", "off", "on"],
-        rows,
+        side_rows(r["off"], r["on"]),
     )
     b = table("Curation pass time", ["units", "dry run s", "pass s", "changes"], [(p["units"], p["dry_run_s"], p["pass_s"], p["changes"]) for p in r["pass"]])
-    return f"{a}\n  admission decisions: {on['actions']}\n\n{b}"
+    return f"{a}\n  admission decisions: {r['on']['actions']}\n\n{b}"
 
 
-def run(*, writes: int = 10_000, embedder: str = "hash", queries: int = 300, pass_sizes: tuple[int, ...] = (1_000, 10_000)) -> dict[str, Any]:
-    """Both sides over one stream, and the pass times; the result ``main`` prints."""
+def both_sides(writes: int, *, embedder: str, queries: int, workdir: Path) -> dict[str, Any]:
+    """Curation off and on over one stream of ``writes``: the comparison both benches print."""
     stream_, truth = stream(writes)
     mix: dict[str, int] = {}
     for w in stream_:
         mix[w["kind"]] = mix.get(w["kind"], 0) + 1
-    with tempfile.TemporaryDirectory(prefix="forge-curation-") as tmp:
-        work = Path(tmp)
-        log(f"stream: {writes} writes {mix}")
-        off = side(stream_, truth, on=False, embedder=embedder, workdir=work, queries=queries)
-        on = side(stream_, truth, on=True, embedder=embedder, workdir=work, queries=queries)
-        log("pass times ...")
-        passes = pass_times(list(pass_sizes), embedder=embedder, workdir=work)
+    log(f"stream: {writes} writes {mix}")
     return {
-        "bench": "curation",
         "writes": writes,
         "mix": ", ".join(f"{k} {v}" for k, v in mix.items()),
         "queries": min(queries, len(truth)),
         "embedder": embedder,
-        "off": off,
-        "on": on,
-        "pass": passes,
+        "off": side(stream_, truth, on=False, embedder=embedder, workdir=workdir, queries=queries),
+        "on": side(stream_, truth, on=True, embedder=embedder, workdir=workdir, queries=queries),
     }
+
+
+def run(*, writes: int = 10_000, embedder: str = "hash", queries: int = 300, pass_sizes: tuple[int, ...] = (1_000, 10_000)) -> dict[str, Any]:
+    """Both sides over one stream, and the pass times; the result ``main`` prints."""
+    with tempfile.TemporaryDirectory(prefix="forge-curation-") as tmp:
+        work = Path(tmp)
+        r = both_sides(writes, embedder=embedder, queries=queries, workdir=work)
+        log("pass times ...")
+        passes = pass_times(list(pass_sizes), embedder=embedder, workdir=work)
+    return {"bench": "curation", **r, "pass": passes}
 
 
 def main() -> None:

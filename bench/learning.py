@@ -14,7 +14,9 @@ then FORGE's ratios against zero-shot and Reflexion, with the paper's targets be
 
 Environments by default: frozenlake-4x4, frozenlake-4x4-slippery, cliffwalking and the
 TextArena Tower of Hanoi. Conditions: zero-shot, reflexion, forge (rules / examples / mixed)
-and forge-no-graduation (rules).
+and forge-no-graduation (rules). ``--seed-pack FILE`` adds the cold-start row: forge/rules
+with the pack copied into every instance's memory first, beside forge/rules without it
+(``bench/data/frozenlake_seeds.jsonl`` holds the holes of frozenlake-4x4).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
-def run_cell(env: str, condition: str, representation: str, seeds: Sequence[int], args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    """One (env, condition) cell over every seed."""
+def run_cell(env: str, condition: str, representation: str, seeds: Sequence[int], args: argparse.Namespace, root: Path, seed_pack: str = "") -> dict[str, Any]:
+    """One (env, condition) cell over every seed; ``seed_pack`` makes it the cold-start row."""
     runs = []
     for seed in seeds:
         cfg = ForgeConfig(
@@ -57,9 +59,9 @@ def run_cell(env: str, condition: str, representation: str, seeds: Sequence[int]
             instances=args.instances, stages=args.stages, attempts=args.attempts,
             eval_episodes=args.eval_episodes, seed=seed,
             max_steps=None if env.startswith("textarena:") else args.max_steps,  # TextArena games set their own
-            workers=args.workers, rule_guard=args.rule_guard, reflection=args.reflection,
+            workers=args.workers, rule_guard=args.rule_guard, reflection=args.reflection, seed_pack=seed_pack,
         )
-        run_dir = root / f"{env}-{condition}-{representation}-seed{seed}"
+        run_dir = root / f"{env}-{condition}-{representation}{'-seeded' if seed_pack else ''}-seed{seed}"
         started = time.perf_counter()
         final = evolve(cfg, run_dir).final
         ev = final["evaluation"]
@@ -79,7 +81,7 @@ def run_cell(env: str, condition: str, representation: str, seeds: Sequence[int]
     successes = sum(r["successes"] for r in runs)
     reflections = sum(r["reflections"] for r in runs)
     return {
-        "env": env, "condition": condition, "representation": representation, "seeds": list(seeds),
+        "env": env, "condition": condition, "representation": representation + ("+seed-pack" if seed_pack else ""), "seeds": list(seeds),
         "mean_return": ret, "return_sd": ret_sd, "success_rate": suc, "success_sd": suc_sd,
         "major_failure_rate": statistics.fmean(r["major_failure_rate"] for r in runs),
         "fallback_rate": (sum(r["fallback_rate"] * r["reflections"] for r in runs) / reflections) if reflections else None,
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reflection", default="slots", choices=["slots", "free"], help="how rules are reflected (default slots)")
     p.add_argument("--out", help="keep the run directories here (default: a temp dir)")
     p.add_argument("--save", help="also write the JSON result to this file (the table still prints)")
+    p.add_argument("--seed-pack", help="add the cold-start row: forge/rules with this JSONL seed pack")
     args = p.parse_args(argv)
     quick = {"instances": 3, "stages": 2, "attempts": 2, "eval_episodes": 2, "max_steps": 10}
     full = {"instances": 3, "stages": 3, "attempts": 2, "eval_episodes": 3, "max_steps": None}
@@ -152,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(args.out or tempfile.mkdtemp(prefix="forge-learning-"))
     started = time.perf_counter()
     cells = [run_cell(env, cond, rep, list(range(args.seeds)), args, root) for env in envs for cond, rep in conditions]
+    if args.seed_pack:
+        cells += [run_cell(env, "forge", "rules", list(range(args.seeds)), args, root, seed_pack=args.seed_pack) for env in envs]
     result = {"settings": vars(args), "cells": cells, "comparison": compare(cells), "targets": TARGETS,
               "seconds": round(time.perf_counter() - started, 1), "out": str(root)}
     if args.save:

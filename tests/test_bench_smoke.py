@@ -17,6 +17,8 @@ sys.path.insert(0, str(BENCH))
 
 import curation  # noqa: E402
 import ingest  # noqa: E402
+import learning  # noqa: E402
+import lifecycle  # noqa: E402
 import locomo  # noqa: E402
 from _common import Mixture, exact_topk, percentiles_ms, recall_at_k  # noqa: E402
 
@@ -201,3 +203,23 @@ def test_curation_bench_runs_and_curation_helps_on_its_stream() -> None:
     assert on["duplicate_rate"] < off["duplicate_rate"] and on["false_recall_share"] <= off["false_recall_share"]
     assert set(on["actions"]) >= {"add", "noop", "update"} and r["pass"][0]["units"] == 200
     assert "Curation off vs on" in curation.render(r)
+
+
+def test_lifecycle_bench_checks_the_issue_targets_side_by_side() -> None:
+    r = lifecycle.run(writes=400, queries=40)
+    off, on = r["off"], r["on"]
+    assert off["duplicates"] > 0 and on["duplicates"] < off["duplicates"] and on["stored"] < off["stored"]
+    assert [t["target"] for t in r["targets"]][0].startswith(">= 90% fewer duplicates")
+    cut = r["targets"][0]
+    assert cut["value"] == 1 - on["duplicates"] / off["duplicates"] and cut["met"] == (cut["value"] >= 0.9)
+    text = lifecycle.render(r)
+    assert "Targets with curation on" in text and "ms per write p50 over a bare add" in text
+
+
+def test_learning_bench_has_a_cold_start_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Plumbing only (the scripted model): forge/rules with the seed pack beside forge/rules without."""
+    learning.main(["--llm", "test", "--quick", "--env", "frozenlake-4x4", "--condition", "forge", "--seeds", "1",
+                   "--seed-pack", str(BENCH / "data/frozenlake_seeds.jsonl"), "--out", str(tmp_path), "--json"])
+    cells = json.loads(capsys.readouterr().out)["cells"]
+    assert [c["representation"] for c in cells] == ["rules", "rules+seed-pack"]
+    assert (tmp_path / "frozenlake-4x4-forge-rules-seeded-seed0/events.jsonl").read_text().count('"seeded"') == 1

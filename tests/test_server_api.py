@@ -277,3 +277,18 @@ def test_capsules_with_per_agent_ed25519_keys(tmp_path: Path) -> None:
     with TestClient(setup.app) as c:
         assert c.post("/v1/capsules", json=cap.to_dict(), headers=setup.h(setup.alice)).json()["outcome"] == "accepted"
     setup.memory.close()
+
+
+def test_trace_is_curates_trace_with_the_callers_rights(s) -> None:
+    """One trace implementation: REST returns forge.curate.trace's chain, plus the keys the dashboard reads."""
+    old = _add(s, s.alice, content="The relay port is 8080.", kind="fact")
+    new = _add(s, s.alice, content="The relay port is 9090.", kind="fact")
+    assert s.c.post("/v1/relations", json={"src": new, "dst": old, "type": "supersedes"}, headers=s.h(s.alice)).status_code == 201
+    s.c.post("/v1/recall", json={"query": "relay port", "k": 5}, headers=s.h(s.alice))
+    admin = s.c.get(f"/v1/units/{old}/trace", headers=s.h(s.admin)).json()
+    assert {"made_by", "use", "conflicts", "decisions", "source", "episodes", "derived_from", "promotion", "quarantine"} <= set(admin)
+    assert [(c["src"], c["type"], c["dst"]) for c in admin["conflicts"]] == [(new, "supersedes", old)]
+    assert admin["use"]["audited_recalls"] and admin["source"] == admin["made_by"]["source"]
+    mine = s.c.get(f"/v1/units/{old}/trace", headers=s.h(s.alice)).json()
+    assert mine["use"]["audited_recalls"] == [] and mine["decisions"] == []  # nobody's queries but the operator's to read
+    assert mine["history"] and {e["op"] for e in mine["history"]} <= {"add", "update", "status"}

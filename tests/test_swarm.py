@@ -92,6 +92,16 @@ def test_poisoned_agent_is_quarantined(tmp_path, redis_client):
     assert leftover_keys(redis_client, data["prefix"]) == []
 
 
+def test_an_isolated_agent_is_marked_and_asks_nobody(tmp_path, redis_client):
+    result, out = run(tmp_path, "--agents", "3", "--episodes", "3", "--isolate", "1", "--warmup-episodes", "1", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    agents = data["agents"]
+    assert agents["agent-1"]["isolated"] is True and not agents["agent-2"]["isolated"]
+    assert agents["agent-1"]["help_asked"] == 0  # cut off: it asks no peer for help
+    assert data["config"]["isolate"] == 1 and data["config"]["warmup_episodes"] == 1
+
+
 def test_keep_leaves_the_keys(tmp_path, redis_client):
     result, out = run(tmp_path, "--agents", "2", "--episodes", "1", "--keep", "--topology", "ring")
     assert result.exit_code == 0, result.output
@@ -195,7 +205,8 @@ def test_walker_obeys_rules_in_its_prompt():
 def test_config_defaults_match_the_command():
     defaults = {p.name: p.default for p in swarm_command.params}
     config = SwarmConfig()
-    for name in ("agents", "episodes", "env", "llm", "topology", "embedder", "bus", "poison", "seed", "max_steps", "rule_guard", "linger_s"):
+    for name in ("agents", "episodes", "env", "llm", "topology", "embedder", "bus", "poison", "seed", "max_steps", "rule_guard", "linger_s",
+                 "warmup_episodes", "warmup_validation", "ramp_episodes", "isolate"):
         assert defaults[name] == getattr(config, name), name
 
 

@@ -302,3 +302,24 @@ def test_a_transaction_that_searches_right_after_open_does_not_deadlock_the_warm
     t.start()
     # (Loading the index under the index lock, then reading the store, deadlocked here.)
     assert done.wait(120), "deadlock between the warm-up thread and a searching transaction"
+
+
+def test_catch_up_reads_by_the_vseq_index_and_pages_across_batches(tmp_path, monkeypatch):
+    """After every write the index catches up; that query must use units_vseq, not walk rowids."""
+    from forge.store import sqlite as sq
+
+    s = SQLiteStore(tmp_path / "m.db")
+    a = [Unit(f"a{i}") for i in range(5)]
+    s.add(a, _vecs(5))
+    plan = " ".join(r[3] for r in s._q("EXPLAIN QUERY PLAN " + sq._CATCH_UP_SQL, (0, 1, 0, 0)))
+    assert "units_vseq" in plan and "TEMP B-TREE" not in plan, plan
+    assert _top(s, _vecs(5)[3]) == a[3].id  # index loaded
+    # small pages: a batch that shares one vseq is split across pages and nothing is skipped
+    monkeypatch.setattr(sq, "_CATCH_UP_SQL", sq._CATCH_UP_SQL.replace("LIMIT 20000", "LIMIT 3"))
+    v = _vecs(14, seed=1)
+    b = [Unit(f"b{i}") for i in range(14)]
+    s.add(b[:7], v[:7])
+    s.add(b[7:], v[7:])
+    assert len(s._index) == 19
+    assert [_top(s, v[i]) for i in range(14)] == [u.id for u in b]
+    s.close()

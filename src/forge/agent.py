@@ -28,6 +28,7 @@ from typing import Any
 
 from forge.bus import Bus, CapsuleInbox, Network, open_bus
 from forge.capsule import Keyring
+from forge.curate.exposure import Exposure
 from forge.embed import Embedder, open_embedder
 from forge.envs.base import Env
 from forge.errors import ConfigError, NotFoundError
@@ -76,6 +77,7 @@ class Agent:
         roles: Sequence[str] = ("actor",),
         importance: float = 0.8,
         admission: Any = None,
+        exposure: Exposure | None = None,
     ) -> None:
         if not agent_id:
             raise ConfigError("an agent needs an id")
@@ -88,6 +90,7 @@ class Agent:
         self.roles = tuple(roles)
         self.importance = importance
         self.admission = admission  # an AdmissionPolicy: remember() goes through forge.curate.admit
+        self.exposure = exposure  # warm-up / isolation of its prompts, by its episodes so far
         self.viewer = self.exchange.viewer  # its groups plus the consensus group
         self.started = time.time()
         self.episodes = 0
@@ -120,6 +123,7 @@ class Agent:
         groups: Iterable[str] = (),
         members: Mapping[str, Iterable[str]] | None = None,
         admission: Any = None,
+        exposure: Exposure | None = None,
     ) -> Agent:
         """Build an agent from strings; what it builds here it closes in :meth:`close`.
 
@@ -130,6 +134,7 @@ class Agent:
         agent alone on an in-process bus can use. ``profile`` describes the agent's work to the usefulness
         assessor. ``threads`` caps a local LLM's CPU threads. ``members`` maps each group to
         its agents: a group-scoped unit is sent only to them (without it, to nobody).
+        ``exposure`` (warm-up, gradual enablement, isolation) narrows what its prompts show.
         """
         agents = list(agents) if agents is not None else [agent_id]
         if agent_id not in agents:
@@ -163,7 +168,7 @@ class Agent:
                 llm = open_llm(llm, **kwargs)
                 owned.append(llm)
             exchange = Exchange(memory, agent_id, keyring, groups=groups, assessor=HeuristicAssessor(profile=profile))
-            agent = cls(agent_id, memory=memory, network=network, exchange=exchange, llm=llm, groups=groups, admission=admission)
+            agent = cls(agent_id, memory=memory, network=network, exchange=exchange, llm=llm, groups=groups, admission=admission, exposure=exposure)
         except BaseException:
             for thing in reversed(owned):
                 with contextlib.suppress(Exception):
@@ -186,9 +191,13 @@ class Agent:
 
         Received units are included (that is the point of broadcast); quarantined, archived
         and superseded ones are not, and consensus copies never outrank their originals
-        twice because packing keeps one copy of a text.
+        twice because packing keeps one copy of a text. An ``exposure`` hides what this
+        agent may not read yet (warm-up by its episodes so far) or at all (isolation).
         """
-        return Recaller(self.memory, self.viewer, budget=budget, filter=Filter.make(kinds=["rule", "lesson", "example", "procedure", "fact", "preference"]), valid_actions=valid_actions)
+        return Recaller(
+            self.memory, self.viewer, budget=budget, filter=Filter.make(kinds=["rule", "lesson", "example", "procedure", "fact", "preference"]),
+            valid_actions=valid_actions, exposure=self.exposure, episodes=self.episodes,
+        )
 
     def recollect(self, role: str, query: str, *, budget: int = 600) -> Recollection:
         """The memory block this agent's ``role`` would see for ``query`` right now."""

@@ -9,6 +9,7 @@ LLM, or a short debate). :class:`forge.consensus.Consensus` records both and app
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -89,7 +90,10 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9_]+", text)
 
 
+@functools.lru_cache(maxsize=65_536)
 def _stem(w: str) -> str:
+    # cached: admission runs the detector on every near neighbour of every write, and it
+    # re-stems the same words (and the antonym list) each time
     for suffix in ("ing", "ed", "es", "s"):
         if len(w) > len(suffix) + 2 and w.endswith(suffix):
             return w[: -len(suffix)]

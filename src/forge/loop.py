@@ -15,12 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge.curate.exposure import Exposure
 from forge.envs.base import Env
 from forge.errors import ForgeError
 from forge.llm.base import LLM
 from forge.model import Step, Viewer
 from forge.policy import ANALYST_TOOLS, Policy, situation_of
-from forge.prompt import PROMPT_WEIGHTS, Recollection, empty, recollect
+from forge.prompt import PROMPT_SECTIONS, PROMPT_WEIGHTS, Recollection, empty, recollect
 from forge.recall import Weights
 from forge.reflect import (
     Reflection,
@@ -64,7 +65,12 @@ class Trajectory:
 
 
 class Recaller:
-    """Recall from a :class:`~forge.memory.Memory` as one agent, for one policy's roles."""
+    """Recall from a :class:`~forge.memory.Memory` as one agent, for one policy's roles.
+
+    ``exposure`` (:class:`~forge.curate.exposure.Exposure`: warm-up, gradual enablement,
+    isolation) hides what the agent may not read yet given ``episodes``, its experience so
+    far; the caller keeps ``episodes`` current. Without it, prompts are as they always were.
+    """
 
     def __init__(
         self,
@@ -75,6 +81,8 @@ class Recaller:
         filter: Filter = Filter(),
         weights: Weights = PROMPT_WEIGHTS,
         valid_actions: Sequence[str] = (),
+        exposure: Exposure | None = None,
+        episodes: int = 0,
     ) -> None:
         self.memory = memory
         self.viewer = viewer
@@ -82,10 +90,17 @@ class Recaller:
         self.filter = filter
         self.weights = weights
         self.valid_actions = tuple(valid_actions)
+        self.exposure = exposure
+        self.episodes = episodes
 
     def __call__(self, role: str, query: str) -> Recollection:
+        memory: Any = self.memory
+        gated: dict[str, Any] = {}  # only a gated recall names its sections: the default stays recollect's
+        if self.exposure is not None and not self.exposure.open:
+            memory = self.exposure.view(self.memory, agent=self.viewer.agent or "", episodes=self.episodes)
+            gated = {"sections": self.exposure.sections(PROMPT_SECTIONS, episodes=self.episodes)}
         return recollect(
-            self.memory,
+            memory,
             viewer=self.viewer,
             query=query,
             role=role,
@@ -93,6 +108,7 @@ class Recaller:
             filter=self.filter,
             weights=self.weights,
             valid_actions=self.valid_actions,
+            **gated,
         )
 
 

@@ -146,7 +146,7 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
 
     ``spec`` is what the parent hands each child (agent id and index, all agents, bus URL,
     key prefix, store directory, env, llm, embedder, topology, episodes, seed, linger_s,
-    poison, max_steps, rule_guard, parent pid). Counters go to the run's stats board after every episode.
+    poison, max_steps, rule_guard, warm-up and isolation switches, parent pid). Counters go to the run's stats board after every episode.
     """
     from forge.agent import Agent
     from forge.envs import make_env
@@ -155,7 +155,7 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
 
     aid, index = str(spec["agent"]), int(spec["index"])
     board = _Board(spec["bus"], spec["prefix"])
-    state: dict[str, Any] = {"state": "starting", "pid": os.getpid(), "poison": bool(spec.get("poison"))}
+    state: dict[str, Any] = {"state": "starting", "pid": os.getpid(), "poison": bool(spec.get("poison")), "isolated": bool(spec.get("isolated"))}
     llm: Any = None
     agent: Agent | None = None
     env = None
@@ -188,6 +188,7 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
             secret=secret,
             llm=metered.with_tags(role="reflector"),
             profile=env.spec.description,
+            exposure=exposure_of(spec),
         )
         policy = make_policy("flat", llm=lambda role: metered.with_tags(role=role), spec=env.spec, rule_guard=bool(spec.get("rule_guard")))
         from forge.policy import summarize_observation
@@ -201,7 +202,7 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
             traj = agent.play(env, policy, seed=seed)
             agent.learn(traj, env=env, seed=seed, policy=policy)
             failures = failures + 1 if traj.total < env.spec.success_return else 0
-            if failures == 2:  # stuck twice in a row: ask the neighbours what they know
+            if failures == 2 and not spec.get("isolated"):  # stuck twice in a row: ask the neighbours what they know
                 agent.ask_help(f"{env.spec.name}: {summarize_observation(traj.observations[-1]) if traj.observations else env.spec.description}")
             agent.sync(interval_s=float(spec.get("sync_interval_s", 30.0)))
             if spec.get("poison"):
@@ -234,6 +235,20 @@ def run_agent(spec: Mapping[str, Any], *, secret: str) -> dict[str, Any]:
             env.close()
         board.close()
     return final
+
+
+def exposure_of(spec: Mapping[str, Any]) -> Any:
+    """The agent's warm-up and isolation from its spec (None: prompts as always)."""
+    from forge.curate.exposure import Exposure
+    from forge.curate.seeds import WarmUp
+
+    warmup = WarmUp(
+        after_episodes=int(spec.get("warmup_episodes") or 0),
+        min_validation=float(spec.get("warmup_validation") or 0.0),
+        ramp_episodes=int(spec.get("ramp_episodes") or 0),
+    )
+    exposure = Exposure(warmup=warmup, isolated=bool(spec.get("isolated")))
+    return None if exposure.open else exposure
 
 
 def _linger(agent: Any, board: _Board, spec: Mapping[str, Any], publish: Callable[..., None]) -> None:
@@ -294,7 +309,15 @@ def _child_main(argv: Sequence[str] | None = None, *, early_stop: Sequence[objec
 
 @dataclass(frozen=True, slots=True)
 class SwarmConfig:
-    """What ``forge swarm`` runs; every field has the command's default."""
+    """What ``forge swarm`` runs; every field has the command's default.
+
+    Cold-start switches (:mod:`forge.curate.exposure`, off by default): ``warmup_episodes``
+    keeps received units out of an agent's prompts until it has played that many episodes,
+    ``warmup_validation`` then shows only those validated that well, ``ramp_episodes`` grows
+    the share of prompt sections over that many episodes. ``isolate`` cuts the first N agents
+    off from everything but their own memory (they still receive, judge and send; their
+    prompts show only what they learned, and they ask nobody for help).
+    """
 
     agents: int = 3
     episodes: int = 5
@@ -310,6 +333,10 @@ class SwarmConfig:
     rule_guard: bool = False
     linger_s: float = 10.0
     keep: bool = False
+    warmup_episodes: int = 0
+    warmup_validation: float = 0.0
+    ramp_episodes: int = 0
+    isolate: int = 0
 
     def check(self) -> None:
         from forge.envs import available_envs
@@ -329,6 +356,12 @@ class SwarmConfig:
             raise ConfigError(f"agents in separate processes need a shared bus; {self.bus!r} is not redis://HOST:PORT/DB")
         if self.max_steps is not None and self.max_steps < 1:
             raise UserError("--max-steps must be at least 1")
+        if self.warmup_episodes < 0 or self.ramp_episodes < 0:
+            raise UserError("--warmup-episodes and --ramp-episodes must be 0 or more")
+        if not 0.0 <= self.warmup_validation <= 1.0:
+            raise UserError("--warmup-validation must be between 0 and 1")
+        if not 0 <= self.isolate <= self.agents:
+            raise UserError(f"--isolate must be between 0 and --agents ({self.agents})")
 
 
 @dataclass(slots=True)
@@ -447,7 +480,7 @@ def run_swarm(
     try:
         env = _child_env(secret)
         for i, aid in enumerate(agents):
-            spec = {**base, "agent": aid, "index": i, "poison": aid in poisoned}
+            spec = {**base, "agent": aid, "index": i, "poison": aid in poisoned, "isolated": i < config.isolate}
             logs[aid] = open(out / f"{aid}.log", "wb")  # noqa: SIM115 - closed in finally, after the child
             procs[aid] = subprocess.Popen(
                 _child_argv(spec), env=env, stdin=subprocess.DEVNULL, stdout=logs[aid], stderr=subprocess.STDOUT, start_new_session=True

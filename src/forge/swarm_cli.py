@@ -42,6 +42,8 @@ def _count(s: Mapping[str, Any], column: str) -> str:
 
 def _row(aid: str, s: Mapping[str, Any], episodes: int, *, compact: bool) -> list[str]:
     name = (f"{aid}*" if compact else f"{aid} (poison)") if s.get("poison") else aid
+    if s.get("isolated"):
+        name += "^" if compact else " (isolated)"
     return [
         name,
         str(s.get("state", "starting")),
@@ -72,8 +74,9 @@ def render_table(
         "total", "", f"{int(tot['episodes'])}/{config.episodes * len(agents)}", f"{tot['mean_return']:+.2f}",
         *(_count(tot, c) for c in _COUNTS),
     )
-    if compact and any(s.get("poison") for s in stats.values()):
-        table.caption = "* adversarial (--poison)"
+    if compact and any(s.get("poison") or s.get("isolated") for s in stats.values()):
+        marks = [m for m, on in (("* adversarial (--poison)", any(s.get("poison") for s in stats.values())), ("^ isolated (--isolate)", any(s.get("isolated") for s in stats.values()))) if on]
+        table.caption = "; ".join(marks)
     return table
 
 
@@ -101,6 +104,10 @@ def _line(stats: Mapping[str, Mapping[str, Any]], elapsed: float) -> str:
 @click.option("--max-steps", type=int, default=None, help="Cap on steps per episode (default: the env's).")
 @click.option("--rule-guard/--no-rule-guard", default=False, show_default=True, help="Enforce 'when X, then do not A' rules as hard exclusions (for models too small to follow them).")
 @click.option("--linger", "linger_s", type=float, default=10.0, show_default=True, help="Seconds an agent keeps listening after its last episode, waiting for its peers.")
+@click.option("--warmup-episodes", type=int, default=0, show_default=True, help="Warm-up: received memory stays out of an agent's prompts until it has played this many episodes.")
+@click.option("--warmup-validation", type=float, default=0.0, show_default=True, help="Warm-up: then show received units only if validated at least this well (0-1).")
+@click.option("--ramp-episodes", type=int, default=0, show_default=True, help="Gradual enablement: prompt sections shown grow from one to all over this many episodes (0: all).")
+@click.option("--isolate", type=int, default=0, show_default=True, help="Cut this many agents (the first ones) off from all but their own memory (an ablation).")
 @click.option("--keep", is_flag=True, help="Keep the run's Redis keys (streams and stats) instead of deleting them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 def swarm_command(out_dir: Path | None, as_json: bool, **options: Any) -> None:

@@ -13,6 +13,8 @@
   consolidation uses the same clustering);
 - :mod:`forge.curate.schedule`: a pass every N seconds (the service's ``--curate-every``);
 - :mod:`forge.curate.seeds`: seed packs and warm-up rules for cold start;
+- :mod:`forge.curate.exposure`: warm-up, gradual enablement and isolation applied to an
+  agent's prompts (the protocols' and the swarm's switches);
 - :mod:`forge.curate.trace`: the provenance chain of one unit.
 """
 
@@ -39,6 +41,7 @@ from forge.curate.consolidate import (
     consolidate,
     link_sources,
 )
+from forge.curate.exposure import Exposure
 from forge.curate.lifecycle import (
     DAY,
     EVICTION_ORDER,
@@ -56,7 +59,14 @@ from forge.curate.lifecycle import (
     timeline,
 )
 from forge.curate.schedule import CurationSchedule
-from forge.curate.seeds import SEED_SOURCE, WarmUp, import_seed_pack, load_seed_pack, read_seed_pack
+from forge.curate.seeds import (
+    SEED_SOURCE,
+    WarmUp,
+    import_seed_pack,
+    load_seed_pack,
+    own,
+    read_seed_pack,
+)
 
 __all__ = [
     "ADD",
@@ -75,6 +85,7 @@ __all__ = [
     "ConsolidationPolicy",
     "CurationPolicy",
     "CurationSchedule",
+    "Exposure",
     "HeuristicImportance",
     "Importance",
     "ImportanceScorer",
@@ -91,6 +102,7 @@ __all__ = [
     "import_seed_pack",
     "link_sources",
     "load_seed_pack",
+    "own",
     "plan",
     "read_seed_pack",
     "restore",

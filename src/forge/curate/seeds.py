@@ -13,6 +13,8 @@ the same pack twice adds nothing the second time.
 Warm-up (:class:`WarmUp`) decides what an agent reads from shared memory while it is new:
 nothing until it has ``after_episodes`` episodes of its own, only shared units validated at
 ``min_validation`` or better, and a growing share of memory sections (``ramp_episodes``).
+"Shared" is anything that is not the agent's :func:`own` memory: received copies are stored
+as the receiver's private units, so ownership alone cannot tell them apart.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 from forge.errors import UserError, ValidationError
 from forge.model import Context, Provenance, Scope, Unit
 
-__all__ = ["SEED_FIELDS", "SEED_SOURCE", "WarmUp", "import_seed_pack", "load_seed_pack", "read_seed_pack"]
+__all__ = ["SEED_FIELDS", "SEED_SOURCE", "WarmUp", "import_seed_pack", "load_seed_pack", "own", "read_seed_pack"]
 
 SEED_SOURCE = "seed"
 #: What a seed line may hold; anything else is a mistake worth naming.
@@ -123,6 +125,22 @@ def import_seed_pack(
     return admit(memory, units, actor=actor or f"seed:{Path(path).name}", now=now)
 
 
+def own(unit: Unit, agent: str) -> bool:
+    """Whether ``unit`` is ``agent``'s own memory: owned by it and made from its own work.
+
+    Not its own: what it received (the exchange and the champion broadcast store private
+    copies owned by the receiver, with ``provenance.source = "broadcast:<sender>"`` and, from
+    the exchange, ``meta.origin``), consensus copies, and seeds.
+    """
+    if not agent or unit.owner != agent:
+        return False
+    source = unit.provenance.source
+    if source == SEED_SOURCE or source.startswith(("broadcast:", "consensus:")) or "consensus_of" in unit.meta:
+        return False
+    origin = unit.meta.get("origin")
+    return not origin or origin == agent
+
+
 @dataclass(frozen=True, slots=True)
 class WarmUp:
     """What a new agent reads from shared memory; the defaults change nothing.
@@ -132,7 +150,9 @@ class WarmUp:
     - ``ramp_episodes``: the share of memory sections shown grows linearly to all of them
       over this many episodes (gradual enablement), at least one section from the start.
 
-    An agent's own units are never hidden: warm-up is about trusting others.
+    An agent's :func:`own` units are never hidden: warm-up is about trusting others.
+    A hidden unit earns nothing from use (it is never shown), so with ``min_validation``
+    shared units get in by corroboration or by being validated where they were made.
     """
 
     after_episodes: int = 0
@@ -145,7 +165,7 @@ class WarmUp:
 
     def shows(self, unit: Unit, *, agent: str, episodes: int) -> bool:
         """Whether ``agent``, with ``episodes`` episodes behind it, reads ``unit`` now."""
-        if unit.owner == agent and unit.scope.kind == "private":
+        if own(unit, agent):
             return True
         return episodes >= self.after_episodes and unit.validation >= self.min_validation
 

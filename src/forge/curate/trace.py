@@ -10,6 +10,9 @@ the exchange, consensus and admission, the receivers' decision ledgers, relation
 log); nothing is kept twice.
 Recalls are known from the service's audit events (``recall``/``context``) and the unit's
 access counters; in-process recalls only move the counters.
+
+This is the one trace: ``forge trace``, the library and the service (REST, MCP, dashboard)
+all call :func:`trace`; the service adds only its access rules on history.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int
             continue
         if not admin.operator and ep.agent not in ("", admin.agent):
             continue
-        episodes.append({"id": ep.id, "agent": ep.agent, "task": ep.task[:200], "env": ep.env, "outcome": dict(ep.outcome)})
+        episodes.append({"id": ep.id, "agent": ep.agent, "task": ep.task[:200], "env": ep.env, "outcome": dict(ep.outcome), "steps": len(ep.steps)})
     corr = meta.get("corroboration") if isinstance(meta.get("corroboration"), dict) else {}
     relations = [r.to_dict() for r in store.relations(unit_id, viewer=admin)]
     history = store.events(viewer=admin, unit_id=unit_id, limit=10_000)
@@ -93,9 +96,15 @@ def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int
             "derived_from": sources(unit, depth),
         },
         "broadcast": {
-            k: meta[k] for k in ("origin", "via", "sender", "received_scope", "assessment", "promoted_to", "consensus_of", "witnesses") if k in meta
+            k: meta[k]
+            for k in ("origin", "via", "sender", "capsule", "hops", "received_at", "received_scope", "assessment", "promoted_to", "consensus_of", "witnesses")
+            if k in meta
         },
-        "corroborations": {"origins": corr.get("origins", []), "channels": corr.get("channels", []), "merged": meta.get("merged", [])},
+        "quarantine": meta.get("quarantine"),
+        "corroborations": {
+            "origins": list(corr.get("origins", [])), "count": corr.get("count", 0),
+            "channels": list(corr.get("channels", [])), "merged": meta.get("merged", []),
+        },
         "conflicts": [r for r in relations if r["type"] in ("contradicts", "supersedes")],
         "relations": [r for r in relations if r["type"] not in ("contradicts", "supersedes")],
         "use": {
@@ -107,7 +116,7 @@ def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int
             "validation": unit.validation,
             "audited_recalls": list(reversed(recalls)),
         },
-        "history": [{"seq": e.seq, "ts": e.ts, "op": e.op, "actor": e.actor, "data": e.data} for e in history],
+        "history": [{"seq": e.seq, "ts": e.ts, "op": e.op, "unit_id": e.unit_id, "actor": e.actor, "data": dict(e.data)} for e in history],
     }
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from forge.errors import ForgeError, UserError
+from forge.errors import ConfigError, ForgeError, UserError
 from forge.protocols.config import CONDITIONS, POLICIES, REPRESENTATIONS, ForgeConfig
 
 __all__ = ["QUICK_DEMO", "evolve_command", "report_command"]
@@ -32,6 +32,16 @@ QUICK_DEMO: dict[str, Any] = {
     "representation": "rules",
 }
 QUICK_DEMO_CONDITIONS = ("zero-shot", "forge")
+
+
+def _instances(text: str, n: int) -> tuple[int, ...]:
+    """``--isolate 0,2`` or ``--isolate all`` as instance indices (ForgeConfig checks the range)."""
+    if text.strip().lower() == "all":
+        return tuple(range(n))
+    try:
+        return tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ConfigError(f"--isolate takes instance indices like 0,2 or 'all', got {text!r}") from None
 
 
 def _fail(exc: ForgeError) -> None:
@@ -60,6 +70,11 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--diversity", type=float, default=None, help="Sampling temperature spread across instances (instance 0 is greedy; default 0.6).")
 @click.option("--reflection", default=None, help="How rules are reflected: slots (the model fills in the failing situation's rule; default) or free (free-text edits, the paper's way).")
 @click.option("--rule-guard/--no-rule-guard", default=None, help="Enforce 'when X, then do not A' rules as hard exclusions (off: paper).")
+@click.option("--warmup-episodes", type=int, default=None, help="Warm-up: received memory stays out of an instance's prompts until it has played this many episodes (default 0).")
+@click.option("--warmup-validation", type=float, default=None, help="Warm-up: then show received units only if validated at least this well (0-1; default 0).")
+@click.option("--ramp-episodes", type=int, default=None, help="Gradual enablement: prompt sections shown grow from one to all over this many episodes (default 0: all).")
+@click.option("--seed-pack", default=None, help="Cold start: copy this JSONL seed pack into every instance's memory first (source seed, validation 0.3).")
+@click.option("--isolate", "isolated", default=None, help="Instances cut off from all but their own memory, e.g. 0,2 or all (an ablation; default none).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="Where the run is written (default runs/<condition>-<time>).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, help="Continue the interrupted run in this directory.")
 @click.option("--bus", "bus_url", default=None, help="Send the champion broadcast over this bus (memory:// or redis://HOST:PORT/DB); default: in-process copy.")
@@ -88,6 +103,8 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
         else:
             settings: dict[str, Any] = dict(QUICK_DEMO) if quick_demo else {}
             settings.update({k: v for k, v in options.items() if v is not None})
+            if "isolated" in settings:
+                settings["isolated"] = _instances(settings["isolated"], settings.get("instances", ForgeConfig.__dataclass_fields__["instances"].default))
             conditions = [settings.pop("condition", "forge")] if "condition" in settings or not quick_demo else list(QUICK_DEMO_CONDITIONS)
             configs = [ForgeConfig(**settings, condition=c) for c in conditions]  # all validated before any runs
             stamp = time.strftime('%Y%m%d-%H%M%S')

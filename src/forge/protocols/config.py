@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from forge.curate.exposure import Exposure
+from forge.curate.seeds import WarmUp
 from forge.errors import ConfigError
 
 __all__ = [
@@ -75,6 +77,16 @@ class ForgeConfig:
     Checkpoints and final evaluations are always greedy. ``reflection`` is how rules are asked for:
     ``slots`` (the model fills in the failing situation's rule under a grammar; small models
     manage it) or ``free`` (free-text rule edits, the paper's way; see :func:`forge.reflect.reflect`).
+
+    Cold-start switches (issue 12; all off by default, see :mod:`forge.curate.exposure`):
+    ``warmup_episodes`` hides received (broadcast) units from an instance's prompts until
+    it has played that many episodes, ``warmup_validation`` then shows only received units
+    validated at least that well, and ``ramp_episodes`` grows the share of prompt sections
+    shown from one to all over that many episodes (gradual enablement). ``isolated`` lists
+    the instances cut off from everything but their own memory (an ablation): they read
+    only their own units and the champion broadcast skips them; they may still be champion.
+    ``seed_pack`` (a JSONL path, :mod:`forge.curate.seeds`) is copied into every instance's
+    memory when the run starts (source ``seed``, validation 0.3): the cold-start condition.
     """
 
     condition: str = "forge"
@@ -102,6 +114,11 @@ class ForgeConfig:
     temperature: float = 0.0
     diversity: float = 0.6
     reflection: str = "slots"
+    warmup_episodes: int = 0
+    warmup_validation: float = 0.0
+    ramp_episodes: int = 0
+    isolated: tuple[int, ...] = ()
+    seed_pack: str = ""
 
     def __post_init__(self) -> None:
         if self.condition not in CONDITIONS:
@@ -136,6 +153,26 @@ class ForgeConfig:
             raise ConfigError(f"unknown reflection style {self.reflection!r}; expected one of: {', '.join(REFLECTION_STYLES)}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
+        for name in ("warmup_episodes", "ramp_episodes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be zero or a positive integer, got {value!r}")
+        v = self.warmup_validation
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+            raise ConfigError(f"warmup_validation must be a number between 0 and 1, got {v!r}")
+        if isinstance(self.isolated, (str, bytes)) or not isinstance(self.isolated, (list, tuple)):
+            raise ConfigError(f"isolated must be a list of instance indices, got {self.isolated!r}")
+        for i in self.isolated:
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < self.instances:
+                raise ConfigError(f"isolated instance {i!r} is not one of 0..{self.instances - 1}")
+        object.__setattr__(self, "isolated", tuple(sorted(set(self.isolated))))  # JSON gives a list
+        if not isinstance(self.seed_pack, str):
+            raise ConfigError(f"seed_pack must be a file path, got {self.seed_pack!r}")
+
+    def exposure(self, instance: int) -> Exposure:
+        """What ``instance``'s prompts may show besides its own memory (warm-up, isolation)."""
+        warmup = WarmUp(after_episodes=self.warmup_episodes, min_validation=float(self.warmup_validation), ramp_episodes=self.ramp_episodes)
+        return Exposure(warmup=warmup, isolated=instance in self.isolated)
 
     @property
     def flags(self) -> Condition:
@@ -145,7 +182,9 @@ class ForgeConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["isolated"] = list(self.isolated)  # as JSON reads it back: a resumed run's final.json is equal
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ForgeConfig:

@@ -90,7 +90,8 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
     """One instance's stage: up to k attempts with reflection on failure, then a frozen checkpoint.
 
     ``task`` holds ``config`` (dict), ``instance``, ``stage``, ``seed``, ``sampling``
-    (temperature and seed of this instance's LLM calls) and ``units`` (its memory).
+    (temperature and seed of this instance's LLM calls), ``units`` (its memory) and
+    ``episodes`` (how many it played before: what warm-up counts).
     Returns attempts, episodes, store ops, the checkpoint and the tokens.
     """
     config = ForgeConfig.from_dict(task["config"])
@@ -103,7 +104,10 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
         tau, _ = _thresholds(config, env)
         ledger = TokenLedger()
         metered = MeteredLLM(llm, ledger, condition=config.condition, stage=stage, instance=inst)
-        recall = Recaller(memory, Viewer.of(agent), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions())
+        recall = Recaller(
+            memory, Viewer.of(agent), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions(),
+            exposure=config.exposure(inst), episodes=int(task.get("episodes", 0)),
+        )
         context = Context(domain=config.env, task=config.env, tags=(config.condition, config.representation))
 
         def policy_for(phase: str, sample_seed: int | None, temperature: float | None = None) -> Any:
@@ -127,6 +131,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
             for attempt in range(config.attempts):
                 policy = policy_for("train", None if base_seed is None else int(base_seed) + attempt)
                 traj = play_episode(env, policy, recall, seed=seed, tau=tau, abort=True)
+                recall.episodes += 1
                 ep = _episode(traj, agent=agent, config=config, env=env, meta={"stage": stage, "attempt": attempt, "phase": "train", "seed": seed})
                 episodes.append(ep.to_dict())
                 memory.record_use(traj.used, success=bool(ep.outcome["success"]), actor=agent)
@@ -205,7 +210,10 @@ def evaluate_instance(task: Mapping[str, Any], llm: LLM, hook: Hook | None = Non
         ledger = TokenLedger()
         metered = MeteredLLM(llm, ledger, condition=config.condition, stage="eval", instance=inst, phase="eval")
         policy = make_policy(config.policy, llm=lambda role: metered.with_tags(role=role), spec=env.spec, rule_guard=config.rule_guard, show_map=config.show_map)
-        recall = Recaller(memory, Viewer.of(f"inst-{inst}"), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions())
+        recall = Recaller(
+            memory, Viewer.of(f"inst-{inst}"), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions(),
+            exposure=config.exposure(inst), episodes=int(task.get("episodes", 0)),
+        )
         episodes, results = [], []
         for n, seed in enumerate(task["seeds"]):
             traj = play_episode(env, policy, recall, seed=int(seed), tau=tau, abort=False)

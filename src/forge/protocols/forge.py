@@ -8,8 +8,9 @@ return R_i) in a freshly seeded environment. Then, depending on the condition's 
   The paper writes R_i > theta; the env specs here set theta to the return that counts as
   solved (FrozenLake's theta is its maximum return, 1.0), so reaching it must suffice;
 - broadcast: the champion (highest R_i among the instances that played the stage, lowest
-  index on ties) has its whole memory copied over every other still-active instance; the
-  replaced units are kept as SUPERSEDED history, the copies point back to the champion's units.
+  index on ties) has its whole memory copied over every other still-active instance (but
+  the ``isolated`` ones); the replaced units are kept as SUPERSEDED history, the copies point
+  back to the champion's units.
 
 An instance's memory is the units in the run's store in its private scope (owner
 ``inst-<i>``); each task hands a worker those units, and the worker's prompts are written from
@@ -128,6 +129,13 @@ class _Instance:
     @property
     def graduated(self) -> bool:
         return self.graduated_stage is not None
+
+    @property
+    def episodes(self) -> int:
+        """Training episodes played so far (attempts and checkpoints): what warm-up counts.
+        A graduated instance played every stage up to the one it graduated in."""
+        played = self.graduated_stage + 1 if self.graduated_stage is not None else len(self.returns)
+        return self.attempts + played
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -348,11 +356,33 @@ def evolve(
         _import_ray()  # fail fast, before anything is written, when Ray is missing
     env = build_env(config)  # fail on a missing optional backend before creating anything
     env.close()
+    seeds = seed_units(config)  # a bad pack fails here, before the run directory exists
     run = RunDir(run_dir)
     run.create(config)
     run.event("run_started", config=config.to_dict())
+    if seeds:
+        store = RunStore(run, config)
+        try:
+            for owner, units in seeds.items():
+                store.apply([{"op": "add", "unit": u.to_dict()} for u in units], owner=owner)
+        finally:
+            store.close()
+        run.event("seeded", pack=config.seed_pack, units={owner: len(units) for owner, units in seeds.items()})
     return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery,
                   executor=executor)
+
+
+def seed_units(config: ForgeConfig) -> dict[str, list[Unit]]:
+    """Every instance's copy of ``config.seed_pack`` (none without one), read and checked whole."""
+    if not config.seed_pack:
+        return {}
+    from forge.curate.seeds import load_seed_pack
+
+    out = {}
+    for i in range(config.instances):
+        owner = f"inst-{i}"
+        out[owner] = [u.replace(id=f"{u.id}@{owner}") for u in load_seed_pack(config.seed_pack, scope="private", owner=owner)]
+    return out
 
 
 def resume(
@@ -490,6 +520,7 @@ class _Protocol:
                 "seed": derive_seed(cfg.seed, "stage", stage, "instance", inst.index),
                 "sampling": self._sampling(inst.index, stage),
                 "units": self.store.units(inst.index),
+                "episodes": inst.episodes,
             }
             for inst in active
             if inst.index not in results
@@ -557,7 +588,7 @@ class _Protocol:
             champion = max(sorted(scores), key=lambda i: scores[i])  # first max: lowest index
             source = [Unit.from_dict(u) for u in self.store.units(champion)]
             for inst in self.instances:
-                if inst.index == champion or inst.graduated or inst.index not in scores:
+                if inst.index == champion or inst.graduated or inst.index not in scores or inst.index in self.config.isolated:
                     continue
                 new = self.delivery.deliver(champion=champion, receiver=inst.index, units=source, stage=stage)
                 old = [Unit.from_dict(u) for u in self.store.units(inst.index)]
@@ -607,7 +638,7 @@ class _Protocol:
             if path.is_file():
                 results[inst.index] = self.run.read_json(path)
                 self.store.add_episodes(results[inst.index]["episodes"])
-        tasks = [{"config": cfg.to_dict(), "instance": i.index, "seeds": seeds, "units": self.store.units(i.index)} for i in self.instances if i.index not in results]
+        tasks = [{"config": cfg.to_dict(), "instance": i.index, "seeds": seeds, "units": self.store.units(i.index), "episodes": i.episodes} for i in self.instances if i.index not in results]
         self.run.event("eval_started", pending=[t["instance"] for t in tasks])
         self._emit("eval_started", pending=len(tasks))
 

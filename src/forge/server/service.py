@@ -180,33 +180,26 @@ class Service:
         return self.store.events(unit_id=unit_id, ops=ops, limit=limit, viewer=who.viewer)
 
     def trace(self, who: Principal, unit_id: str) -> dict[str, Any]:
-        """Where a unit came from: episodes -> derived-from units -> broadcast -> corroborations."""
-        unit = self.get(who, unit_id)
-        episodes = []
-        for eid in unit.provenance.episodes:
-            try:
-                ep = self.store.get_episode(eid)
-            except NotFoundError:
-                episodes.append({"id": eid, "missing": True})
-                continue
-            if who.admin or ep.agent in ("", who.agent):
-                episodes.append({"id": ep.id, "agent": ep.agent, "task": ep.task, "env": ep.env, "outcome": dict(ep.outcome), "steps": len(ep.steps)})
-        parents = [{"id": u.id, "kind": u.kind.value, "content": u.content, "source": u.provenance.source}
-                   for u in self.store.get_many(list(unit.provenance.derived_from), viewer=who.viewer)]
-        meta = unit.meta
-        broadcast = {k: meta[k] for k in ("origin", "sender", "capsule", "hops", "received_at", "received_scope", "via") if k in meta}
-        corr = meta.get("corroboration") or {}
-        return {
-            "unit": unit.to_dict(),
-            "source": unit.provenance.source,
-            "episodes": episodes,
-            "derived_from": parents,
-            "broadcast": broadcast,
-            "corroborations": {"origins": list(corr.get("origins", [])), "count": corr.get("count", 0)},
-            "promotion": {k: meta[k] for k in ("promoted_to", "consensus_of", "witnesses") if k in meta},
-            "quarantine": meta.get("quarantine"),
-            "history": [_event(e) for e in self.history(who, unit_id)],
-        }
+        """The provenance chain of a unit as the caller may see it (:func:`forge.curate.trace.trace`).
+
+        Beside curate's keys, ``source``, ``episodes`` and ``derived_from`` (from ``made_by``)
+        and ``promotion`` are kept at the top for the dashboard and existing clients; an agent's
+        history shows changes only, as in :meth:`history`.
+        """
+        from forge.curate.trace import trace
+
+        self.get(who, unit_id)  # the access check and the audited read
+        t = trace(self.memory, unit_id, viewer=who.viewer)
+        made, meta = t["made_by"], t["unit"]["meta"]
+        t.update(
+            source=made["source"],
+            episodes=made["episodes"],
+            derived_from=made["derived_from"],
+            promotion={k: meta[k] for k in ("promoted_to", "consensus_of", "witnesses") if k in meta},
+        )
+        if not who.admin:
+            t["history"] = [e for e in t["history"] if e["op"] in _CHANGE_OPS]
+        return t
 
     # -- episodes -------------------------------------------------------------------------
     def add_episode(self, who: Principal, data: Mapping[str, Any]) -> str:

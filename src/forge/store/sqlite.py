@@ -152,6 +152,14 @@ CREATE INDEX IF NOT EXISTS events_actor ON events(actor, seq);
 CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
 """
 
+#: The vector rows the index has not seen, paged by (vseq, rowid): the order of the units_vseq
+#: index. Paged by rowid, SQLite walked the whole table by rowid instead (~12 ms at 8k units),
+#: after every write once the index was loaded.
+_CATCH_UP_SQL = (
+    "SELECT rowid, vector, vseq FROM units WHERE vseq > ? AND vseq <= ? AND vector IS NOT NULL "
+    "AND (vseq, rowid) > (?, ?) ORDER BY vseq, rowid LIMIT 20000"
+)
+
 
 _COLUMNS = (
     "id, kind, content, domain, task, role, tags, scope, owner, confidence, validation, "
@@ -886,19 +894,15 @@ class SQLiteStore:
             return
 
         def rows(after: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
-            last_rowid = 0
+            last = (after, 0)
             while True:
-                batch = self._q(
-                    "SELECT rowid, vector, vseq FROM units WHERE vseq > ? AND vseq <= ? AND vector IS NOT NULL "
-                    "AND rowid > ? ORDER BY rowid LIMIT 20000",
-                    (after, target, last_rowid),
-                )
+                batch = self._q(_CATCH_UP_SQL, (after, target, *last))
                 if not batch:
                     return
                 keys = np.array([b[0] for b in batch], dtype=np.uint64)
                 vecs = np.frombuffer(b"".join(b[1] for b in batch), dtype=np.float32).reshape(len(batch), -1)
-                last_rowid = batch[-1][0]
-                yield keys, vecs, max(b[2] for b in batch)
+                last = (batch[-1][2], batch[-1][0])
+                yield keys, vecs, batch[-1][2]
 
         index.catch_up(rows, target=target)
 
