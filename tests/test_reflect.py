@@ -129,6 +129,14 @@ def test_slot_reflection_writes_the_rule_for_the_failing_situation():
     assert "delete" not in json.dumps(llm.requests[0].json_schema)  # the model is not asked what to delete
 
 
+def test_slot_reflection_keeps_a_rule_that_forbids_something_even_if_its_safe_list_failed():
+    # "down" fell in a hole before; now "left" failed here (a stall): the old rule's "do not
+    # down" still holds, so it stays beside the new lesson
+    kept = rules("when you are at row 2, col 0, on a frozen tile, do not left; down was safe there")
+    out = reflect(ScriptedLLM([json.dumps({"avoid": "down", "instead": "right"})]), snapshot(kept), representation="rules")
+    assert out.edits[0].delete == ()
+
+
 def test_slot_reflection_repairs_a_lesson_that_avoids_the_wrong_action():
     # the model blames "left" (safe) and recommends "down" (the move that fell in): repaired
     out = reflect(ScriptedLLM([json.dumps({"avoid": "left", "instead": "down"})]), snapshot(), representation="rules")

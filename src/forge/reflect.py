@@ -501,11 +501,16 @@ def _ask_rule_slots(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: i
 
 
 def _proven_wrong(snapshot: Snapshot, role: str) -> tuple[int, ...]:
-    """Indexes of ``role``'s shown rules that advised the failing action where it failed."""
+    """Indexes of ``role``'s shown rules that only advised the failing action where it failed.
+
+    A rule that forbids something ("do not down; left was safe there") is kept even when its
+    safe list names the failing action: what it forbids still holds, and the new rule adds
+    the lesson beside it (deleting it put a 1.5B agent back into the hole it had learned to avoid).
+    """
     out = []
     for i, text in enumerate(snapshot.rules(role)):
         parsed = rulebook.parse(text, snapshot.valid_actions)
-        if parsed is not None and snapshot.failing_action in parsed.do and rulebook.applies(parsed, snapshot.situation):
+        if parsed is not None and not parsed.avoid and snapshot.failing_action in parsed.do and rulebook.applies(parsed, snapshot.situation):
             out.append(i)
     return tuple(out)
 
