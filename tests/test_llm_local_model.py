@@ -301,6 +301,7 @@ needs_llama = pytest.mark.skipif(
 def test_registered_names_threads_and_lazy_assembly(fake, monkeypatch):
     """``local:NAME`` picks a registered model; nothing is assembled before the first call;
     threads default to every usable CPU not already busy, or ``$FORGE_LLM_THREADS``."""
+    from forge.llm import local as local_backend
     from forge.llm import open_llm
 
     model, site, cache = fake
@@ -310,9 +311,9 @@ def test_registered_names_threads_and_lazy_assembly(fake, monkeypatch):
     llm = open_llm("local:fake")
     assert llm.model_path == cache / model.filename and not llm.model_path.exists()
     assert llm.name == f"local:{Path(model.filename).stem}"
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(local_backend, "busy_cpus", lambda: 0.0)
     assert open_llm("local:fake").n_threads == len(os.sched_getaffinity(0))
-    monkeypatch.setattr(os, "getloadavg", lambda: (50.0, 50.0, 50.0))
+    monkeypatch.setattr(local_backend, "busy_cpus", lambda: 50.0)
     assert open_llm("local:fake").n_threads == 1  # busy cores: llama.cpp threads would spin
     assert open_llm("local:fake", n_threads=3).n_threads == 3
     monkeypatch.setenv("FORGE_LLM_THREADS", "1")
@@ -349,3 +350,27 @@ def test_a_shared_prompt_prefix_is_not_evaluated_again():
         assert decoded[1] < prompt / 3 and decoded[2] < prompt / 3
     finally:
         llm.close()
+
+
+def test_busy_cpus_is_a_sample_of_now_not_the_last_minute(monkeypatch):
+    from forge.llm import local as local_backend
+
+    ticks = iter(["cpu  100 0 100 800 0 0 0 0 0 0\n", "cpu  150 0 150 900 0 0 0 0 0 0\n"])  # half busy
+
+    class Stat:
+        def __init__(self, *a, **k):
+            self.line = next(ticks)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def readline(self):
+            return self.line
+
+    monkeypatch.setattr("builtins.open", Stat)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))  # an old minute's load: ignored
+    assert local_backend.busy_cpus(sample_s=0) == pytest.approx(1.0)

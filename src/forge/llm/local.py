@@ -35,6 +35,7 @@ __all__ = [
     "available_cpus",
     "choice_grammar",
     "default_model_path",
+    "busy_cpus",
     "default_threads",
     "smollm2_path",
 ]
@@ -62,8 +63,36 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def busy_cpus(sample_s: float = 0.2) -> float:
+    """How many CPUs other work keeps busy right now: sampled from ``/proc/stat`` over
+    ``sample_s`` (Linux), else the 1-minute load average.
+
+    A sample, not the load average: the average still holds the last minute, so right after
+    ``pip install`` (the README's first command) or between two runs of one bench it counted
+    work that had already ended, and llama.cpp got one thread on two idle cores.
+    """
+
+    def read() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return sum(values), values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+
+    try:
+        total0, idle0 = read()
+        time.sleep(sample_s)
+        total1, idle1 = read()
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return 0.0
+    if total1 <= total0:
+        return 0.0
+    return (1.0 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
+
+
 def default_threads() -> int:
-    """Every usable CPU, less those the 1-minute load average says are already busy (at least 1).
+    """Every usable CPU, less those other work keeps busy (:func:`busy_cpus`), at least 1.
 
     llama.cpp's threads spin on barriers, so they collapse when they must share cores with
     other busy processes. Measured with the 1.5B model on 2 cores under a load average of
@@ -71,11 +100,7 @@ def default_threads() -> int:
     all of them are used; prompt evaluation scales with cores.
     """
     cpus = available_cpus()
-    try:
-        busy = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return cpus
-    return max(1, min(cpus, int(cpus - busy + 0.5)))
+    return max(1, min(cpus, int(cpus - busy_cpus() + 0.5)))
 
 
 def _threads_from_env() -> int | None:
