@@ -194,3 +194,10 @@ def test_fallback_rule_not_duplicated():
     mem = list(apply_reflection([], first, owner="a").units)
     again = reflect(ScriptedLLM(["x"], repeat_last=True), snapshot(mem), retries=0)
     assert again.fallback and again.edits == ()
+
+
+def test_a_lesson_the_agent_already_holds_is_not_a_fallback():
+    held = rules("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there")
+    out = reflect(ScriptedLLM([json.dumps({"avoid": "down", "instead": "right"})]), snapshot(held), representation="rules")
+    assert not out.fallback and out.edits == ()
+    assert out.dropped and "duplicate rule" in out.dropped[0]

@@ -53,6 +53,7 @@ REPRESENTATIONS = ("rules", "examples", "mixed")
 REFLECTION_STYLES = ("slots", "free")
 _MAX_RULE_CHARS = 300
 _MAX_ADDS = 3  # rules one reflection may add per role; more is a model rambling
+_KNOWN = "duplicate rule"  # why a rule the role already holds is dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +374,8 @@ def reflect(
             errors.append(err)
         if got:
             edits += got
+        elif why and not err and all(_KNOWN in d for d in why):
+            pass  # a valid lesson the agent already holds (it failed despite it): nothing to add, nothing failed
         else:
             edits += _fallback_rules(snapshot)
             fallback = True
@@ -439,7 +442,7 @@ def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -
                         repaired.append(f"{role}: {note}")
                     rule = checked
             if why is None and (rule.lower() in existing or rule.lower() in {a.lower() for a in adds}):
-                why = f"duplicate rule {rule[:60]!r}"
+                why = f"{_KNOWN} {rule[:60]!r}"
             if why:
                 dropped.append(f"{role}: {why}")
             else:
@@ -494,7 +497,7 @@ def _ask_rule_slots(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: i
     edits = []
     for role in snapshot.acting_roles:
         if checked.lower() in {r.lower() for r in snapshot.rules(role)}:
-            dropped.append(f"{role}: duplicate rule {checked[:60]!r}")
+            dropped.append(f"{role}: {_KNOWN} {checked[:60]!r}")
             continue
         edits.append(RuleEdit(role, _proven_wrong(snapshot, role), (checked,)))
     return edits, dropped, "", repaired
