@@ -355,7 +355,11 @@ def test_a_shared_prompt_prefix_is_not_evaluated_again():
 def test_busy_cpus_is_a_sample_of_now_not_the_last_minute(monkeypatch):
     from forge.llm import local as local_backend
 
-    ticks = iter(["cpu  100 0 100 800 0 0 0 0 0 0\n", "cpu  150 0 150 900 0 0 0 0 0 0\n"])  # half busy
+    # 200 ticks pass: 100 idle, 100 busy, 50 of those this process's own (utime 40 + stime 10)
+    ticks = iter([
+        "cpu  100 0 100 800 0 0 0 0 0 0\n", "1 (python) R 0 0 0 0 0 0 0 0 0 0 10 5 0 0\n",
+        "cpu  150 0 150 900 0 0 0 0 0 0\n", "1 (python) R 0 0 0 0 0 0 0 0 0 0 50 15 0 0\n",
+    ])
 
     class Stat:
         def __init__(self, *a, **k):
@@ -370,7 +374,10 @@ def test_busy_cpus_is_a_sample_of_now_not_the_last_minute(monkeypatch):
         def readline(self):
             return self.line
 
+        def read(self):
+            return self.line
+
     monkeypatch.setattr("builtins.open", Stat)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))  # an old minute's load: ignored
-    assert local_backend.busy_cpus(sample_s=0) == pytest.approx(1.0)
+    assert local_backend.busy_cpus(sample_s=0) == pytest.approx(0.5)  # (100 - 50) / 200 of 2 CPUs

@@ -64,31 +64,37 @@ def available_cpus() -> int:
 
 
 def busy_cpus(sample_s: float = 0.2) -> float:
-    """How many CPUs other work keeps busy right now: sampled from ``/proc/stat`` over
-    ``sample_s`` (Linux), else the 1-minute load average.
+    """How many CPUs *other* processes keep busy right now: sampled from ``/proc/stat`` over
+    ``sample_s``, less this process's own share (``/proc/self/stat``), on Linux; else the
+    1-minute load average.
 
     A sample, not the load average: the average still holds the last minute, so right after
     ``pip install`` (the README's first command) or between two runs of one bench it counted
-    work that had already ended, and llama.cpp got one thread on two idle cores.
+    work that had already ended, and llama.cpp got one thread on two idle cores. This
+    process's own threads (an index warming up) are not "other work" either.
     """
 
-    def read() -> tuple[int, int]:
+    def read() -> tuple[int, int, int]:
         with open("/proc/stat", encoding="ascii") as f:
             values = [int(v) for v in f.readline().split()[1:]]
-        return sum(values), values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+        with open("/proc/self/stat", encoding="ascii") as f:
+            own = f.read().rsplit(")", 1)[1].split()  # after "(comm)": state is field 3
+        return sum(values), values[3] + (values[4] if len(values) > 4 else 0), int(own[11]) + int(own[12])
 
     try:
-        total0, idle0 = read()
+        total0, idle0, own0 = read()
         time.sleep(sample_s)
-        total1, idle1 = read()
+        total1, idle1, own1 = read()
     except (OSError, ValueError, IndexError):
         try:
             return os.getloadavg()[0]
         except (AttributeError, OSError):
             return 0.0
-    if total1 <= total0:
+    total = total1 - total0
+    if total <= 0:
         return 0.0
-    return (1.0 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
+    busy = total - (idle1 - idle0) - (own1 - own0)
+    return max(0.0, busy / total) * (os.cpu_count() or 1)
 
 
 def default_threads() -> int:
