@@ -4,15 +4,30 @@ input gets the same answer, and the same error, whichever database is underneath
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from forge.errors import ValidationError
-from forge.model import Viewer
-from forge.store.base import MAX_RESULTS
+import numpy as np
 
-__all__ = ["HIDDEN", "STOPWORDS", "count_arg", "diff", "int_arg", "query_words", "scope_before", "sees"]
+from forge.errors import DimensionError, ValidationError
+from forge.model import Context, Kind, Provenance, Status, Unit, Viewer
+from forge.store.base import MAX_RESULTS, indexed_text
+
+__all__ = [
+    "HIDDEN",
+    "STOPWORDS",
+    "check_vectors",
+    "count_arg",
+    "diff",
+    "int_arg",
+    "query_words",
+    "row_unit",
+    "scope_before",
+    "sees",
+    "unit_row",
+]
 
 STOPWORDS = frozenset(
     ["a", "an", "and", "are", "as", "at", "be", "but", "by", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "his", "how", "i", "if", "in", "into", "is", "it", "its", "me", "my", "no", "not", "of", "on", "or", "our", "she", "so", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "to", "was", "we", "were", "what", "when", "where", "which", "who", "why", "will", "with", "you", "your"]
@@ -68,3 +83,69 @@ def query_words(text: str) -> list[str]:
 def diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
     """What an update changed, as ``{field: {"from": old, "to": new}}`` (the event's data)."""
     return {k: {"from": before.get(k), "to": v} for k, v in after.items() if before.get(k) != v and k != "updated_at"}
+
+
+def check_vectors(vectors: np.ndarray | None, n: int, dim: int | None) -> np.ndarray | None:
+    """``vectors`` as an (n, dim) float32 matrix, or a clear error: wrong count, wrong
+    dimension (``dim`` None: the store has none yet) or non-finite values."""
+    if vectors is None:
+        return None
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim == 1:
+        vectors = vectors.reshape(1, -1)
+    if vectors.shape[0] != n:
+        raise ValidationError(f"got {vectors.shape[0]} vectors for {n} units")
+    if dim is not None and vectors.shape[1] != dim:
+        raise DimensionError(dim, vectors.shape[1])
+    if not np.isfinite(vectors).all():
+        raise ValidationError("vectors contain NaN or infinite values")
+    return vectors
+
+
+def unit_row(u: Unit, *, tags: Callable[[list[str]], Any], text: Callable[[str], str] = str) -> tuple:
+    """A unit as the ``units`` table's columns, in order; ``tags`` encodes the tag list for the
+    backend (a JSON string, an array) and ``text`` cleans the indexed text."""
+    return (
+        u.id,
+        u.kind.value,
+        u.content,
+        u.context.domain,
+        u.context.task,
+        u.context.role,
+        tags(list(u.context.tags)),
+        str(u.scope),
+        u.owner,
+        u.confidence,
+        u.validation,
+        u.importance,
+        u.access_count,
+        u.last_access,
+        u.created_at,
+        u.updated_at,
+        json.dumps(u.provenance.to_dict()),
+        u.status.value,
+        json.dumps(dict(u.meta), sort_keys=True),
+        text(indexed_text(u)),
+    )
+
+
+def row_unit(r: Sequence[Any], *, tags: Callable[[Any], Sequence[str]] = tuple) -> Unit:
+    """The unit of a ``units`` row (the first 19 columns of :func:`unit_row`)."""
+    return Unit(
+        id=r[0],
+        kind=Kind(r[1]),
+        content=r[2],
+        context=Context(domain=r[3], task=r[4], role=r[5], tags=tuple(tags(r[6]))),
+        scope=r[7],
+        owner=r[8],
+        confidence=r[9],
+        validation=r[10],
+        importance=r[11],
+        access_count=r[12],
+        last_access=r[13],
+        created_at=r[14],
+        updated_at=r[15],
+        provenance=Provenance.from_dict(json.loads(r[16])),
+        status=Status(r[17]),
+        meta=json.loads(r[18]),
+    )

@@ -57,10 +57,7 @@ from forge.errors import (
     ValidationError,
 )
 from forge.model import (
-    Context,
     Episode,
-    Kind,
-    Provenance,
     Relation,
     RelationType,
     Status,
@@ -75,13 +72,12 @@ from forge.store.base import (
     Hit,
     check_event_op,
     check_setting,
-    indexed_text,
 )
 from forge.store.common import HIDDEN as _HIDDEN
+from forge.store.common import check_vectors, query_words, row_unit, unit_row
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import diff as _diff
 from forge.store.common import int_arg as _int_arg
-from forge.store.common import query_words
 from forge.store.common import scope_before as _before
 from forge.store.common import sees as _sees
 from forge.store.records import event_record, parse_records, setting_record, vector_field
@@ -489,20 +485,6 @@ class PostgresStore:
             )
 
     # -- writes -----------------------------------------------------------------------------
-    def _check_vectors(self, vectors: np.ndarray | None, n: int) -> np.ndarray | None:
-        if vectors is None:
-            return None
-        vectors = np.asarray(vectors, dtype=np.float32)
-        if vectors.ndim == 1:
-            vectors = vectors.reshape(1, -1)
-        if vectors.shape[0] != n:
-            raise ValidationError(f"got {vectors.shape[0]} vectors for {n} units")
-        if self._dim is not None and vectors.shape[1] != self._dim:
-            raise DimensionError(self._dim, vectors.shape[1])
-        if not np.isfinite(vectors).all():
-            raise ValidationError("vectors contain NaN or infinite values")
-        return vectors
-
     def _fix_dim(self, db: Any, vectors: np.ndarray | None) -> None:
         """Inside a write: the first vectors fix the dimension, column type and HNSW index."""
         if vectors is None:
@@ -523,7 +505,7 @@ class PostgresStore:
         units = list(units)
         if not units:
             return []
-        vectors = self._check_vectors(vectors, len(units))
+        vectors = check_vectors(vectors, len(units), self._dim)
         ids = [u.id for u in units]
         if len(set(ids)) != len(ids):
             raise ValidationError("duplicate unit ids in one batch")
@@ -569,7 +551,7 @@ class PostgresStore:
         ).fetchone()[0]
 
     def update(self, unit: Unit, vector: np.ndarray | None = None, *, actor: str = "") -> Unit:
-        vectors = self._check_vectors(vector, 1)
+        vectors = check_vectors(vector, 1, self._dim)
         now = time.time()
         with self._tx() as db:
             old = db.execute(f"SELECT {_COLUMNS} FROM units WHERE id = %s FOR UPDATE", (unit.id,)).fetchone()
@@ -978,7 +960,7 @@ class PostgresStore:
         now = time.time()
         batch = parse_records(records)
         batch.check_embedder(self.settings().get("embedder"))
-        matrix = self._check_vectors(batch.vectors, len(batch.units)) if batch.vectors is not None else None
+        matrix = check_vectors(batch.vectors, len(batch.units), self._dim) if batch.vectors is not None else None
         with self._tx() as db:
             if batch.units:
                 self._fix_dim(db, matrix)
@@ -1069,56 +1051,6 @@ def _parse_vec(text: str) -> np.ndarray:
     return np.array(text.strip("[]").split(","), dtype=np.float64).astype(np.float32)
 
 
-def _unit_row(u: Unit) -> tuple:
-    for name in _TEXT_FIELDS:
-        _no_nul(str(getattr(u, name)), f"unit {u.id[:40]!r}: {name}")
-    for value in (u.context.domain, u.context.task, u.context.role, *u.context.tags):
-        _no_nul(value, f"unit {u.id[:40]!r}: its context")
-    return (
-        u.id,
-        u.kind.value,
-        u.content,
-        u.context.domain,
-        u.context.task,
-        u.context.role,
-        list(u.context.tags),
-        str(u.scope),
-        u.owner,
-        u.confidence,
-        u.validation,
-        u.importance,
-        u.access_count,
-        u.last_access,
-        u.created_at,
-        u.updated_at,
-        json.dumps(u.provenance.to_dict()),
-        u.status.value,
-        json.dumps(dict(u.meta), sort_keys=True),
-        indexed_text(u).replace("\x00", " "),
-    )
-
-
-def _row_unit(r: Sequence[Any]) -> Unit:
-    return Unit(
-        id=r[0],
-        kind=Kind(r[1]),
-        content=r[2],
-        context=Context(domain=r[3], task=r[4], role=r[5], tags=tuple(r[6])),
-        scope=r[7],
-        owner=r[8],
-        confidence=r[9],
-        validation=r[10],
-        importance=r[11],
-        access_count=r[12],
-        last_access=r[13],
-        created_at=r[14],
-        updated_at=r[15],
-        provenance=Provenance.from_dict(json.loads(r[16])),
-        status=Status(r[17]),
-        meta=json.loads(r[18]),
-    )
-
-
 def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any]]:
     """SQL for scope visibility plus the filter; the viewer clause is never optional."""
     p = f"{alias}." if alias else ""
@@ -1155,3 +1087,15 @@ def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any
         clauses.append(f"{p}created_at < %s")
         params.append(f.until)
     return (" AND ".join(clauses) or "true"), params
+
+
+def _unit_row(u: Unit) -> tuple:
+    return unit_row(u, tags=list, text=_nul_to_space)
+
+
+def _row_unit(r: Sequence[Any]) -> Unit:
+    return row_unit(r, tags=tuple)
+
+
+def _nul_to_space(text: str) -> str:
+    return text.replace("\x00", " ")  # the indexed text only; PostgreSQL text cannot hold NUL

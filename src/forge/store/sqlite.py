@@ -31,10 +31,7 @@ from forge.errors import (
     ValidationError,
 )
 from forge.model import (
-    Context,
     Episode,
-    Kind,
-    Provenance,
     Relation,
     RelationType,
     Status,
@@ -49,13 +46,12 @@ from forge.store.base import (
     Hit,
     check_event_op,
     check_setting,
-    indexed_text,
 )
 from forge.store.common import HIDDEN as _HIDDEN
+from forge.store.common import check_vectors, query_words, row_unit, unit_row
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import diff as _diff
 from forge.store.common import int_arg as _int_arg
-from forge.store.common import query_words
 from forge.store.common import scope_before as _before
 from forge.store.common import sees as _sees
 from forge.store.records import event_record, parse_records, setting_record, vector_field
@@ -451,20 +447,6 @@ class SQLiteStore:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
 
     # -- writes ---------------------------------------------------------------------------
-    def _check_vectors(self, vectors: np.ndarray | None, n: int) -> np.ndarray | None:
-        if vectors is None:
-            return None
-        vectors = np.asarray(vectors, dtype=np.float32)
-        if vectors.ndim == 1:
-            vectors = vectors.reshape(1, -1)
-        if vectors.shape[0] != n:
-            raise ValidationError(f"got {vectors.shape[0]} vectors for {n} units")
-        if self._dim is not None and vectors.shape[1] != self._dim:
-            raise DimensionError(self._dim, vectors.shape[1])
-        if not np.isfinite(vectors).all():
-            raise ValidationError("vectors contain NaN or infinite values")
-        return vectors
-
     def _fix_dim(self, db: sqlite3.Connection, vectors: np.ndarray | None) -> None:
         if vectors is not None and self._dim is None:
             db.execute("INSERT OR REPLACE INTO meta VALUES ('dim', ?)", (str(vectors.shape[1]),))
@@ -480,7 +462,7 @@ class SQLiteStore:
         units = list(units)
         if not units:
             return []
-        vectors = self._check_vectors(vectors, len(units))
+        vectors = check_vectors(vectors, len(units), self._dim)
         ids = [u.id for u in units]
         if len(set(ids)) != len(ids):
             raise ValidationError("duplicate unit ids in one batch")
@@ -548,7 +530,7 @@ class SQLiteStore:
             )
 
     def update(self, unit: Unit, vector: np.ndarray | None = None, *, actor: str = "") -> Unit:
-        vectors = self._check_vectors(vector, 1)
+        vectors = check_vectors(vector, 1, self._dim)
         now = time.time()
         with self._tx() as db:
             old = db.execute(f"SELECT {_COLUMNS} FROM units WHERE id = ?", (unit.id,)).fetchone()
@@ -1084,7 +1066,7 @@ class SQLiteStore:
         batch = parse_records(records)
         units, relations, episodes = batch.units, batch.relations, batch.episodes
         batch.check_embedder(self.settings().get("embedder"))
-        matrix = self._check_vectors(batch.vectors, len(units)) if batch.vectors is not None else None
+        matrix = check_vectors(batch.vectors, len(units), self._dim) if batch.vectors is not None else None
         with self._tx() as db:
             if units:
                 self._fix_dim(db, matrix)
@@ -1227,52 +1209,6 @@ def _split_sql(script: str) -> list[str]:
     return out
 
 
-def _unit_row(u: Unit) -> tuple:
-    return (
-        u.id,
-        u.kind.value,
-        u.content,
-        u.context.domain,
-        u.context.task,
-        u.context.role,
-        json.dumps(list(u.context.tags)),
-        str(u.scope),
-        u.owner,
-        u.confidence,
-        u.validation,
-        u.importance,
-        u.access_count,
-        u.last_access,
-        u.created_at,
-        u.updated_at,
-        json.dumps(u.provenance.to_dict()),
-        u.status.value,
-        json.dumps(dict(u.meta), sort_keys=True),
-        indexed_text(u),
-    )
-
-
-def _row_unit(r: Sequence[Any]) -> Unit:
-    return Unit(
-        id=r[0],
-        kind=Kind(r[1]),
-        content=r[2],
-        context=Context(domain=r[3], task=r[4], role=r[5], tags=tuple(json.loads(r[6]))),
-        scope=r[7],
-        owner=r[8],
-        confidence=r[9],
-        validation=r[10],
-        importance=r[11],
-        access_count=r[12],
-        last_access=r[13],
-        created_at=r[14],
-        updated_at=r[15],
-        provenance=Provenance.from_dict(json.loads(r[16])),
-        status=Status(r[17]),
-        meta=json.loads(r[18]),
-    )
-
-
 def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any]]:
     """SQL for scope visibility plus the filter; the viewer clause is never optional."""
     p = f"{alias}." if alias else ""
@@ -1328,3 +1264,11 @@ def fts_query(text: str) -> str | None:
 def _chunks(items: list, n: int) -> Iterator[list]:
     for i in range(0, len(items), n):
         yield items[i : i + n]
+
+
+def _unit_row(u: Unit) -> tuple:
+    return unit_row(u, tags=json.dumps)
+
+
+def _row_unit(r: Sequence[Any]) -> Unit:
+    return row_unit(r, tags=json.loads)
