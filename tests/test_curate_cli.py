@@ -8,19 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from forge.cli import main
+from test_cli import run
 
 LATER = time.time() + 400 * 86_400  # units are written now; the pass runs long after
-
-
-def run(capsys, *args):
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture
