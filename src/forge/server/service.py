@@ -127,10 +127,7 @@ class Service:
 
     # -- recall ---------------------------------------------------------------------------
     def recall(self, who: Principal, query: str, *, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True) -> list[Recalled]:
-        if not query.strip():
-            raise ValidationError("the query is empty")
-        if not 1 <= k <= 200:
-            raise ValidationError("k must be between 1 and 200")
+        _check_query(query, k)
         if not 0 <= hops <= 3:
             raise ValidationError("hops must be between 0 and 3")
         results = self.memory.recall(query, viewer=who.viewer, k=k, filter=filter, hops=hops, touch=touch)
@@ -148,10 +145,7 @@ class Service:
     def context(self, who: Principal, query: str, *, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1) -> Packed:
         if not 1 <= budget <= 100_000:
             raise ValidationError("budget must be between 1 and 100000 tokens")
-        if not query.strip():
-            raise ValidationError("the query is empty")
-        if not 1 <= k <= 200:
-            raise ValidationError("k must be between 1 and 200")
+        _check_query(query, k)
         packed = self.memory.context(query, viewer=who.viewer, budget=budget, k=k, filter=filter, hops=hops)
         self.store.append_event(
             "context",
@@ -379,3 +373,11 @@ def event_dict(e: Event) -> dict[str, Any]:
 
 def parse_scope(value: str) -> str:
     return str(Scope.parse(value))
+
+
+def _check_query(query: str, k: int) -> None:
+    """The checks recall and context share: a query to search for, and a sane ``k``."""
+    if not query.strip():
+        raise ValidationError("the query is empty")
+    if not 1 <= k <= 200:
+        raise ValidationError("k must be between 1 and 200")
