@@ -408,3 +408,9 @@ def test_quick_demo_runs_zero_shot_and_forge_on_the_same_seeds_into_one_report(t
     configs = [json.loads((tmp_path / "qd" / c / "config.json").read_text()) for c in ("zero-shot", "forge")]
     assert {c["seed"] for c in configs} == {0} and {c["env"] for c in configs} == {"frozenlake-4x4"}
     assert (tmp_path / "qd/report/report.html").is_file() and (tmp_path / "qd/report/summary.json").is_file()
+
+
+def test_cli_unknown_reflection_style_exits_2_with_one_line(tmp_path):
+    res = CliRunner().invoke(evolve_command, ["--llm", "test", "--reflection", "poem", "--run-dir", str(tmp_path / "r")])
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "unknown reflection style 'poem'" in res.output
+    assert not (tmp_path / "r").exists()
