@@ -37,6 +37,7 @@ from forge.ledger import Ledger
 from forge.memory import Memory
 from forge.model import Unit, Viewer
 from forge.store import ANY_STATUS, SQLiteStore
+from forge.store.vectors import EXACT_MAX
 from forge.topology import FullMesh
 from test_bus_support import REDIS_URL, cleanup, redis_bus
 
@@ -133,11 +134,16 @@ def test_killed_writers_lose_nothing_acknowledged(tmp_path):
         missing = [i for i in acked if i not in present]
         assert missing == [], f"seed {SEED}: acknowledged units lost: {missing[:5]}"
         assert len(acked) == len(set(acked))
-        # The index agrees with the database: every unit is its own nearest neighbour.
-        sample = random.Random(SEED).sample(sorted(present), min(200, len(present)))
-        for uid in sample:
-            hit = store.vector_search(store.vector(uid, viewer=ADMIN), k=1, viewer=ADMIN)[0]
-            assert hit.score == pytest.approx(1.0, abs=1e-4), f"seed {SEED}: {uid} not found by its vector"
+        # The index agrees with the database: every stored vector, under its row, nothing else.
+        assert store.check_index() == [], f"seed {SEED}"
+        # And search finds a unit by its own vector. Only where search is exact: above
+        # EXACT_MAX vectors (several CI runs wrote more) HNSW may rank a unit below its
+        # near-duplicates, which is recall, not consistency (bench/ann_choice.py measures it).
+        if len(present) <= EXACT_MAX:
+            sample = random.Random(SEED).sample(sorted(present), min(200, len(present)))
+            for uid in sample:
+                hit = store.vector_search(store.vector(uid, viewer=ADMIN), k=1, viewer=ADMIN)[0]
+                assert hit.score == pytest.approx(1.0, abs=1e-4), f"seed {SEED}: {uid} not found by its vector"
         # A private unit of 'w' is never visible to another agent.
         assert all(u.owner == "w" or str(u.scope) != "private"
                    for u in store.list(viewer=Viewer.of("x"), filter=ANY_STATUS, limit=1_000_000))

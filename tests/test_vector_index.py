@@ -323,3 +323,19 @@ def test_catch_up_reads_by_the_vseq_index_and_pages_across_batches(tmp_path, mon
     assert len(s._index) == 19
     assert [_top(s, v[i]) for i in range(14)] == [u.id for u in b]
     s.close()
+
+
+def test_check_index_reports_what_the_database_and_index_disagree_on(tmp_path):
+    s = SQLiteStore(tmp_path / "m.db")
+    units = [Unit(f"u{i}") for i in range(20)]
+    v = _vecs(20)
+    s.add(units, v)
+    assert s.check_index() == [] and s.check_index(sample=5) == []
+    rowid = s._q("SELECT rowid FROM units WHERE id = ?", (units[3].id,))[0][0]
+    s._index.upsert(np.array([rowid]), v[4:5], seq=s._index.seq)  # a wrong vector under u3's row
+    assert s.check_index() == [f"{units[3].id}: the index holds another vector"]
+    s._index._index.remove(rowid)
+    problems = s.check_index()
+    assert f"{units[3].id}: missing from the index" in problems
+    assert "the index holds 19 vectors, the database 20" in problems
+    s.close()

@@ -923,6 +923,33 @@ class SQLiteStore:
         )
         return self._hits(index.search_exact_among(query, [m[0] for m in matching], k))
 
+    def check_index(self, *, sample: int | None = None) -> list[str]:
+        """Compare the vector index with the database; the problems found, empty if none.
+
+        The index must hold every stored vector under its row id, with the same value, and
+        nothing else. This checks the bookkeeping, not the ANN's recall: above ``EXACT_MAX``
+        vectors HNSW may rank a unit below its neighbours even when the index is right.
+        ``sample`` checks that many rows chosen at random instead of all of them.
+        """
+        index = self._ensure_index()
+        with self._lock, self._index_lock:
+            stored = self._q("SELECT count(*) FROM units WHERE vector IS NOT NULL AND vseq <= ?",
+                             (index.seq if index else 0,))[0][0]
+            if index is None:
+                return [] if stored == 0 else [f"{stored} stored vectors but no index"]
+            problems = [] if len(index) == stored else [f"the index holds {len(index)} vectors, the database {stored}"]
+            order = "ORDER BY random() LIMIT ?" if sample is not None else "LIMIT -1 OFFSET ?"
+            rows = self._q(f"SELECT rowid, id, vector FROM units WHERE vector IS NOT NULL AND vseq <= ? {order}",
+                           (index.seq, sample if sample is not None else 0))
+            for rowid, uid, blob in rows:
+                want = np.frombuffer(blob, dtype=np.float32)
+                got = index.stored(rowid)
+                if got is None:
+                    problems.append(f"{uid}: missing from the index")
+                elif got.shape != want.shape or not np.allclose(got, want, atol=1e-5):
+                    problems.append(f"{uid}: the index holds another vector")
+        return problems
+
     def _allowed_rowids(self, rowids: list[int], where: str, params: Sequence[Any]) -> set[int]:
         out: set[int] = set()
         for chunk in _chunks(rowids, 900):

@@ -175,5 +175,12 @@ class VectorIndex:
         top = np.argsort(-sims)[:k]
         return [(keys[i], float(sims[i])) for i in top]
 
+    def stored(self, key: int) -> np.ndarray | None:
+        """The vector held under ``key``, or None if the index has no such key."""
+        with self._lock:
+            if key not in self._index:
+                return None
+            return np.asarray(self._index.get(key), dtype=np.float32).reshape(-1)
+
     def __len__(self) -> int:
         return len(self._index)
