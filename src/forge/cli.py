@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from forge.errors import ForgeError, UserError, ValidationError
+from forge.files import read_text
 from forge.model import (
     Context,
     Kind,
@@ -281,22 +282,7 @@ def _json_object(text: str, what: str) -> dict[str, Any]:
 
 def _read_jsonl(path: str) -> Iterator[dict[str, Any]]:
     name = "standard input" if path == "-" else path
-    try:
-        if path == "-":
-            stream = getattr(sys.stdin, "buffer", None)
-            data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
-        else:
-            data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory; give a JSONL file") from None
-    except OSError as exc:
-        raise UserError(f"{name}: cannot read ({exc.strerror or exc})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValidationError(f"{name}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    text = read_text(path)
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge.errors import UserError, ValidationError
+from forge.errors import ValidationError
+from forge.files import read_text
 from forge.model import Context, Provenance, Scope, Unit
 
 __all__ = ["SEED_FIELDS", "SEED_SOURCE", "WarmUp", "import_seed_pack", "load_seed_pack", "own", "read_seed_pack"]
@@ -95,16 +96,7 @@ def read_seed_pack(
 def load_seed_pack(path: str | Path, *, scope: str = "global", owner: str = "", validation: float = 0.3) -> list[Unit]:
     """Read and check the seed pack at ``path`` (nothing is written)."""
     p = Path(path)
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory; give a JSONL seed pack") from None
-    except UnicodeDecodeError as exc:
-        raise ValidationError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    text = read_text(p, what="a JSONL seed pack")
     return read_seed_pack(text.splitlines(), name=p.name, scope=scope, owner=owner, validation=validation)
 
 
