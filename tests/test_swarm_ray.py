@@ -10,8 +10,10 @@ returns and learned, sent and received counts a function of the seeds alone.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -126,17 +128,20 @@ def test_ctrl_c_stops_every_actor(tmp_path, redis_client, local_ray):
     cmd = [sys.executable, "-c", "from forge.swarm_cli import swarm_command; swarm_command()",
            "--llm", "test", "--executor", "ray", "--agents", "2", "--episodes", "100000", "--dir", str(out)]
     before = set(redis_client.scan_iter(match="forge-swarm:*:stats:*", count=500))  # other runs' keys
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # its own session, so the signal can go to the whole group, as a terminal's Ctrl-C does
+    # (it reaches the local Ray's raylet too, which the driver started)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120  # its own Ray starts first: seconds on a busy machine
         while time.monotonic() < deadline and proc.poll() is None and not _running(redis_client, before):
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started
             proc.communicate()
     assert proc.returncode == 130, output.decode()[-3000:]
     assert b"interrupted: every agent was stopped" in output
