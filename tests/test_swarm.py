@@ -206,7 +206,7 @@ def test_config_defaults_match_the_command():
     defaults = {p.name: p.default for p in swarm_command.params}
     config = SwarmConfig()
     for name in ("agents", "episodes", "env", "llm", "topology", "embedder", "bus", "poison", "seed", "max_steps", "rule_guard", "linger_s",
-                 "warmup_episodes", "warmup_validation", "ramp_episodes", "isolate"):
+                 "warmup_episodes", "warmup_validation", "ramp_episodes", "isolate", "executor", "db"):
         assert defaults[name] == getattr(config, name), name
 
 

@@ -91,7 +91,7 @@ def _line(stats: Mapping[str, Mapping[str, Any]], elapsed: float) -> str:
 
 
 @click.command("swarm")
-@click.option("--agents", "-n", type=int, default=3, show_default=True, help="How many agent processes.")
+@click.option("--agents", "-n", type=int, default=3, show_default=True, help="How many agents.")
 @click.option("--episodes", "-e", type=int, default=5, show_default=True, help="Episodes each agent plays.")
 @click.option("--env", default="frozenlake-4x4", show_default=True, help="Environment each agent plays (see forge.envs.available_envs).")
 @click.option("--llm", default="local", show_default=True, help="local (embedded Qwen2.5-Coder-1.5B), local:smollm2 (tiny, fast), openai:MODEL, local:/path.gguf, or test (scripted, instant).")
@@ -108,10 +108,12 @@ def _line(stats: Mapping[str, Mapping[str, Any]], elapsed: float) -> str:
 @click.option("--warmup-validation", type=float, default=0.0, show_default=True, help="Warm-up: then show received units only if validated at least this well (0-1).")
 @click.option("--ramp-episodes", type=int, default=0, show_default=True, help="Gradual enablement: prompt sections shown grow from one to all over this many episodes (0: all).")
 @click.option("--isolate", type=int, default=0, show_default=True, help="Cut this many agents (the first ones) off from all but their own memory (an ablation).")
+@click.option("--executor", default="process", show_default=True, help="Run each agent as a process, a Ray actor on a local Ray (ray), or on a running cluster (ray://HOST:PORT).")
+@click.option("--db", default="", help="One PostgreSQL memory every agent shares, postgresql://USER@HOST/DB[?schema=NAME] (password from PGPASSWORD); default: a SQLite file per agent in --dir.")
 @click.option("--keep", is_flag=True, help="Keep the run's Redis keys (streams and stats) instead of deleting them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 def swarm_command(out_dir: Path | None, as_json: bool, **options: Any) -> None:
-    """Run a population of agents as separate processes that share memory live over Redis."""
+    """Run a population of agents as separate processes (or Ray actors) that share memory live over Redis."""
     from rich.console import Console
 
     config = SwarmConfig(dir=str(out_dir) if out_dir else "", **options)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from forge.errors import ConfigError, StoreError
+from forge.errors import StoreError
 from forge.llm.accounting import TokenLedger
 from forge.llm.base import LLM
 from forge.model import Provenance, Unit, new_id
@@ -45,6 +45,7 @@ from forge.protocols.config import ForgeConfig, derive_seed
 from forge.protocols.episode import build_env, evaluate_instance, play_stage
 from forge.protocols.progress import ProgressSink, make_sink
 from forge.protocols.runs import RunDir, RunStore
+from forge.ray_support import check_executor, import_ray, start_ray
 
 __all__ = ["ChampionDelivery", "DirectDelivery", "RunResult", "evolve", "resume"]
 
@@ -211,29 +212,6 @@ def default_llm_factory(config: ForgeConfig) -> LLMFactory:
     return functools.partial(_open_llm, config.llm, threads)
 
 
-EXECUTORS = ("process", "ray")  # or ray://HOST:PORT, a running Ray cluster
-
-
-def check_executor(executor: str) -> str:
-    if executor in EXECUTORS or (isinstance(executor, str) and executor.startswith("ray://")):
-        return executor
-    raise ConfigError(f"unknown executor {executor!r}; expected process, ray or ray://HOST:PORT")
-
-
-def _import_ray() -> Any:
-    """Import Ray, or say how to install it. (Ray, like llama.cpp, failed to start in a process
-    that had loaded usearch 2.26's C++ runtime; pyproject keeps usearch below 2.26.)"""
-    import warnings
-
-    with warnings.catch_warnings():  # Ray's own import-time notices are not ours to fail on
-        warnings.simplefilter("ignore")
-        try:
-            import ray
-        except ImportError:
-            raise ConfigError("--executor ray needs Ray: pip install 'forge-memory[ray]'") from None
-    return ray
-
-
 class _Runner:
     """Runs tasks in process (workers=1), in a process pool, or as Ray tasks; results come
     back as they finish and are handed on in instance order per batch, so the run is the
@@ -282,23 +260,9 @@ class _Runner:
 
     def _start_ray(self) -> Any:
         """Join the Ray cluster (``ray://``) or start a local one with ``workers`` CPUs."""
-        import os
-        import sys
         import uuid
-        import warnings
 
-        ray = _import_ray()
-        with warnings.catch_warnings():  # Ray's own start-up notices are not ours to fail on
-            warnings.simplefilter("ignore")
-            if not ray.is_initialized():
-                if self.executor == "ray":
-                    # Local workers import what this process can (tests, user modules with factories).
-                    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-                    ray.init(num_cpus=self.config.workers, include_dashboard=False, log_to_driver=False,
-                             runtime_env={"env_vars": env})
-                else:
-                    ray.init(address=self.executor, log_to_driver=False)
-                self._ray_owned = True
+        ray, self._ray_owned = start_ray(self.executor, self.config.workers)
         self._ray, self._ray_key = ray, uuid.uuid4().hex
         self._ray_task = ray.remote(num_cpus=1, max_retries=0)(_in_ray_worker)
         return ray
@@ -353,7 +317,7 @@ def evolve(
     is called at stage, instance and attempt boundaries (tests interrupt runs from it).
     """
     if check_executor(executor) != "process":
-        _import_ray()  # fail fast, before anything is written, when Ray is missing
+        import_ray()  # fail fast, before anything is written, when Ray is missing
     env = build_env(config)  # fail on a missing optional backend before creating anything
     env.close()
     seeds = seed_units(config)  # a bad pack fails here, before the run directory exists
@@ -409,7 +373,7 @@ def resume(
         return RunResult(run.path, config, final)
     run.event("resumed")
     if check_executor(executor) != "process":
-        _import_ray()
+        import_ray()
     return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery,
                   executor=check_executor(executor))
 
