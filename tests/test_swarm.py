@@ -115,6 +115,16 @@ def test_keep_leaves_the_keys(tmp_path, redis_client):
             redis_client.delete(k)
 
 
+def test_a_child_stopped_while_its_interpreter_starts_exits_cleanly(tmp_path):
+    # On a loaded machine a sibling can crash, and the parent stop the others, before their
+    # interpreters have run a line: they used to die of the SIGTERM itself (exit -15).
+    procs = swarm._Processes(tmp_path, secret="s")
+    for aid in ("agent-1", "agent-2", "agent-3"):
+        procs.start(aid, {"agent": aid})
+    procs.stop()  # at once, while the children are still starting
+    assert procs.codes() == {"agent-1": 0, "agent-2": 0, "agent-3": 0}
+
+
 def test_a_crashing_agent_fails_the_run(tmp_path, redis_client, monkeypatch):
     real = swarm._child_argv
 

@@ -426,12 +426,15 @@ def _child_argv(spec: Mapping[str, Any]) -> list[str]:
     return [sys.executable, "-c", _CHILD_BOOT, json.dumps(spec, separators=(",", ":"))]
 
 
-# A stop that arrives while the child is still importing FORGE is remembered, not fatal:
-# the child then exits 0 as soon as its real handler is installed.
+# A stop that arrives while the child is still starting is remembered, not fatal: the
+# child is born with SIGTERM blocked (see _Processes.start), so a SIGTERM sent while its
+# interpreter is still initialising waits until this handler is in place; the child then
+# exits 0 as soon as its real handler is installed.
 _CHILD_BOOT = (
     "import signal, sys\n"
     "early = []\n"
     "signal.signal(signal.SIGTERM, lambda *a: early.append(1))\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})\n"
     "from forge.swarm import _child_main\n"
     "sys.exit(0 if early else _child_main(sys.argv[1:], early_stop=early))\n"
 )
@@ -472,9 +475,17 @@ class _Processes:
 
     def start(self, aid: str, spec: Mapping[str, Any]) -> None:
         self.logs[aid] = open(self.out / f"{aid}.log", "wb")  # noqa: SIM115 - closed in stop(), after the child
-        self.procs[aid] = subprocess.Popen(
-            _child_argv(spec), env=self.env, stdin=subprocess.DEVNULL, stdout=self.logs[aid], stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # The child inherits this thread's signal mask: with SIGTERM blocked from birth, a stop
+        # sent while its interpreter starts (slow on a loaded machine) cannot kill it before
+        # its boot code handles SIGTERM (it unblocks it then). Seen as exit -15 under load.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self.procs[aid] = subprocess.Popen(
+                _child_argv(spec), env=self.env, stdin=subprocess.DEVNULL, stdout=self.logs[aid], stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def poll(self) -> dict[str, int | None]:
         return {a: p.poll() for a, p in self.procs.items()}
