@@ -26,8 +26,8 @@ from forge.swarm_cli import render_table, swarm_command
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-@pytest.fixture
-def redis_client():
+def redis_or_skip():
+    """A client of the test Redis, or a skip that says why there is none."""
     redis = pytest.importorskip("redis", reason="redis-py is not installed (pip install 'forge-memory[redis]')")
     client = redis.Redis.from_url(REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
     try:
@@ -35,6 +35,12 @@ def redis_client():
     except redis.RedisError as exc:
         client.close()
         pytest.skip(f"Redis not reachable at {REDIS_URL}: {exc}")
+    return client
+
+
+@pytest.fixture
+def redis_client():
+    client = redis_or_skip()
     yield client
     client.close()
 

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from forge.swarm import SECRET_ENV
-from test_swarm import REDIS_URL, leftover_keys, run
+from test_swarm import leftover_keys, redis_or_skip, run
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'forge-memory[ray]')")
 
@@ -31,13 +31,7 @@ SAME = ("episodes", "mean_return", "learned", "sent", "received")  # seed-determ
 
 @pytest.fixture(scope="module")
 def redis_client():
-    redis = pytest.importorskip("redis", reason="redis-py is not installed (pip install 'forge-memory[redis]')")
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        client.close()
-        pytest.skip(f"Redis not reachable at {REDIS_URL}: {exc}")
+    client = redis_or_skip()
     yield client
     client.close()
 
