@@ -2,7 +2,9 @@
 add and context, at 1 and 16 concurrent clients, side by side in the same run.
 
 The store is built once into .bench/ (hashing embedder, 384-d, so the model is not what is
-measured; texts from a small vocabulary with topic words). The server is ``forge serve`` in
+measured). Texts and queries come from bench/_common.Vocabulary: Zipf-distributed words
+with per-topic words, as real notes have. (An earlier 32-word vocabulary put every query
+word in a third of all units, which measured FTS5 ranking a third of the store per query.) The server is ``forge serve`` in
 its own process with one API key (auth, rate limit and audit logging included: every
 recall also writes an audit row); clients are threads with keep-alive ``forge.client.Client``
 connections. In-process rows call ``Memory`` directly from the same number of threads.
@@ -28,36 +30,45 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import CACHE_DIR, ROOT, log, parser, table
+import numpy as np
+
+from _common import CACHE_DIR, ROOT, Vocabulary, log, parser, table
 from forge.client import Client
 from forge.memory import Memory
 from forge.model import Unit, Viewer
 from forge.server.keys import KeyStore
 
-WORDS = ["ice", "lake", "river", "rope", "camp", "fire", "map", "storm", "trail", "ridge", "boat", "snow", "bridge", "cave", "forest", "wind", "rain", "valley", "signal", "radio", "tent", "stove", "water", "food", "pole", "crack", "hazard", "route", "summit", "glacier", "shelter", "compass"]
 EMBEDDER = "hash:384"
+TOPICS = 1000
+INDEX_FILES = (".usearch", ".usearch.json")  # beside the .db: the index and what binds it to the file
+VOCAB = Vocabulary(n_clusters=TOPICS)
 
 
 def build(units: int) -> Path:
-    path = CACHE_DIR / f"service-{units}.db"
+    path = CACHE_DIR / f"service-zipf-{units}.db"
     if path.exists():
         return path
     CACHE_DIR.mkdir(exist_ok=True)
     tmp = path.with_suffix(".tmp.db")
-    for p in (tmp, Path(str(tmp) + ".usearch")):
+    for p in (tmp, *(Path(str(tmp) + suffix) for suffix in INDEX_FILES)):
         p.unlink(missing_ok=True)
-    rng = random.Random(0)
+    rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     with Memory.open(tmp, embedder=EMBEDDER) as mem:
         for i in range(0, units, 2000):
-            batch = [Unit(" ".join(rng.choices(WORDS, k=12)) + f" note {j}", kind=rng.choice(["fact", "rule", "lesson"]),
+            ids = range(i, min(units, i + 2000))
+            texts = VOCAB.texts(rng.integers(0, TOPICS, len(ids)), rng)
+            batch = [Unit(text, kind=("fact", "rule", "lesson")[j % 3],
                           scope="global" if j % 10 else "private", owner="" if j % 10 else f"agent-{j % 7}")
-                     for j in range(i, min(units, i + 2000))]
+                     for j, text in zip(ids, texts, strict=True)]
             mem.add(batch, actor="bench")
             log(f"  built {min(units, i + 2000):,}/{units:,} units ({time.perf_counter() - t0:.0f}s)")
+        mem.recall("warm", viewer=Viewer.admin(), k=1, touch=False)  # builds the vector index, saved on close
+        log(f"  indexed ({time.perf_counter() - t0:.0f}s)")
+    for suffix in INDEX_FILES:  # the saved vector index, so opening the store does not rebuild it
+        if Path(str(tmp) + suffix).exists():
+            Path(str(tmp) + suffix).rename(str(path) + suffix)
     tmp.rename(path)
-    if Path(str(tmp) + ".usearch").exists():
-        Path(str(tmp) + ".usearch").rename(str(path) + ".usearch")
     return path
 
 
@@ -97,7 +108,7 @@ def ops(agent: str) -> dict[str, Callable[[Any, random.Random], None]]:
     viewer = Viewer.of(agent)
 
     def q(rng: random.Random) -> str:
-        return " ".join(rng.choices(WORDS, k=3))
+        return VOCAB.queries(np.array([rng.randrange(TOPICS)]), np.random.default_rng(rng.randrange(2**32)))[0]
 
     return {
         "recall": lambda h, rng: h.recall(q(rng), viewer=viewer, k=10, touch=False),
@@ -124,8 +135,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     db = work / "m.db"
     shutil.copy(src, db)
-    if Path(str(src) + ".usearch").exists():
-        shutil.copy(str(src) + ".usearch", str(db) + ".usearch")
+    for suffix in INDEX_FILES:
+        if Path(str(src) + suffix).exists():
+            shutil.copy(str(src) + suffix, str(db) + suffix)
     results: dict[str, dict[str, dict[str, float]]] = {}
     agent = "bench-agent"
     try:
