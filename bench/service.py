@@ -152,8 +152,9 @@ def main() -> None:
         token = KeyStore.beside(db).create(agent=agent, rate=1e9)
         port = free_port()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        server_log = open(work / "serve.log", "wb")  # noqa: SIM115 - closed with the server below
         server = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--port", str(port), "--no-dashboard", "--no-mcp"],
-                                  env=env, stderr=subprocess.DEVNULL)
+                                  env=env, stderr=server_log)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 120
@@ -164,7 +165,8 @@ def main() -> None:
                     break
                 except Exception:  # noqa: BLE001 - not up yet
                     if time.monotonic() > deadline or server.poll() is not None:
-                        raise RuntimeError("forge serve did not start") from None
+                        tail = (work / "serve.log").read_text(errors="replace").strip().splitlines()[-5:]
+                        raise RuntimeError("forge serve did not start: " + " | ".join(tail)) from None
                     time.sleep(0.2)
             for name, op in ops(agent).items():
                 for n in (1, 16):
@@ -173,6 +175,7 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=30)
+            server_log.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:

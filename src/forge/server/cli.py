@@ -24,11 +24,13 @@ def _keys(obj: Any, path: str | None) -> Any:
     return KeyStore(path) if path else KeyStore.beside(obj.db)
 
 
-def _need_server_extra() -> None:
+def _need_server_extra(*, mcp: bool = True) -> None:
     try:
         import fastapi  # noqa: F401
-        import mcp  # noqa: F401
         import uvicorn  # noqa: F401
+
+        if mcp:
+            import mcp as _mcp  # noqa: F401
     except ImportError as exc:
         raise ConfigError(f"this command needs the server extra ({exc.name} is missing): pip install 'forge-memory[server]'") from None
 
@@ -51,7 +53,7 @@ def _emit(obj: Any, data: Any, human: str) -> None:
 def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_dir: str, rate: float, capsule_keys: str | None,
                   no_mcp: bool, no_dashboard: bool, curate_every: float | None) -> None:
     """Serve the REST API (/v1, docs at /docs), MCP (/mcp) and the dashboard (/ui) over one memory."""
-    _need_server_extra()
+    _need_server_extra(mcp=not no_mcp)  # --no-mcp serves without the MCP SDK installed
     import uvicorn
 
     from forge.server.app import create_app
