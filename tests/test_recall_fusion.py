@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from forge.errors import ValidationError
-from forge.model import Unit, Viewer
+from forge.model import Relation, RelationType, Unit, Viewer
 from forge.recall import Weights, _minmax, event_time, recall, time_window
 from forge.store import SEARCH_CONTEXT, Hit, SQLiteStore, indexed_text
 
@@ -108,3 +108,19 @@ def test_search_context_is_indexed_but_not_content():
     store.add([u])
     assert [h.id for h in store.keyword_search("greyhound adopted", k=3, viewer=ADMIN)] == ["reply"]
     assert store.get("reply", viewer=ADMIN).content == "Yes, last Tuesday!"
+
+
+def test_graph_expansion_checks_the_seeds_visibility_in_one_query():
+    # neighbors() ran one visibility query per seed (ten per recall), a third of a recall's
+    # SQL at 20k units; the count of statements is what this guards, not a time.
+    store = SQLiteStore(":memory:")
+    ids = store.add([Unit(f"unit {i}", owner="a", scope="private" if i % 2 else "global") for i in range(12)])
+    for a, b in [*zip(ids, ids[1:], strict=False), *zip(ids, ids[2:], strict=False)]:
+        store.relate(Relation(a, b, RelationType.SUPPORTS))
+    seen: list[str] = []
+    store._db.set_trace_callback(seen.append)
+    got = store.neighbors(ids[:10], viewer=Viewer.of("b"))
+    store._db.set_trace_callback(None)
+    # bob sees the global units (even numbers) only, and only their relations
+    assert got and all(int(store.get(n, viewer=ADMIN).content.split()[-1]) % 2 == 0 for n, _ in got)
+    assert sum(s.lstrip().upper().startswith("SELECT") for s in seen) <= 2, seen

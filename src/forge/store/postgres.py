@@ -894,7 +894,11 @@ class PostgresStore:
         types: Iterable[RelationType] = (),
         filter: Filter = Filter(),
     ) -> list[tuple[str, Relation]]:
-        ids = [i for i in dict.fromkeys(ids) if i in self._visible_ids(ids, viewer)] if not viewer.operator else list(ids)
+        if not viewer.operator:
+            visible = self._visible_ids(ids, viewer)  # one query for all seeds
+            ids = [i for i in dict.fromkeys(ids) if i in visible]
+        else:
+            ids = list(ids)
         if not ids:
             return []
         types = [RelationType.parse(t).value for t in types]

@@ -1022,7 +1022,11 @@ class SQLiteStore:
         filter: Filter = Filter(),
     ) -> list[tuple[str, Relation]]:
         # Seeds the viewer may not see have no neighbours for it: their relations are theirs.
-        ids = [i for i in dict.fromkeys(ids) if i in self._visible_ids(ids, viewer)] if not viewer.operator else list(ids)
+        if not viewer.operator:
+            visible = self._visible_ids(ids, viewer)  # one query for all seeds
+            ids = [i for i in dict.fromkeys(ids) if i in visible]
+        else:
+            ids = list(ids)
         if not ids:
             return []
         types = [RelationType.parse(t).value for t in types]
