@@ -161,6 +161,18 @@ def test_cliff_is_below_tau_and_ends_the_episode() -> None:
     assert "cliff at row 3, col 1" in fell.observation
 
 
+def test_cliffwalking_standing_still_is_no_success_under_a_short_step_limit() -> None:
+    # With 16 steps, 16 bumps into the edge returned -16 >= -30 and counted as success (and
+    # graduated at theta -20): what bench/learning.py --max-steps 16 first measured.
+    env = make_env("cliffwalking", max_steps=16)
+    still = play(env, seed=0, actions=["left"] * 16)
+    assert sum(r for _, r, _ in still) < env.spec.success_return and still[-1][2]
+    route = play(env, seed=0, actions=["up"] + ["right"] * 11 + ["down"])
+    assert route[-1][2] and sum(r for _, r, _ in route) >= max(env.spec.success_return, env.spec.theta)  # the goal in 13
+    default = make_env("cliffwalking").spec
+    assert (default.success_return, default.theta) == (-30.0, -20.0)
+
+
 def test_taxi_illegal_pickup_and_dropoff_are_below_tau() -> None:
     env = make_env("taxi")
     env.reset(seed=0)

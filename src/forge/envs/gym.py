@@ -303,6 +303,8 @@ class CliffWalkingEnv(_GridEnv):
     FORGE anyway (-100 < tau = -50). Reaching the goal takes 13 steps at best (return -13),
     17 along the safe top route. Success is a return >= -30 (only a goal can get there:
     a timeout returns -60, a fall <= -100); theta = -20 asks for a near-optimal route.
+    Both tighten to -(max_steps - 1) when fewer than 31 steps are allowed, or standing
+    still until the step limit (-max_steps) would count as a success and graduate.
     """
 
     _ACTION_IDS = {"up": 0, "right": 1, "down": 2, "left": 3}
@@ -314,6 +316,7 @@ class CliffWalkingEnv(_GridEnv):
     }
 
     def __init__(self, *, max_steps: int | None = None) -> None:
+        steps = max_steps or 60
         spec = EnvSpec(
             name="cliffwalking",
             description=(
@@ -324,10 +327,10 @@ class CliffWalkingEnv(_GridEnv):
                 "never enters the cliff. Actions: up, right, down, left move one tile; moving "
                 "into the edge leaves you in place."
             ),
-            max_steps=max_steps or 60,
+            max_steps=steps,
             tau=-50.0,
-            theta=-20.0,
-            success_return=-30.0,
+            theta=max(-20.0, -(steps - 1.0)),
+            success_return=max(-30.0, -(steps - 1.0)),  # only a goal reached before the limit
             major_failure_return=-100.0,
         )
         super().__init__(spec=spec, gym_id="CliffWalking-v1", gym_kwargs={})
