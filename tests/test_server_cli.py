@@ -113,3 +113,22 @@ def test_serve_without_keys_binds_loopback_and_says_so(tmp_path: Path) -> None:
             proc.kill()
             proc.communicate()
     assert "binding to 127.0.0.1 only" in err and "local mode" in err
+
+
+def test_no_mcp_serves_without_the_mcp_sdk(monkeypatch):
+    import builtins
+
+    from forge.errors import ConfigError
+    from forge.server.cli import _need_server_extra
+
+    real = builtins.__import__
+
+    def no_mcp(name, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        if name == "mcp" or name.startswith("mcp."):
+            raise ImportError(name=name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_mcp)
+    _need_server_extra(mcp=False)  # forge serve --no-mcp
+    with pytest.raises(ConfigError, match="mcp is missing"):
+        _need_server_extra()
