@@ -13,7 +13,7 @@ import numpy as np
 
 from forge.errors import DimensionError, ValidationError
 from forge.model import Context, Kind, Provenance, Status, Unit, Viewer
-from forge.store.base import MAX_RESULTS, indexed_text
+from forge.store.base import MAX_RESULTS, Event, indexed_text
 
 __all__ = [
     "HIDDEN",
@@ -23,6 +23,7 @@ __all__ = [
     "diff",
     "int_arg",
     "query_words",
+    "redact_events",
     "row_unit",
     "scope_before",
     "sees",
@@ -149,3 +150,41 @@ def row_unit(r: Sequence[Any], *, tags: Callable[[Any], Sequence[str]] = tuple) 
         status=Status(r[17]),
         meta=json.loads(r[18]),
     )
+
+
+def redact_events(
+    rows: Sequence[Sequence[Any]],
+    later: Mapping[str, Sequence[tuple[int, Mapping[str, Any]]]],
+    visible_named: set[str],
+    viewer: Viewer,
+) -> list[Event]:
+    """What ``viewer`` may see of event ``rows`` (seq, ts, op, unit id, actor, data JSON, and
+    the unit's scope and owner now), one rule for every backend.
+
+    ``later`` holds each unit's scope/owner changes, newest first, to undo those made after an
+    event (what the unit was then); ``visible_named`` the units named by relation events that
+    the viewer may see. A relation to a unit it may not see is left out; of an update it sees
+    only the sides it could see then; of any other event it could not see, only that it happened.
+    """
+    out = []
+    for seq, ts, op, uid, actor, data, scope, owner in rows:
+        d = json.loads(data)
+        after = (scope, owner)
+        for s_seq, change in later.get(uid, ()):  # newest first: undo changes made after this event
+            if s_seq <= seq:
+                break
+            after = scope_before(after, change)
+        before = scope_before(after, d) if op == "update" else after
+        see_after, see_before = sees(viewer, *after), sees(viewer, *before)
+        if op == "relate" and not {d.get("src"), d.get("dst")} <= visible_named:
+            continue  # it names a unit this viewer may not see
+        if op == "update":
+            d = {
+                k: {"from": v.get("from") if see_before else HIDDEN, "to": v.get("to") if see_after else HIDDEN}
+                if isinstance(v, Mapping) else HIDDEN
+                for k, v in d.items()
+            }
+        elif not see_after:
+            d = {"hidden": HIDDEN}
+        out.append(Event(seq, ts, op, uid, actor, d))
+    return out

@@ -47,13 +47,10 @@ from forge.store.base import (
     check_event_op,
     check_setting,
 )
-from forge.store.common import HIDDEN as _HIDDEN
-from forge.store.common import check_vectors, query_words, row_unit, unit_row
+from forge.store.common import check_vectors, query_words, redact_events, row_unit, unit_row
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import diff as _diff
 from forge.store.common import int_arg as _int_arg
-from forge.store.common import scope_before as _before
-from forge.store.common import sees as _sees
 from forge.store.records import event_record, parse_records, setting_record, vector_field
 from forge.store.vectors import VectorIndex
 
@@ -802,28 +799,7 @@ class SQLiteStore:
                     later.setdefault(uid, []).append((seq, d))
         named = {json.loads(r[5]).get(k) for r in rows if r[2] == "relate" for k in ("src", "dst")}
         visible_named = self._visible_ids([n for n in named if isinstance(n, str)], viewer)
-        out = []
-        for seq, ts, op, uid, actor, data, scope, owner in rows:
-            d = json.loads(data)
-            after = (scope, owner)
-            for s_seq, change in later.get(uid, []):  # newest first: undo changes made after this event
-                if s_seq <= seq:
-                    break
-                after = _before(after, change)
-            before = _before(after, d) if op == "update" else after
-            see_after, see_before = _sees(viewer, *after), _sees(viewer, *before)
-            if op == "relate" and not {d.get("src"), d.get("dst")} <= visible_named:
-                continue  # it names a unit this viewer may not see
-            if op == "update":
-                d = {
-                    k: {"from": v.get("from") if see_before else _HIDDEN, "to": v.get("to") if see_after else _HIDDEN}
-                    if isinstance(v, Mapping) else _HIDDEN
-                    for k, v in d.items()
-                }
-            elif not see_after:
-                d = {"hidden": _HIDDEN}
-            out.append(Event(seq, ts, op, uid, actor, d))
-        return out
+        return redact_events(rows, later, visible_named, viewer)
 
     def append_event(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> int:
         op = check_event_op(op)
