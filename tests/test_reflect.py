@@ -16,6 +16,7 @@ from forge.reflect import (
     apply_reflection,
     enforce_caps,
     reflect,
+    stall_step,
     validate_rule,
 )
 
@@ -201,3 +202,19 @@ def test_a_lesson_the_agent_already_holds_is_not_a_fallback():
     out = reflect(ScriptedLLM([json.dumps({"avoid": "down", "instead": "right"})]), snapshot(held), representation="rules")
     assert not out.fallback and out.edits == ()
     assert out.dropped and "duplicate rule" in out.dropped[0]
+
+
+def test_a_stall_is_blamed_on_the_step_that_undid_progress() -> None:
+    """CliffWalking: up from the start, down back to it, then bumps. The step down from row 2
+    undid the climb; the repeated bumps at the start only follow from it."""
+    where = ["row 3, col 0", "row 2, col 0", "row 3, col 0", "row 3, col 0", "row 3, col 0"]
+    assert stall_step(where, ["up", "down", "down", "down", "down"], situation=str) == 1
+
+
+def test_a_bump_is_blamed_where_it_happens() -> None:
+    where = ["row 0, col 0", "row 1, col 0", "row 1, col 0", "row 1, col 0"]
+    assert stall_step(where, ["down", "left", "left", "left"], situation=str) == 1
+
+
+def test_without_a_return_the_last_step_is_blamed() -> None:
+    assert stall_step(["a", "b", "c"], ["x", "y", "z"], situation=str) == 2

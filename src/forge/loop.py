@@ -165,8 +165,9 @@ def play_episode(
 def failure_point(
     traj: Trajectory, *, success_return: float, reflect_on_stall: bool, situation: Callable[[str], str] | None = None,
 ) -> tuple[int, bool] | None:
-    """Where to reflect: ``(step, stalled)`` for the first step below tau, or for the start
-    of the loop of an unsuccessful episode that never fell (a stall); None after a success."""
+    """Where to reflect: ``(step, stalled)`` for the first step below tau, or, in an
+    unsuccessful episode that never fell (a stall), for the first step back to a situation
+    already seen (:func:`~forge.reflect.stall_step`); None after a success."""
     if traj.failing is not None:
         return traj.failing, False
     if reflect_on_stall and traj.actions and traj.total < success_return:

@@ -739,12 +739,16 @@ def safe_alternatives(
 
 
 def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation: Callable[[str], str] | None = None) -> int:
-    """Where an unsuccessful episode that never fell below tau went wrong: the first
-    (situation, action) pair that comes back later (the start of a loop), else the last step."""
-    seen: dict[tuple[str, str], int] = {}
-    for t, (obs, action) in enumerate(zip(observations, actions, strict=True)):
-        key = ((situation or summarize_observation)(obs), action)
-        if key in seen:
-            return seen[key]
-        seen[key] = t
+    """Where an unsuccessful episode that never fell below tau went wrong.
+
+    The first step that led back to a situation already seen undid progress (a bump into a
+    wall, or a step back to where the agent came from): that is the step to blame. Blaming
+    the first repeated (situation, action) pair instead, as this did before, blamed the bump
+    at the start of CliffWalking and never the step down that undid the climb. Without a
+    return, the last step (its outcome is not observed).
+    """
+    sit = [(situation or summarize_observation)(obs) for obs in observations]
+    for t in range(len(actions) - 1):
+        if sit[t + 1] in sit[: t + 1]:
+            return t
     return len(actions) - 1
