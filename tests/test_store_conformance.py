@@ -392,3 +392,42 @@ def test_a_claim_is_recorded_once_and_undone_with_its_transaction(store):
         raise RuntimeError("rolled back")
     assert store.claim("capsule/me/c2") is True  # the undone claim left nothing behind
     assert "capsule/me/c1" not in store.settings()  # claims are not settings
+
+
+def test_reads_run_beside_an_open_write_transaction(tmp_path):
+    """A file store reads on one connection per thread: a recall in one thread does not wait
+    for another thread's write transaction, and sees only what is committed; the writer's own
+    reads see its writes. (One shared connection used to queue every server read on it.)"""
+    import threading
+
+    import numpy as np
+
+    from forge.model import Unit, Viewer
+    from forge.store import SQLiteStore
+
+    admin = Viewer.admin()
+    store = SQLiteStore(tmp_path / "r.db")
+    store.add([Unit("frozen lake map", id="old")], np.eye(1, 4, dtype=np.float32))
+    inside, read = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def writer() -> None:
+        with store.transaction():
+            store.add([Unit("frozen lake holes", id="new")], np.eye(1, 4, k=1, dtype=np.float32))
+            seen["writer"] = sorted(h.id for h in store.keyword_search("frozen", k=5, viewer=admin))
+            inside.set()
+            seen["reader done while open"] = read.wait(60)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    assert inside.wait(60)
+    seen["reader"] = sorted(h.id for h in store.keyword_search("frozen", k=5, viewer=admin))
+    seen["vector"] = [h.id for h in store.vector_search(np.eye(1, 4, k=1, dtype=np.float32)[0], k=2, viewer=admin)]
+    read.set()
+    t.join(60)
+    assert seen["reader done while open"] is True
+    assert seen["writer"] == ["new", "old"] and seen["reader"] == ["old"] and seen["vector"] == ["old"]
+    assert sorted(h.id for h in store.keyword_search("frozen", k=5, viewer=admin)) == ["new", "old"]  # committed
+    store.close()
+    with pytest.raises(Exception, match="closed"):
+        store.keyword_search("frozen", k=5, viewer=admin)

@@ -163,7 +163,11 @@ _COLUMNS = (
 class SQLiteStore:
     """A :class:`~forge.store.base.Store` in one SQLite file (or ``:memory:``)."""
 
-    def __init__(self, path: str | Path = ":memory:", *, create: bool = True, readonly: bool | None = None) -> None:
+    def __init__(
+        self, path: str | Path = ":memory:", *, create: bool = True, readonly: bool | None = None, concurrent_reads: bool = True,
+    ) -> None:
+        """``concurrent_reads=False`` sends every read through the writer's one connection,
+        as before reads had their own (kept to measure the difference)."""
         self.path = str(path)
         self._file = None if self.path == ":memory:" else Path(self.path)
         self._lock = threading.RLock()
@@ -177,6 +181,11 @@ class SQLiteStore:
         self._warming: threading.Thread | None = None
         self._touches: dict[str, tuple[int, float]] = {}  # unit id -> (recalls, last) not yet written
         self._touch_timer: threading.Timer | None = None
+        self._tx_owner: int | None = None  # the thread inside the write transaction, if any
+        self._readers = threading.local()  # this thread's (connection, lock) for reads
+        self._reader_list: list[tuple[sqlite3.Connection, threading.Lock]] = []
+        self._reader_list_lock = threading.Lock()  # not the store lock: a writer holds that
+        self._concurrent_reads = False  # set once open: reads then use per-thread connections
         if self._file is not None:
             _check_file(self._file, create=create)
         if readonly is None:  # a file we may not write is opened read-only rather than refused
@@ -195,6 +204,10 @@ class SQLiteStore:
                 self._db.close()
             raise
         self._dim = int(self._setting("dim") or 0) or None
+        # A file in WAL mode lets readers run beside the writer and each other, each on its
+        # own connection: one shared connection made every recall of a server queue on it.
+        mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+        self._concurrent_reads = concurrent_reads and self._file is not None and (mode == "wal" or self.readonly)
         if self._file is not None and self._dim is not None:
             # Load (or catch up) the vector index now, beside the caller, so the first recall
             # after open does not pay for it; vector search waits for it if it comes first.
@@ -234,6 +247,7 @@ class SQLiteStore:
     def _warm_index(self) -> None:
         with contextlib.suppress(Exception):  # the first search builds it again and reports the error
             self._ensure_index()
+        self._drop_reader()  # this thread ends here: its connection would only wait for close
 
     def _connect(self) -> sqlite3.Connection:
         if not self.readonly:
@@ -360,32 +374,40 @@ class SQLiteStore:
                 self._seen_error(exc)
                 raise StoreError(f"{self.path}: cannot start a write ({exc})") from None
             self._depth = depth + 1
+            owner, self._tx_owner = self._tx_owner, threading.get_ident()  # its reads see its writes
             try:
-                self._apply_touches(self._db)
-                yield self._db
-            except sqlite3.DatabaseError as exc:
-                self._depth = depth
-                self._rollback(depth)
-                self._seen_error(exc)
-                raise StoreError(f"{self.path}: write failed ({exc})") from None
-            except BaseException:
-                self._depth = depth
-                self._rollback(depth)
-                raise
+                yield from self._in_tx(depth)
+            finally:
+                self._tx_owner = owner
+
+    def _in_tx(self, depth: int) -> Iterator[sqlite3.Connection]:
+        """The body of :meth:`_tx` after BEGIN: apply pending touches, yield, then commit or roll back."""
+        try:
+            self._apply_touches(self._db)
+            yield self._db
+        except sqlite3.DatabaseError as exc:
             self._depth = depth
-            if depth:
-                self._db.execute(f"RELEASE forge_{depth}")
-                return
-            self._tx_vseq = None
-            try:
-                self._db.execute("COMMIT")
-            except sqlite3.DatabaseError as exc:
-                self._seen_error(exc)
-                self._rollback(0)
-                raise StoreError(f"{self.path}: commit failed ({exc})") from None
-            done, self._after_commit = self._after_commit, []
-            for fn in done:
-                fn()
+            self._rollback(depth)
+            self._seen_error(exc)
+            raise StoreError(f"{self.path}: write failed ({exc})") from None
+        except BaseException:
+            self._depth = depth
+            self._rollback(depth)
+            raise
+        self._depth = depth
+        if depth:
+            self._db.execute(f"RELEASE forge_{depth}")
+            return
+        self._tx_vseq = None
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            self._seen_error(exc)
+            self._rollback(0)
+            raise StoreError(f"{self.path}: commit failed ({exc})") from None
+        done, self._after_commit = self._after_commit, []
+        for fn in done:
+            fn()
 
     def _rollback(self, depth: int) -> None:
         try:
@@ -405,6 +427,18 @@ class SQLiteStore:
             self._dim = int(row[0]) if row and row[0] else None
 
     def _q(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        if self._concurrent_reads and self._tx_owner != threading.get_ident():
+            # Outside this thread's own write transaction, read committed data on this
+            # thread's connection, without waiting for the store lock.
+            db, lock = self._reader()
+            with lock:
+                if self._db is None:
+                    raise StoreError(f"{self.path}: the store is closed")
+                try:
+                    return db.execute(sql, params).fetchall()
+                except sqlite3.DatabaseError as exc:
+                    self._seen_error(exc)
+                    raise StoreError(f"{self.path}: query failed ({exc})") from None
         with self._lock:
             if self._db is None:
                 raise StoreError(f"{self.path}: the store is closed")
@@ -413,6 +447,38 @@ class SQLiteStore:
             except sqlite3.DatabaseError as exc:
                 self._seen_error(exc)
                 raise StoreError(f"{self.path}: query failed ({exc})") from None
+
+    def _reader(self) -> tuple[sqlite3.Connection, threading.Lock]:
+        """This thread's read connection (made on first use, closed with the store)."""
+        mine = getattr(self._readers, "conn", None)
+        if mine is not None:
+            return mine
+        try:
+            db = self._connect()
+            db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.units_vocab USING fts5vocab(main, units_fts, 'row')")
+            db.execute("PRAGMA query_only = ON")  # a read connection never writes, by mistake either
+        except sqlite3.DatabaseError as exc:
+            self._seen_error(exc)
+            raise StoreError(f"{self.path}: cannot open a read connection ({exc})") from None
+        mine = (db, threading.Lock())
+        with self._reader_list_lock:
+            if self._db is None:
+                db.close()
+                raise StoreError(f"{self.path}: the store is closed")
+            self._reader_list.append(mine)
+        self._readers.conn = mine
+        return mine
+
+    def _drop_reader(self) -> None:
+        mine = getattr(self._readers, "conn", None)
+        if mine is None:
+            return
+        self._readers.conn = None
+        with self._reader_list_lock:
+            if mine in self._reader_list:
+                self._reader_list.remove(mine)
+        with mine[1]:
+            mine[0].close()
 
     def _setting(self, key: str) -> str | None:
         row = self._q("SELECT value FROM meta WHERE key = ?", (key,))
@@ -835,6 +901,13 @@ class SQLiteStore:
                         max_seq=int(settings.get("vseq") or 0),
                     )
                     self._index = index
+        if self._concurrent_reads and self._tx_owner != threading.get_ident():
+            # A reader catches up with what is committed, read on its own connection: it
+            # needs no store lock, so it never waits for a writer's transaction.
+            if self._index.seq < int(self._setting("vseq") or 0):
+                with self._index_lock:
+                    self._catch_up()
+            return self._index
         with self._lock, self._index_lock:
             self._catch_up()
         return self._index
@@ -1162,6 +1235,11 @@ class SQLiteStore:
             finally:
                 self._db.close()
                 self._db = None  # type: ignore[assignment]
+                with self._reader_list_lock:
+                    readers, self._reader_list = self._reader_list, []
+                for db, lock in readers:
+                    with lock:  # a read in flight on it finishes first
+                        db.close()
 
     def __enter__(self) -> SQLiteStore:
         return self
