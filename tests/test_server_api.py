@@ -292,3 +292,15 @@ def test_trace_is_curates_trace_with_the_callers_rights(s) -> None:
     mine = s.c.get(f"/v1/units/{old}/trace", headers=s.h(s.alice)).json()
     assert mine["use"]["audited_recalls"] == [] and mine["decisions"] == []  # nobody's queries but the operator's to read
     assert mine["history"] and {e["op"] for e in mine["history"]} <= {"add", "update", "status"}
+
+
+def test_the_server_sends_no_telemetry_even_when_the_environment_asks(tmp_path: Path, monkeypatch) -> None:
+    """FastAPI's own OpenTelemetry support would export to OTLP endpoints named in the
+    environment once FASTAPI_OTEL_AUTO_CONFIGURE is set; the memory server turns it off."""
+    monkeypatch.setenv("FASTAPI_OTEL_AUTO_CONFIGURE", "true")
+    app = create_app(Memory(SQLiteStore(), HashingEmbedder(dim=16)))
+    config = getattr(app, "_telemetry", None)
+    if config is None:
+        pytest.skip("this FastAPI has no built-in telemetry")
+    assert config["auto_configure"] is False
+    assert not any(config[k] for k in ("tracing", "metrics", "logs", "operation_spans"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import math
 from collections.abc import AsyncIterator, Iterator
@@ -90,13 +91,26 @@ def _recalled(r: Recalled) -> dict[str, Any]:
     return {"unit": r.unit.to_dict(), "score": r.score if math.isfinite(r.score) else 0.0, "reasons": r.reasons, "why": r.why}
 
 
-def current_principal(request: Request) -> Principal:
-    """The caller, from its API key (or the local operator on a server without keys)."""
+async def current_principal(request: Request) -> Principal:
+    """The caller, from its API key (or the local operator on a server without keys).
+
+    Async on purpose: it only hashes the key and stats the key file, and a sync dependency
+    would cost every request a hop through the thread pool before the endpoint's own.
+    """
     client = request.client.host if request.client else None
     return request.app.state.auth.principal(token_from(request.headers, request.cookies), client)
 
 
 Who = Annotated[Principal, Depends(current_principal)]
+
+
+def _no_telemetry() -> dict[str, Any]:
+    """FastAPI >= 0.16x traces requests with OpenTelemetry and, with FASTAPI_OTEL_AUTO_CONFIGURE
+    set, exports to OTLP endpoints from the environment. A memory server sends nothing
+    anywhere it was not asked to, and the per-request spans cost time: both are off."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False, "auto_configure": False}}
 
 
 def create_app(
@@ -156,6 +170,7 @@ def create_app(
         description="Shared, scoped, audited memory for LLM agents. Authenticate with 'Authorization: Bearer <key>'.",
         lifespan=lifespan,
         responses={code: m.ERRORS[code] for code in (400, 401, 403, 404, 409, 422, 429, 500, 503)},
+        **_no_telemetry(),
     )
     app.state.service = service
     app.state.auth = auth
