@@ -431,3 +431,22 @@ def test_reads_run_beside_an_open_write_transaction(tmp_path):
     store.close()
     with pytest.raises(Exception, match="closed"):
         store.keyword_search("frozen", k=5, viewer=admin)
+
+
+def test_read_connections_of_finished_threads_are_closed(tmp_path):
+    """A server's thread pool retires idle threads and starts new ones; each reading thread
+    gets a connection, and those of threads that are gone are closed, not collected."""
+    import threading
+
+    from forge.model import Unit, Viewer
+    from forge.store import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "c.db")
+    store.add([Unit("a note", id="a")])
+    store._warming and store._warming.join()
+    for _ in range(20):
+        t = threading.Thread(target=lambda: store.get("a", viewer=Viewer.admin()))
+        t.start()
+        t.join()
+    assert len(store._reader_list) == 1  # only the last thread's: every earlier one had ended
+    store.close()

@@ -183,7 +183,7 @@ class SQLiteStore:
         self._touch_timer: threading.Timer | None = None
         self._tx_owner: int | None = None  # the thread inside the write transaction, if any
         self._readers = threading.local()  # this thread's (connection, lock) for reads
-        self._reader_list: list[tuple[sqlite3.Connection, threading.Lock]] = []
+        self._reader_list: list[tuple[sqlite3.Connection, threading.Lock, threading.Thread]] = []
         self._reader_list_lock = threading.Lock()  # not the store lock: a writer holds that
         self._concurrent_reads = False  # set once open: reads then use per-thread connections
         if self._file is not None:
@@ -465,7 +465,14 @@ class SQLiteStore:
             if self._db is None:
                 db.close()
                 raise StoreError(f"{self.path}: the store is closed")
-            self._reader_list.append(mine)
+            # Thread pools retire idle threads and start new ones: close the connections of
+            # threads that are gone, so a long-running server does not collect them.
+            gone = [r for r in self._reader_list if not r[2].is_alive()]
+            self._reader_list = [r for r in self._reader_list if r[2].is_alive()]
+            self._reader_list.append((*mine, threading.current_thread()))
+        for old, lock, _ in gone:
+            with lock:
+                old.close()
         self._readers.conn = mine
         return mine
 
@@ -475,8 +482,7 @@ class SQLiteStore:
             return
         self._readers.conn = None
         with self._reader_list_lock:
-            if mine in self._reader_list:
-                self._reader_list.remove(mine)
+            self._reader_list = [r for r in self._reader_list if r[0] is not mine[0]]
         with mine[1]:
             mine[0].close()
 
@@ -1237,7 +1243,7 @@ class SQLiteStore:
                 self._db = None  # type: ignore[assignment]
                 with self._reader_list_lock:
                     readers, self._reader_list = self._reader_list, []
-                for db, lock in readers:
+                for db, lock, _ in readers:
                     with lock:  # a read in flight on it finishes first
                         db.close()
 
