@@ -17,6 +17,7 @@ Targets (issue 10): HTTP adds <= 2 ms p50 over in-process for recall; >= 500 rec
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -26,10 +27,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from _common import CACHE_DIR, ROOT, Vocabulary, log, parser, table
@@ -125,6 +127,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def serving(db: Path, work: Path, workers: int) -> Iterator[str]:
+    """``forge serve`` on ``db`` in its own process(es) until the block ends; yields its URL."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    log_path = work / f"serve-{workers}.log"
+    with open(log_path, "wb") as server_log:
+        server = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--port", str(port), "--no-dashboard", "--no-mcp",
+                                   "--workers", str(workers)], env=env, stderr=server_log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with httpx.Client(timeout=10) as c:  # each process answers once before we measure
+                        if len({c.get(f"{url}/v1/health", headers={"Connection": "close"}).json()["pid"] for _ in range(8 * workers)}) >= workers:
+                            break
+                except Exception:  # noqa: BLE001 - not up yet
+                    pass
+                if time.monotonic() > deadline or server.poll() is not None:
+                    tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+                    raise RuntimeError("forge serve did not start: " + " | ".join(tail))
+                time.sleep(0.2)
+            yield url
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
 def main() -> None:
     ap = parser(__doc__.split("\n\n")[0])
     ap.add_argument("--units", type=int, default=None, help="store size (default 100000; --quick 5000)")
@@ -156,34 +187,19 @@ def main() -> None:
         results["recall"]["in-process x16, one connection"] = drive(16, seconds, lambda: mem, ops(agent)["recall"])
         log(f"  in-process recall x16, one connection: {results['recall']['in-process x16, one connection']}")
         mem.close()
-        # HTTP: forge serve in its own process, an agent key, keep-alive clients.
+        # HTTP: forge serve in its own process, an agent key, keep-alive clients; then the
+        # recall again with one server process per core (--workers).
         token = KeyStore.beside(db).create(agent=agent, rate=1e9)
-        port = free_port()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-        server_log = open(work / "serve.log", "wb")  # noqa: SIM115 - closed with the server below
-        server = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--port", str(port), "--no-dashboard", "--no-mcp"],
-                                  env=env, stderr=server_log)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    with Client(url, token, retries=0) as c:
-                        c.whoami()
-                    break
-                except Exception:  # noqa: BLE001 - not up yet
-                    if time.monotonic() > deadline or server.poll() is not None:
-                        tail = (work / "serve.log").read_text(errors="replace").strip().splitlines()[-5:]
-                        raise RuntimeError("forge serve did not start: " + " | ".join(tail)) from None
-                    time.sleep(0.2)
-            for name, op in ops(agent).items():
-                for n in (1, 16):
-                    results[name][f"HTTP x{n}"] = drive(n, seconds, lambda: Client(url, token, timeout=120), op)
-                    log(f"  HTTP {name} x{n}: {results[name][f'HTTP x{n}']}")
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-            server_log.close()
+        workers = os.cpu_count() or 2
+        for n_workers in (1, workers):
+            with serving(db, work, n_workers) as url:
+                for name, op in ops(agent).items():
+                    for n in (1, 16):
+                        if n_workers > 1 and (name, n) != ("recall", 16):
+                            continue
+                        col = f"HTTP x{n}" + (f", {n_workers} workers" if n_workers > 1 else "")
+                        results[name][col] = drive(n, seconds, lambda: Client(url, token, timeout=120), op)
+                        log(f"  {col} {name}: {results[name][col]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
@@ -200,6 +216,10 @@ def main() -> None:
     one = rec["in-process x16, one connection"]["rps"]
     print(f"\nIn-process recalls/s at 16 threads: {rec['in-process x16']['rps']:,.0f} with a read connection per thread, "
           f"{one:,.0f} on one shared connection ({rec['in-process x16']['rps'] / one:.2f}x)")
+    many = [c for c in rec if c.startswith("HTTP x16, ")]
+    if many:
+        print(f"HTTP recalls/s at 16 clients: {rec['HTTP x16']['rps']:,.0f} with one server process, "
+              f"{rec[many[0]]['rps']:,.0f} with {many[0].split(', ')[1]} ({rec[many[0]]['rps'] / rec['HTTP x16']['rps']:.2f}x)")
     print(f"HTTP overhead on recall p50 at 1 client: {rec['HTTP x1']['p50'] - rec['in-process x1']['p50']:+.2f} ms (target <= 2 ms); "
           f"recalls/s over HTTP at 16 clients: {rec['HTTP x16']['rps']:,.0f} (target >= 500)")
 

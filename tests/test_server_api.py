@@ -304,3 +304,18 @@ def test_the_server_sends_no_telemetry_even_when_the_environment_asks(tmp_path: 
         pytest.skip("this FastAPI has no built-in telemetry")
     assert config["auto_configure"] is False
     assert not any(config[k] for k in ("tracing", "metrics", "logs", "operation_spans"))
+
+
+def test_each_worker_enforces_its_share_of_a_keys_rate(tmp_path: Path) -> None:
+    """With --workers 2 each process admits half of a key's rate, so together about the rate."""
+    from forge.server.auth import Authenticator, RateLimited
+
+    keys = KeyStore(tmp_path / "k.keys.json")
+    token = keys.create(agent="alice", rate=4.0)
+    now = [1000.0]
+    auth = Authenticator(keys, share=2, clock=lambda: now[0])
+    assert [auth.principal(token, "10.0.0.1").agent for _ in range(2)] == ["alice", "alice"]
+    with pytest.raises(RateLimited, match="rate limit of 4 requests/s"):
+        auth.principal(token, "10.0.0.1")
+    now[0] += 0.5  # one more token at 2/s
+    assert auth.principal(token, "10.0.0.1").agent == "alice"

@@ -132,3 +132,63 @@ def test_no_mcp_serves_without_the_mcp_sdk(monkeypatch):
     _need_server_extra(mcp=False)  # forge serve --no-mcp
     with pytest.raises(ConfigError, match="mcp is missing"):
         _need_server_extra()
+
+
+def test_serve_with_workers_is_one_service_across_processes(tmp_path: Path) -> None:
+    """--workers 2: two processes behind one port, one database. Every connection may reach
+    either, so a write through one is read through the other, and MCP (stateless here)
+    works with each request on a new connection."""
+    import anyio
+    import httpx
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    db = tmp_path / "workers.db"
+    _run("add", "seed", db=db)
+    token = _run("keys", "create", "--agent", "scout", db=db)["key"]
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [SRC, os.environ.get("PYTHONPATH", "")] if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--port", str(port), "--workers", "2",
+                             "--no-dashboard"], env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    fresh = {"headers": {"Authorization": f"Bearer {token}", "Connection": "close"}, "timeout": 60}
+    try:
+        pids: set[int] = set()
+        deadline = time.monotonic() + 180
+        while len(pids) < 2:  # until both processes have answered
+            assert proc.poll() is None and time.monotonic() < deadline, f"saw only {pids}"
+            try:
+                pids.add(httpx.get(f"{url}/v1/health", **fresh).json()["pid"])
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        [uid] = httpx.post(f"{url}/v1/units", json={"units": [{"content": "the bridge at the ford is out"}]}, **fresh).json()["ids"]
+        for _ in range(12):  # each on a new connection, whichever process takes it
+            hits = httpx.post(f"{url}/v1/recall", json={"query": "bridge ford", "k": 3}, **fresh).json()["results"]
+            assert uid in [h["unit"]["id"] for h in hits]
+
+        async def talk() -> None:
+            with anyio.fail_after(120):
+                async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60,
+                                              limits=httpx2.Limits(max_keepalive_connections=0)) as http, \
+                        streamable_http_client(f"{url}/mcp", http_client=http) as streams, \
+                        ClientSession(streams[0], streams[1]) as session:
+                    await session.initialize()
+                    for i in range(4):
+                        await session.call_tool("remember", {"content": f"note {i} from MCP"})
+
+        anyio.run(talk)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "2 worker processes" in err and "Traceback" not in err
+    assert len(_run("recall", "note from MCP", db=db)) >= 4
+
+
+def test_workers_need_a_shared_database() -> None:
+    r = CliRunner().invoke(cli, ["--db", ":memory:", "--embedder", "hash:64", "serve", "--workers", "2"])
+    assert r.exit_code != 0 and "needs a database file" in str(r.exception)

@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import json
 import math
+import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
@@ -129,14 +130,18 @@ def create_app(
     clock: Any = None,
     curate_every: float | None = None,
     curate_policy: Any = None,
+    workers: int = 1,
 ) -> FastAPI:
     """The ASGI app over one Memory. ``close_memory`` closes it at shutdown (``forge serve``).
 
     ``curate_every`` runs a curation pass (``curate_policy``, default policy) every that many
     seconds while the app runs (:class:`forge.curate.CurationSchedule`, ``app.state.curation``).
+    ``workers`` is how many processes serve this memory side by side (``forge serve
+    --workers``): each then enforces its share of every key's rate, and MCP runs stateless,
+    since consecutive requests of one MCP session may reach different processes.
     """
     service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret, capsule_keyring=capsule_keyring)
-    auth = Authenticator(keys, rate=rate, burst=burst, **({"clock": clock} if clock else {}))
+    auth = Authenticator(keys, rate=rate, burst=burst, share=workers, **({"clock": clock} if clock else {}))
     mcp_server = None
     if mcp:
         from forge.server.mcp import build_mcp, http_principal
@@ -218,8 +223,8 @@ def create_app(
     # -- meta -----------------------------------------------------------------------------
     @app.get("/v1/health", tags=["meta"])
     def health() -> dict[str, Any]:
-        """Liveness; needs no key."""
-        return {"ok": True, "local_only": auth.local}
+        """Liveness; needs no key. ``pid`` tells which server process answered."""
+        return {"ok": True, "local_only": auth.local, "pid": os.getpid()}
 
     @app.get("/v1/whoami", response_model=m.WhoAmI, tags=["meta"])
     def whoami(p: Who) -> dict[str, Any]:
@@ -426,6 +431,6 @@ def create_app(
     if mcp_server is not None:
         from forge.server.mcp import guard
 
-        app.mount("/", guard(mcp_server.streamable_http_app(streamable_http_path="/mcp", host=host), auth))
+        app.mount("/", guard(mcp_server.streamable_http_app(streamable_http_path="/mcp", host=host, stateless_http=workers > 1), auth))
 
     return app

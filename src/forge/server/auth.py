@@ -60,9 +60,15 @@ class Authenticator:
     only loopback callers are let in (the server also binds to 127.0.0.1 only).
     """
 
-    def __init__(self, keys: KeyStore | None, *, rate: float = 50.0, burst: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, keys: KeyStore | None, *, rate: float = 50.0, burst: float | None = None, share: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``share``: how many server processes split each key's rate (``forge serve --workers``);
+        each enforces its part, so together they admit about the configured rate."""
         self.keys = keys
         self.rate = rate
+        self.share = max(1, int(share))
         self.burst = burst
         self.clock = clock
         self._buckets: dict[str, _Bucket] = {}
@@ -83,11 +89,12 @@ class Authenticator:
         if found is None:
             raise Unauthorized("unknown or revoked API key")
         principal, record = found
-        self._take(record.id, record.rate or self.rate)
+        total = record.rate or self.rate
+        self._take(record.id, total / self.share, total)
         return principal
 
-    def _take(self, key_id: str, rate: float) -> None:
-        burst = self.burst if self.burst is not None else max(1.0, rate)
+    def _take(self, key_id: str, rate: float, total: float) -> None:
+        burst = self.burst / self.share if self.burst is not None else max(1.0, rate)
         now = self.clock()
         with self._lock:
             b = self._buckets.get(key_id)
@@ -97,5 +104,5 @@ class Authenticator:
             b.at = now
             if b.tokens < 1.0:
                 wait = (1.0 - b.tokens) / rate
-                raise RateLimited(f"rate limit of {rate:g} requests/s exceeded for key {key_id}; retry in {wait:.2f}s", wait)
+                raise RateLimited(f"rate limit of {total:g} requests/s exceeded for key {key_id}; retry in {wait:.2f}s", wait)
             b.tokens -= 1.0

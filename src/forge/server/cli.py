@@ -49,11 +49,17 @@ def _emit(obj: Any, data: Any, human: str) -> None:
 @click.option("--no-mcp", is_flag=True, help="Do not mount the MCP endpoint at /mcp.")
 @click.option("--no-dashboard", is_flag=True, help="Do not serve the dashboard at /ui.")
 @click.option("--curate-every", type=float, default=None, help="Run a curation pass (forge curate's defaults) every this many seconds.")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Server processes sharing the port and the database: one per core serves more requests at once.")
 @click.pass_obj
 def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_dir: str, rate: float, capsule_keys: str | None,
-                  no_mcp: bool, no_dashboard: bool, curate_every: float | None) -> None:
+                  no_mcp: bool, no_dashboard: bool, curate_every: float | None, workers: int) -> None:
     """Serve the REST API (/v1, docs at /docs), MCP (/mcp) and the dashboard (/ui) over one memory."""
     _need_server_extra(mcp=not no_mcp)  # --no-mcp serves without the MCP SDK installed
+    if workers < 1:
+        raise ConfigError("--workers must be 1 or more")
+    if workers > 1 and str(obj.db) in (":memory:", "sqlite://"):
+        raise ConfigError("--workers needs a database file or PostgreSQL: each process would have its own in-memory store")
     import uvicorn
 
     from forge.server.app import create_app
@@ -73,10 +79,67 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
 
         keyring = Keyring.load(capsule_keys)
     mem = obj.memory()
+    served = f"FORGE serving {obj.db} on http://{host}:{port}  (API /v1, docs /docs{'' if no_mcp else ', MCP /mcp'}{'' if no_dashboard else ', dashboard /ui'})"
+    run = {"host": host, "port": port, "log_level": "warning", "timeout_graceful_shutdown": 10, "access_log": False}
+    if workers > 1:
+        # Each process opens the memory itself (uvicorn starts them and calls worker_app);
+        # opening it here first makes a bad database or embedder one clear error, not N.
+        embedder = mem.embedder.name
+        mem.close()
+        os.environ[_WORKER_ENV] = json.dumps({
+            "db": str(obj.db), "embedder": embedder, "keys": str(keys.path), "rate": rate, "runs": runs_dir,
+            "capsule_keys": capsule_keys, "host": host, "mcp": not no_mcp, "dashboard": not no_dashboard,
+            "curate_every": curate_every, "workers": workers,
+        })
+        click.echo(f"{served}, {workers} worker processes", err=True)
+        uvicorn.run("forge.server.cli:worker_app", factory=True, workers=workers, **run)
+        return
     app = create_app(mem, keys=keys, rate=rate, runs_dir=runs_dir, capsule_secret=os.environ.get("FORGE_CAPSULE_SECRET"), capsule_keyring=keyring,
                      host=host, mcp=not no_mcp, dashboard=not no_dashboard, close_memory=True, curate_every=curate_every)
-    click.echo(f"FORGE serving {obj.db} on http://{host}:{port}  (API /v1, docs /docs{'' if no_mcp else ', MCP /mcp'}{'' if no_dashboard else ', dashboard /ui'})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10, access_log=False)
+    click.echo(served, err=True)
+    uvicorn.run(app, **run)
+
+
+_WORKER_ENV = "FORGE_SERVE_WORKER"  # the settings of `forge serve --workers N`, for its processes (no secrets)
+_held_locks: list[Any] = []  # the curation lock stays held while this worker lives
+
+
+def worker_app() -> Any:
+    """The app of one ``forge serve --workers N`` process: the same memory and keys as the
+    others, its share of each key's rate, and curation in exactly one of them (the first to
+    take the database's curation lock)."""
+    from forge.capsule import Keyring
+    from forge.memory import Memory
+    from forge.server.app import create_app
+    from forge.server.keys import KeyStore
+
+    cfg = json.loads(os.environ[_WORKER_ENV])
+    curate_every = cfg["curate_every"] if cfg["curate_every"] and _take_curation_lock(cfg["db"]) else None
+    return create_app(
+        Memory.open(cfg["db"], embedder=cfg["embedder"]), keys=KeyStore(cfg["keys"]), rate=cfg["rate"], runs_dir=cfg["runs"],
+        capsule_secret=os.environ.get("FORGE_CAPSULE_SECRET"),
+        capsule_keyring=Keyring.load(cfg["capsule_keys"]) if cfg["capsule_keys"] else None,
+        host=cfg["host"], mcp=cfg["mcp"], dashboard=cfg["dashboard"], close_memory=True, curate_every=curate_every,
+        workers=cfg["workers"],
+    )
+
+
+def _take_curation_lock(db: str) -> bool:
+    """True in the one worker process that gets the database's curation lock."""
+    import fcntl
+    import hashlib
+    import tempfile
+
+    path = f"{db}.curate.lock" if "://" not in db else os.path.join(
+        tempfile.gettempdir(), f"forge-curate-{hashlib.sha256(db.encode()).hexdigest()[:16]}.lock")
+    handle = open(path, "a")  # noqa: SIM115 - held open (and locked) for the life of the process
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        return False
+    _held_locks.append(handle)
+    return True
 
 
 @click.group("keys")
