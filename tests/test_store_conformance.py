@@ -450,3 +450,35 @@ def test_read_connections_of_finished_threads_are_closed(tmp_path):
         t.join()
     assert len(store._reader_list) == 1  # only the last thread's: every earlier one had ended
     store.close()
+
+
+def test_a_recall_counts_its_touch_while_a_writer_holds_the_store(tmp_path):
+    """touch() is on every recall's path: it must not wait for another thread's write."""
+    import threading
+
+    from forge.model import Unit, Viewer
+    from forge.store import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "t.db")
+    store.add([Unit("a", id="a")])
+    inside, done = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with store.transaction():
+            store.add([Unit("b", id="b")])
+            inside.set()
+            done.wait(60)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    assert inside.wait(60)
+    toucher = threading.Thread(target=store.touch, args=(["a"],), kwargs={"at": 5.0})
+    toucher.start()
+    toucher.join(30)  # milliseconds when it does not wait; before, it queued behind the writer
+    finished_while_open = not toucher.is_alive()
+    done.set()
+    t.join(60)
+    toucher.join(60)
+    assert finished_while_open
+    assert store.get("a", viewer=Viewer.admin()).access_count == 1
+    store.close()

@@ -180,6 +180,7 @@ class SQLiteStore:
         self._index_lock = threading.Lock()
         self._warming: threading.Thread | None = None
         self._touches: dict[str, tuple[int, float]] = {}  # unit id -> (recalls, last) not yet written
+        self._touch_lock = threading.Lock()  # guards _touches: a recall's touch never waits for a writer
         self._touch_timer: threading.Timer | None = None
         self._tx_owner: int | None = None  # the thread inside the write transaction, if any
         self._readers = threading.local()  # this thread's (connection, lock) for reads
@@ -650,16 +651,17 @@ class SQLiteStore:
         if not ids or self.readonly:  # access statistics are best effort: reading never fails for them
             return
         at = time.time() if at is None else at
-        with self._lock:
+        with self._touch_lock:
             for i in ids:
                 n, last = self._touches.get(i, (0, at))
                 self._touches[i] = (n + 1, max(last, at))
-            if len(self._touches) >= TOUCH_MAX_PENDING:
-                self.flush_touches()
-            elif self._touch_timer is None and self._db is not None:
+            full = len(self._touches) >= TOUCH_MAX_PENDING
+            if not full and self._touch_timer is None and self._db is not None:
                 self._touch_timer = threading.Timer(TOUCH_DELAY_S, self._timed_flush)
                 self._touch_timer.daemon = True
                 self._touch_timer.start()
+        if full:
+            self.flush_touches()
 
     def _timed_flush(self) -> None:
         with contextlib.suppress(Exception):  # kept pending: the next write or close retries
@@ -669,18 +671,20 @@ class SQLiteStore:
         """Write pending access statistics now (one transaction)."""
         with self._lock:
             if self._db is None or not self._touches:
-                self._touch_timer = None
+                with self._touch_lock:
+                    self._touch_timer = None
                 return
             with self._tx():
                 pass  # _tx applies pending touches first thing
 
     def _apply_touches(self, db: sqlite3.Connection) -> None:
-        timer, self._touch_timer = self._touch_timer, None
+        with self._touch_lock:
+            timer, self._touch_timer = self._touch_timer, None
+            pending, self._touches = self._touches, {}
         if timer is not None and timer is not threading.current_thread():
             timer.cancel()
-        if not self._touches:
+        if not pending:
             return
-        pending, self._touches = self._touches, {}
         try:
             db.executemany(
                 "UPDATE units SET access_count = access_count + ?, "
@@ -688,9 +692,10 @@ class SQLiteStore:
                 [(n, at, at, i) for i, (n, at) in pending.items()],
             )
         except BaseException:
-            for i, (n, at) in pending.items():  # keep them for the next try
-                m, last = self._touches.get(i, (0, at))
-                self._touches[i] = (n + m, max(at, last))
+            with self._touch_lock:
+                for i, (n, at) in pending.items():  # keep them for the next try
+                    m, last = self._touches.get(i, (0, at))
+                    self._touches[i] = (n + m, max(at, last))
             raise
 
     def _touched(self, unit: Unit) -> Unit:
