@@ -52,3 +52,17 @@ def test_an_unknown_executor_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="executor"):
         evolve(ForgeConfig(**SLIPPERY), tmp_path / "run", llm_factory=toy_factory, executor="slurm")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'forge-memory[ray]')")
+def test_an_unreachable_cluster_is_one_line_and_writes_no_run(tmp_path):
+    """Nothing listens on port 9: the error names the cluster, and no run directory is left
+    half-made (Ray is joined before the run is created)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "forge.cli", "evolve", "--llm", "test", "--env", "frozenlake-4x4", "-n", "2", "-s", "1", "-k", "1",
+         "--executor", "ray://127.0.0.1:9", "--run-dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: cannot join the Ray cluster at ray://127.0.0.1:9") and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()

@@ -54,5 +54,9 @@ def start_ray(executor: str, num_cpus: int) -> tuple[Any, bool]:
             env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env})
         else:
-            ray.init(address=executor, log_to_driver=False)
+            try:
+                ray.init(address=executor, log_to_driver=False)
+            except Exception as exc:  # noqa: BLE001 - Ray's client raises ConnectionError, RuntimeError, grpc errors...
+                detail = " ".join(str(exc).split())[:300]
+                raise ConfigError(f"cannot join the Ray cluster at {executor}: {type(exc).__name__}: {detail}") from None
     return ray, True

@@ -260,10 +260,13 @@ class _Runner:
 
     def _start_ray(self) -> Any:
         """Join the Ray cluster (``ray://``) or start a local one with ``workers`` CPUs."""
+        return self.adopt_ray(*start_ray(self.executor, self.config.workers))
+
+    def adopt_ray(self, ray: Any, owned: bool) -> Any:
+        """Play on a Ray this runner did not start itself; ``owned``: shut it down on close."""
         import uuid
 
-        ray, self._ray_owned = start_ray(self.executor, self.config.workers)
-        self._ray, self._ray_key = ray, uuid.uuid4().hex
+        self._ray, self._ray_owned, self._ray_key = ray, owned, uuid.uuid4().hex
         self._ray_task = ray.remote(num_cpus=1, max_retries=0)(_in_ray_worker)
         return ray
 
@@ -322,18 +325,26 @@ def evolve(
     env.close()
     seeds = seed_units(config)  # a bad pack fails here, before the run directory exists
     run = RunDir(run_dir)
-    run.create(config)
-    run.event("run_started", config=config.to_dict())
-    if seeds:
-        store = RunStore(run, config)
-        try:
-            for owner, units in seeds.items():
-                store.apply([{"op": "add", "unit": u.to_dict()} for u in units], owner=owner)
-        finally:
-            store.close()
-        run.event("seeded", pack=config.seed_pack, units={owner: len(units) for owner, units in seeds.items()})
+    # Start (or join) Ray before the run directory exists: an unreachable cluster is an
+    # error that leaves nothing behind, not a run that cannot start.
+    ray = start_ray(executor, config.workers) if executor != "process" else None
+    try:
+        run.create(config)
+        run.event("run_started", config=config.to_dict())
+        if seeds:
+            store = RunStore(run, config)
+            try:
+                for owner, units in seeds.items():
+                    store.apply([{"op": "add", "unit": u.to_dict()} for u in units], owner=owner)
+            finally:
+                store.close()
+            run.event("seeded", pack=config.seed_pack, units={owner: len(units) for owner, units in seeds.items()})
+    except BaseException:
+        if ray is not None and ray[1]:
+            ray[0].shutdown()
+        raise
     return _drive(run, config, llm_factory=llm_factory, progress=progress, hook=hook, delivery=delivery,
-                  executor=executor)
+                  executor=executor, ray=ray)
 
 
 def seed_units(config: ForgeConfig) -> dict[str, list[Unit]]:
@@ -387,11 +398,18 @@ def _drive(
     hook: Hook | None,
     delivery: ChampionDelivery | None,
     executor: str = "process",
+    ray: tuple[Any, bool] | None = None,
 ) -> RunResult:
     started = time.perf_counter()
     sink = make_sink(progress, config)
-    store = RunStore(run, config)
     runner = _Runner(config, llm_factory or default_llm_factory(config), _chain(hook, sink), executor)
+    if ray is not None:
+        runner.adopt_ray(*ray)
+    try:
+        store = RunStore(run, config)
+    except BaseException:
+        runner.close()
+        raise
     try:
         with sink:
             final = _Protocol(run, config, store, runner, sink, hook, delivery or DirectDelivery()).execute()
