@@ -163,3 +163,16 @@ def test_limits_accept_what_they_document():
     meta = {"blob": "y" * (MAX_META_BYTES - 20)}
     u = Unit("x" * MAX_CONTENT_CHARS, owner="o" * MAX_FIELD_CHARS, meta=meta)
     assert Unit.from_dict(u.to_dict()) == u
+
+
+def test_restore_rebuilds_a_stored_unit_without_checking_it_again():
+    """Stores rebuild units from rows validated when written (reads are hot): the result
+    equals the validated unit, and every field must be given."""
+    from forge.model import Context, Provenance, Unit
+
+    made = Unit("thin ice ahead", kind="rule", scope="group:red", owner="a1", context=Context(domain="lake", tags=("ice",)),
+                provenance=Provenance(source="reflection", episodes=("e1",)), meta={"n": 1})
+    fields = {name: getattr(made, name) for name in Unit.__slots__}
+    assert Unit.restore(**fields) == made
+    with pytest.raises(KeyError):
+        Unit.restore(**{k: v for k, v in fields.items() if k != "meta"})

@@ -34,7 +34,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from forge.errors import ValidationError
 
@@ -319,6 +319,17 @@ class Viewer:
         return unit.scope.name in self.groups
 
 
+T = TypeVar("T")
+
+
+def _restore(cls: type[T], fields: Mapping[str, Any]) -> T:
+    """An instance of the frozen, slotted dataclass ``cls`` with every field given, unchecked."""
+    obj = object.__new__(cls)
+    for name in cls.__slots__:  # type: ignore[attr-defined]
+        object.__setattr__(obj, name, fields[name])
+    return obj
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     """Where a unit applies: recall filters and conflict detection use it."""
@@ -347,6 +358,11 @@ class Context:
 
     def to_dict(self) -> dict[str, Any]:
         return {"domain": self.domain, "task": self.task, "role": self.role, "tags": list(self.tags)}
+
+    @classmethod
+    def restore(cls, **fields: Any) -> Context:
+        """Rebuilt from stored, already validated fields (see :meth:`Unit.restore`)."""
+        return _restore(cls, fields)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Context:
@@ -388,6 +404,11 @@ class Provenance:
             "episodes": list(self.episodes),
             "derived_from": list(self.derived_from),
         }
+
+    @classmethod
+    def restore(cls, **fields: Any) -> Provenance:
+        """Rebuilt from stored, already validated fields (see :meth:`Unit.restore`)."""
+        return _restore(cls, fields)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Provenance:
@@ -465,6 +486,13 @@ class Unit:
     def replace(self, **changes: Any) -> Unit:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def restore(cls, **fields: Any) -> Unit:
+        """A unit rebuilt from every one of its fields as a store holds them, which were
+        validated when it was written: no checks again (reads are on every recall's path,
+        and validation was a third of turning a row into a unit). Anything else: ``Unit(...)``."""
+        return _restore(cls, fields)
 
     @property
     def text(self) -> str:

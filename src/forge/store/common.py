@@ -4,6 +4,7 @@ input gets the same answer, and the same error, whichever database is underneath
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from forge.errors import DimensionError, ValidationError
-from forge.model import Context, Kind, Provenance, Status, Unit, Viewer
+from forge.model import Context, Kind, Provenance, Scope, Status, Unit, Viewer
 from forge.store.base import MAX_RESULTS, Event, indexed_text
 
 __all__ = [
@@ -131,13 +132,15 @@ def unit_row(u: Unit, *, tags: Callable[[list[str]], Any], text: Callable[[str],
 
 
 def row_unit(r: Sequence[Any], *, tags: Callable[[Any], Sequence[str]] = tuple) -> Unit:
-    """The unit of a ``units`` row (the first 19 columns of :func:`unit_row`)."""
-    return Unit(
+    """The unit of a ``units`` row (the first 19 columns of :func:`unit_row`). The row was
+    validated when it was written, so it is restored without checking it again."""
+    prov = json.loads(r[16])
+    return Unit.restore(
         id=r[0],
         kind=Kind(r[1]),
         content=r[2],
-        context=Context(domain=r[3], task=r[4], role=r[5], tags=tuple(tags(r[6]))),
-        scope=r[7],
+        context=Context.restore(domain=r[3], task=r[4], role=r[5], tags=tuple(tags(r[6]))),
+        scope=_scope(r[7]),
         owner=r[8],
         confidence=r[9],
         validation=r[10],
@@ -145,11 +148,17 @@ def row_unit(r: Sequence[Any], *, tags: Callable[[Any], Sequence[str]] = tuple) 
         access_count=r[12],
         last_access=r[13],
         created_at=r[14],
-        updated_at=r[15],
-        provenance=Provenance.from_dict(json.loads(r[16])),
+        updated_at=r[15] if r[15] is not None else r[14],
+        provenance=Provenance.restore(source=prov.get("source", ""), episodes=tuple(prov.get("episodes") or ()),
+                                      derived_from=tuple(prov.get("derived_from") or ())),
         status=Status(r[17]),
         meta=json.loads(r[18]),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _scope(text: str) -> Scope:
+    return Scope.parse(text)  # frozen: one parsed object per distinct scope text is shared
 
 
 def redact_events(
