@@ -113,6 +113,8 @@ def worker_app() -> Any:
     from forge.server.app import create_app
     from forge.server.keys import KeyStore
 
+    if _WORKER_ENV not in os.environ:
+        raise ConfigError("worker_app is started by 'forge serve --workers N', which passes it its settings")
     cfg = json.loads(os.environ[_WORKER_ENV])
     curate_every = cfg["curate_every"] if cfg["curate_every"] and _take_curation_lock(cfg["db"]) else None
     return create_app(
