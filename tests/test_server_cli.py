@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,15 +55,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _server(*args: str) -> Iterator[subprocess.Popen]:
+    """``python -m forge.cli ARGS`` (a server), killed at the end if it is still running."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [SRC, os.environ.get("PYTHONPATH", "")] if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", *args], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    """SIGTERM, as an operator would: uvicorn shuts down gracefully, then re-raises the signal."""
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode in (0, -signal.SIGTERM)
+    return err
+
+
 def test_forge_serve_starts_serves_and_shuts_down_gracefully(tmp_path: Path) -> None:
     db = tmp_path / "served.db"
     _run("add", "seed", db=db)
     token = _run("keys", "create", "--agent", "scout", db=db)["key"]
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [SRC, os.environ.get("PYTHONPATH", "")] if p)}
-    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--port", str(port), "--runs", str(tmp_path)],
-                            env=env, stderr=subprocess.PIPE, text=True)
-    try:
+    with _server("--db", str(db), "serve", "--port", str(port), "--runs", str(tmp_path)) as proc:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
@@ -75,14 +95,7 @@ def test_forge_serve_starts_serves_and_shuts_down_gracefully(tmp_path: Path) -> 
         assert me["agent"] == "scout"
         with Client(url, token) as c:
             [uid] = c.add(Unit("written just before shutdown"))
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        # uvicorn shuts down gracefully, then re-raises the signal it caught.
-        assert proc.returncode in (0, -signal.SIGTERM)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        err = _stop(proc)
     assert "FORGE serving" in err and "Traceback" not in err
     units = _run("recall", "written just before shutdown", db=db)
     assert uid in [u["id"] for u in units]
@@ -92,10 +105,7 @@ def test_serve_without_keys_binds_loopback_and_says_so(tmp_path: Path) -> None:
     db = tmp_path / "local.db"
     _run("add", "seed", db=db)
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [SRC, os.environ.get("PYTHONPATH", "")] if p)}
-    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--host", "0.0.0.0", "--port", str(port)],
-                            env=env, stderr=subprocess.PIPE, text=True)
-    try:
+    with _server("--db", str(db), "serve", "--host", "0.0.0.0", "--port", str(port)) as proc:
         deadline = time.monotonic() + 120
         while True:
             try:
@@ -105,13 +115,7 @@ def test_serve_without_keys_binds_loopback_and_says_so(tmp_path: Path) -> None:
             except Exception:  # noqa: BLE001 - not listening yet
                 assert proc.poll() is None and time.monotonic() < deadline, "forge serve did not start"
                 time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode in (0, -signal.SIGTERM)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        err = _stop(proc)
     assert "binding to 127.0.0.1 only" in err and "local mode" in err
 
 
@@ -148,12 +152,9 @@ def test_serve_with_workers_is_one_service_across_processes(tmp_path: Path) -> N
     _run("add", "seed", db=db)
     token = _run("keys", "create", "--agent", "scout", db=db)["key"]
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in [SRC, os.environ.get("PYTHONPATH", "")] if p)}
-    proc = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--port", str(port), "--workers", "2",
-                             "--no-dashboard"], env=env, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     fresh = {"headers": {"Authorization": f"Bearer {token}", "Connection": "close"}, "timeout": 60}
-    try:
+    with _server("--db", str(db), "serve", "--port", str(port), "--workers", "2", "--no-dashboard") as proc:
         pids: set[int] = set()
         deadline = time.monotonic() + 180
         while len(pids) < 2:  # until both processes have answered
@@ -178,13 +179,7 @@ def test_serve_with_workers_is_one_service_across_processes(tmp_path: Path) -> N
                         await session.call_tool("remember", {"content": f"note {i} from MCP"})
 
         anyio.run(talk)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode in (0, -signal.SIGTERM)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        err = _stop(proc)
     assert "2 worker processes" in err and "Traceback" not in err
     assert len(_run("recall", "note from MCP", db=db)) >= 4
 
