@@ -128,12 +128,15 @@ def worker_app() -> Any:
 
 def _take_curation_lock(db: str) -> bool:
     """True in the one worker process that gets the database's curation lock."""
-    import fcntl
     import hashlib
     import tempfile
 
     path = f"{db}.curate.lock" if "://" not in db else os.path.join(
         tempfile.gettempdir(), f"forge-curate-{hashlib.sha256(db.encode()).hexdigest()[:16]}.lock")
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): every worker curates; passes are transactions, so only wasteful
+        return True
     handle = open(path, "a")  # noqa: SIM115 - held open (and locked) for the life of the process
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
