@@ -187,3 +187,11 @@ def test_serve_with_workers_is_one_service_across_processes(tmp_path: Path) -> N
 def test_workers_need_a_shared_database() -> None:
     r = CliRunner().invoke(cli, ["--db", ":memory:", "--embedder", "hash:64", "serve", "--workers", "2"])
     assert r.exit_code != 0 and "needs a database file" in str(r.exception)
+
+
+def test_only_one_worker_takes_the_curation_lock(tmp_path: Path) -> None:
+    from forge.server.cli import _take_curation_lock
+
+    db = str(tmp_path / "c.db")
+    assert [_take_curation_lock(db), _take_curation_lock(db)] == [True, False]  # flock: one holder per lock file
+    assert _take_curation_lock("postgresql://forge@db/memory") is True  # a URL gets a lock file of its own
