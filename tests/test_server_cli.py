@@ -194,4 +194,4 @@ def test_only_one_worker_takes_the_curation_lock(tmp_path: Path) -> None:
 
     db = str(tmp_path / "c.db")
     assert [_take_curation_lock(db), _take_curation_lock(db)] == [True, False]  # flock: one holder per lock file
-    assert _take_curation_lock("postgresql://forge@db/memory") is True  # a URL gets a lock file of its own
+    assert _take_curation_lock(f"postgresql://forge@db/{tmp_path.name}") is True  # a URL gets a lock file of its own
