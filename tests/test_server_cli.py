@@ -190,8 +190,12 @@ def test_workers_need_a_shared_database() -> None:
 
 
 def test_only_one_worker_takes_the_curation_lock(tmp_path: Path) -> None:
-    from forge.server.cli import _take_curation_lock
+    from forge.server import cli as server_cli
 
     db = str(tmp_path / "c.db")
-    assert [_take_curation_lock(db), _take_curation_lock(db)] == [True, False]  # flock: one holder per lock file
-    assert _take_curation_lock(f"postgresql://forge@db/{tmp_path.name}") is True  # a URL gets a lock file of its own
+    try:
+        assert [server_cli._take_curation_lock(db), server_cli._take_curation_lock(db)] == [True, False]  # one holder
+        assert server_cli._take_curation_lock(f"postgresql://forge@db/{tmp_path.name}") is True  # a URL: its own lock file
+    finally:
+        while server_cli._held_locks:  # a worker holds them for life; this test process lets go
+            server_cli._held_locks.pop().close()
