@@ -154,6 +154,10 @@ _CATCH_UP_SQL = (
 )
 
 
+#: Per-connection view of FTS5's term statistics (nothing is written to the file): lets
+#: keyword search skip words that occur in a large share of all units. Every connection makes it.
+_VOCAB_VIEW = "CREATE VIRTUAL TABLE IF NOT EXISTS temp.units_vocab USING fts5vocab(main, units_fts, 'row')"
+
 _COLUMNS = (
     "id, kind, content, domain, task, role, tags, scope, owner, confidence, validation, "
     "importance, access_count, last_access, created_at, updated_at, provenance, status, meta"
@@ -218,9 +222,7 @@ class SQLiteStore:
     def _open_connection(self) -> None:
         self._db = self._connect()
         self._db.execute("PRAGMA foreign_keys = ON")
-        # Per-connection view of FTS5's term statistics (nothing is written to the file):
-        # lets keyword search skip words that occur in a large share of all units.
-        self._db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.units_vocab USING fts5vocab(main, units_fts, 'row')")
+        self._db.execute(_VOCAB_VIEW)
         self._init_schema()
 
     def _open_with_retry(self, patience_s: float = 60.0) -> None:
@@ -428,23 +430,14 @@ class SQLiteStore:
             self._dim = int(row[0]) if row and row[0] else None
 
     def _q(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        if self._concurrent_reads and self._tx_owner != threading.get_ident():
-            # Outside this thread's own write transaction, read committed data on this
-            # thread's connection, without waiting for the store lock.
-            db, lock = self._reader()
-            with lock:
-                if self._db is None:
-                    raise StoreError(f"{self.path}: the store is closed")
-                try:
-                    return db.execute(sql, params).fetchall()
-                except sqlite3.DatabaseError as exc:
-                    self._seen_error(exc)
-                    raise StoreError(f"{self.path}: query failed ({exc})") from None
-        with self._lock:
+        # Outside this thread's own write transaction, read committed data on this thread's
+        # connection, without waiting for the store lock; else on the writer's connection.
+        reader = self._reader() if self._concurrent_reads and self._tx_owner != threading.get_ident() else None
+        with reader[1] if reader else self._lock:
             if self._db is None:
                 raise StoreError(f"{self.path}: the store is closed")
             try:
-                return self._db.execute(sql, params).fetchall()
+                return (reader[0] if reader else self._db).execute(sql, params).fetchall()
             except sqlite3.DatabaseError as exc:
                 self._seen_error(exc)
                 raise StoreError(f"{self.path}: query failed ({exc})") from None
@@ -456,7 +449,7 @@ class SQLiteStore:
             return mine
         try:
             db = self._connect()
-            db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.units_vocab USING fts5vocab(main, units_fts, 'row')")
+            db.execute(_VOCAB_VIEW)
             db.execute("PRAGMA query_only = ON")  # a read connection never writes, by mistake either
         except sqlite3.DatabaseError as exc:
             self._seen_error(exc)
