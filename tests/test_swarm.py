@@ -131,6 +131,33 @@ def test_a_child_stopped_while_its_interpreter_starts_exits_cleanly(tmp_path):
     assert procs.codes() == {"agent-1": 0, "agent-2": 0, "agent-3": 0}
 
 
+def test_a_stop_swallowed_by_a_library_still_stops_the_child(monkeypatch):
+    """The SIGTERM handler's exception can be caught inside a library call and come back as
+    an ordinary error; the stop must stick anyway (once under CI load a child played on
+    until SIGKILL)."""
+    seen: dict[str, int] = {}
+
+    def agent(spec, *, secret, stop):
+        try:
+            signal.raise_signal(signal.SIGTERM)  # the handler raises here...
+        except BaseException:
+            seen["swallowed"] = 1  # ...and a library turns it into something it handles
+        for n in range(1000):  # the episode loop
+            swarm._check_parent(spec, stop)
+            seen["episodes"] = n + 1
+        return {}
+
+    monkeypatch.setattr(swarm, "run_agent", agent)
+    monkeypatch.setenv(SECRET_ENV, "s")
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert swarm._child_main(["{}"]) == 0
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert seen == {"swallowed": 1}  # no episode was played after the stop
+
+
 def test_a_crashing_agent_fails_the_run(tmp_path, redis_client, monkeypatch):
     real = swarm._child_argv
 

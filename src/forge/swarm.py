@@ -289,9 +289,16 @@ def _child_main(argv: Sequence[str] | None = None, *, early_stop: Sequence[objec
         print(f"error: {SECRET_ENV} is not set; children get the swarm's secret from their parent", file=sys.stderr)
         return 2
 
+    # The stop is an event the loop checks between episodes as well as an exception that cuts
+    # the current one short: an exception raised inside a library call can come back as an
+    # ordinary error and be handled there (seen once under CI load: the child played on until
+    # SIGKILL). The event makes the stop stick whatever happens to the exception.
+    stopping = threading.Event()
+
     def stop(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop is enough: let the cleanup run
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if stopping.is_set():  # one stop is enough: let the cleanup run
+            return
+        stopping.set()
         raise _Stop(signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -299,7 +306,7 @@ def _child_main(argv: Sequence[str] | None = None, *, early_stop: Sequence[objec
     if early_stop:  # stopped while still starting up
         return 0
     try:
-        run_agent(json.loads(args[0]), secret=secret)
+        run_agent(json.loads(args[0]), secret=secret, stop=stopping)
     except _Stop:  # stopped before the agent was up: nothing to clean but the process
         return 0
     except ForgeError as exc:
