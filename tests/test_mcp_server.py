@@ -66,6 +66,7 @@ def test_tools_and_resources_in_process(tmp_path: Path) -> None:
             assert json.loads((await client.read_resource("forge://runs")).contents[0].text) == []
 
     anyio.run(main)
+    service.close()  # the read records (recall, context, read) are batched
     events = mem.store.events(actor="scout", viewer=Viewer.admin())
     assert {"add", "recall", "context", "relate", "status", "read"} <= {e.op for e in events}
     mem.close()

@@ -344,6 +344,8 @@ def test_settings_and_appended_events_are_the_stores_own(store):
     store.add([u], vecs(1))
     seq = store.append_event("decision", actor="me", data={"outcome": "accepted", "unit_id": u.id})
     store.append_event("read", unit_id=u.id, actor="bob")
+    late = store.append_event("read", unit_id=u.id, actor="bob", at=1_000.25)  # a batched record keeps its read time
+    assert [e.ts for e in store.events(viewer=ADMIN) if e.seq == late] == [1_000.25]
     assert store.settings() == {"embedder": "hash:8", "reputation/me/alice": '{"success": 2, "failure": 1}'}
     ledger = store.events(viewer=ADMIN, ops=["decision"], actor="me")
     assert [(e.seq, e.data["outcome"]) for e in ledger] == [(seq, "accepted")]

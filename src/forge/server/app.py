@@ -166,6 +166,7 @@ def create_app(
             finally:
                 if curation is not None:
                     curation.stop()
+                service.close()  # the last read records, before the memory closes
                 if close_memory:
                     memory.close()
 

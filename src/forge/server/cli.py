@@ -204,8 +204,7 @@ def audit_command(obj: Any, agent: str | None, ops: tuple[str, ...], unit_id: st
     from forge.server.service import Service, event_dict
 
     op = Principal.local()
-    with obj.memory(must_exist=True) as mem:
-        service = Service(mem)
+    with obj.memory(must_exist=True) as mem, Service(mem) as service:
         if seen_by:
             seen = service.seen(op, seen_by, before=before)
             lines = [f"{s['id']}  {s['times']}x  {'; '.join(s['reasons'])}" for s in seen]
@@ -241,8 +240,8 @@ def mcp_command(obj: Any, keys_path: str | None, runs_dir: str) -> None:
         raise AccessError("this store has API keys: set FORGE_API_KEY to the key this MCP server acts as")
     else:
         principal = Principal.local()
-    with obj.memory() as mem:
-        server = build_mcp(Service(mem, runs_dir=runs_dir), lambda ctx: principal)
+    with obj.memory() as mem, Service(mem, runs_dir=runs_dir) as service:
+        server = build_mcp(service, lambda ctx: principal)
         print(f"forge mcp: stdio, acting as {principal.agent}", file=sys.stderr)
         anyio.run(server.run_stdio_async)
 

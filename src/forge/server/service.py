@@ -5,7 +5,9 @@ it may see) and the actor (who the audit log names) come from it, never from a r
 field. Reads are written to the store's event log too (``read``, ``list``, ``recall``,
 ``context``, ``export``), with the ids returned and, for recall, why each was returned, so
 "which memories did agent X see before decision Y" is one query (:meth:`Service.seen`).
-The edges are thin: they parse, call one method here, and render.
+Read records are batched (:class:`ReadLog`) so a recall does not pay a write transaction;
+writes are audited in their own transaction, as before. The edges are thin: they parse,
+call one method here, and render.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ from forge.server.keys import Principal
 from forge.store import Filter
 from forge.store.base import Event
 
-__all__ = ["Service"]
+__all__ = ["ReadLog", "Service"]
 
 #: Unit fields an update may change; the rest (id, owner, scores kept by the engine) may not.
 UPDATABLE = frozenset({"content", "kind", "context", "scope", "confidence", "importance", "meta", "provenance"})
@@ -34,8 +37,81 @@ UPDATABLE = frozenset({"content", "kind", "context", "scope", "confidence", "imp
 _CHANGE_OPS = ("add", "update", "status")
 
 
+class ReadLog:
+    """Read audit records, written in one transaction per batch instead of one per read.
+
+    Over HTTP a recall used to cost a write transaction for its audit record, queued behind
+    every other writer: half the service's overhead over an in-process recall. Records keep
+    their read time and are written within ``delay_s``, when ``max_pending`` accumulate, or
+    on :meth:`flush` / :meth:`close`. The price, stated: a crash (not a shutdown) can lose
+    up to ``delay_s`` of read records. Writes are never batched here.
+    """
+
+    def __init__(self, store: Any, *, delay_s: float = 0.05, max_pending: int = 512) -> None:
+        self.store = store
+        self.delay_s = delay_s
+        self.max_pending = max_pending
+        self._pending: list[tuple[float, str, str | None, str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+        self._flushing = threading.Lock()  # one writer at a time keeps records in read order
+        self._timer: threading.Timer | None = None
+        self._closed = False
+
+    def record(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> None:
+        entry = (time.time(), op, unit_id, actor, dict(data or {}))
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._pending.append(entry)
+                full = len(self._pending) >= self.max_pending
+                if not full and self._timer is None:
+                    self._timer = threading.Timer(self.delay_s, self._timed)
+                    self._timer.daemon = True
+                    self._timer.start()
+        if closed:  # a late request during shutdown: written at once
+            self.store.append_event(op, unit_id=unit_id, actor=actor, data=entry[4], at=entry[0])
+        elif full:
+            self.flush()
+
+    def _timed(self) -> None:
+        try:
+            self.flush()
+        except Exception:  # kept pending: the next flush retries  # noqa: BLE001
+            with self._lock:
+                self._timer = None
+
+    def flush(self) -> None:
+        """Write every pending record now, in one transaction (readers of the log call this)."""
+        with self._flushing:
+            with self._lock:
+                batch, self._pending = self._pending, []
+                timer, self._timer = self._timer, None
+            if timer is not None and timer is not threading.current_thread():
+                timer.cancel()
+            if not batch:
+                return
+            try:
+                with self.store.transaction():
+                    for at, op, unit_id, actor, data in batch:
+                        self.store.append_event(op, unit_id=unit_id, actor=actor, data=data, at=at)
+            except BaseException:
+                with self._lock:  # put them back, in order, ahead of newer ones
+                    self._pending[:0] = batch
+                raise
+
+    def close(self) -> None:
+        """Flush and write later records at once (the service is shutting down)."""
+        with self._lock:
+            self._closed = True
+        self.flush()
+
+
 class Service:
-    """One :class:`Memory` served to many principals."""
+    """One :class:`Memory` served to many principals.
+
+    Call :meth:`close` (or use it as a context manager) before closing the memory, so the
+    last read records are written.
+    """
 
     def __init__(
         self,
@@ -57,6 +133,21 @@ class Service:
         self.capsule_keyring = capsule_keyring
         self._exchanges: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self.reads = ReadLog(self.store)
+
+    def flush(self) -> None:
+        """Write pending read records now (the audit queries here call it first)."""
+        self.reads.flush()
+
+    def close(self) -> None:
+        """Write pending read records; the memory stays open (its owner closes it)."""
+        self.reads.close()
+
+    def __enter__(self) -> Service:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- units ----------------------------------------------------------------------------
     def add(self, who: Principal, units: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -87,7 +178,7 @@ class Service:
 
     def get(self, who: Principal, unit_id: str) -> Unit:
         unit = self.memory.get(unit_id, viewer=who.viewer)
-        self.store.append_event("read", unit_id=unit.id, actor=who.actor, data={"key": who.key_id})
+        self.reads.record("read", unit_id=unit.id, actor=who.actor, data={"key": who.key_id})
         return unit
 
     def list(self, who: Principal, *, filter: Filter = Filter(), limit: int = 50, offset: int = 0) -> tuple[list[Unit], int]:
@@ -95,7 +186,7 @@ class Service:
         units = self.store.list(viewer=who.viewer, filter=filter, limit=limit, offset=offset)
         total = self.store.count(viewer=who.viewer, filter=filter)
         if units:
-            self.store.append_event("list", actor=who.actor, data={"key": who.key_id, "ids": [u.id for u in units]})
+            self.reads.record("list", actor=who.actor, data={"key": who.key_id, "ids": [u.id for u in units]})
         return units, total
 
     def update(self, who: Principal, unit_id: str, changes: Mapping[str, Any]) -> Unit:
@@ -131,7 +222,7 @@ class Service:
         if not 0 <= hops <= 3:
             raise ValidationError("hops must be between 0 and 3")
         results = self.memory.recall(query, viewer=who.viewer, k=k, filter=filter, hops=hops, touch=touch)
-        self.store.append_event(
+        self.reads.record(
             "recall",
             actor=who.actor,
             data={
@@ -147,7 +238,7 @@ class Service:
             raise ValidationError("budget must be between 1 and 100000 tokens")
         _check_query(query, k)
         packed = self.memory.context(query, viewer=who.viewer, budget=budget, k=k, filter=filter, hops=hops)
-        self.store.append_event(
+        self.reads.record(
             "context",
             actor=who.actor,
             data={"key": who.key_id, "query": query[:500], "budget": budget, "tokens": packed.tokens,
@@ -170,6 +261,7 @@ class Service:
 
     def history(self, who: Principal, unit_id: str, *, limit: int = 200) -> list[Event]:
         self.memory.get(unit_id, viewer=who.viewer)
+        self.flush()
         ops = () if who.admin else _CHANGE_OPS
         return self.store.events(unit_id=unit_id, ops=ops, limit=limit, viewer=who.viewer)
 
@@ -183,6 +275,7 @@ class Service:
         from forge.curate.trace import trace
 
         self.get(who, unit_id)  # the access check and the audited read
+        self.flush()
         t = trace(self.memory, unit_id, viewer=who.viewer)
         made, meta = t["made_by"], t["unit"]["meta"]
         t.update(
@@ -208,13 +301,13 @@ class Service:
         ep = self.store.get_episode(episode_id)
         if not who.admin and ep.agent not in ("", who.agent):
             raise NotFoundError(f"no episode with id {episode_id}")
-        self.store.append_event("read_episode", actor=who.actor, data={"key": who.key_id, "episode": episode_id})
+        self.reads.record("read_episode", actor=who.actor, data={"key": who.key_id, "episode": episode_id})
         return ep
 
     # -- bulk -----------------------------------------------------------------------------
     def export(self, who: Principal) -> Iterator[dict[str, Any]]:
         _admin(who, "export the whole store")
-        self.store.append_event("export", actor=who.actor, data={"key": who.key_id})
+        self.reads.record("export", actor=who.actor, data={"key": who.key_id})
         return self.memory.export(viewer=who.viewer)
 
     def import_records(self, who: Principal, records: Iterable[Mapping[str, Any]]) -> int:
@@ -247,6 +340,7 @@ class Service:
             if actor not in (None, who.actor):
                 raise AccessError("an agent key reads only its own audit entries")
             actor = who.actor
+        self.flush()
         # An agent's own entries, whole: what it did and was shown (the unit-scoped
         # redaction of store.events is for other agents' changes, not one's own trail).
         return self.store.events(since_seq=since_seq, unit_id=unit_id, actor=actor, ops=ops, since=since, until=until,
@@ -256,6 +350,7 @@ class Service:
         """Every unit ``agent`` was shown (recall, context, read) before ``before``, with why."""
         if not who.admin and agent != who.agent:
             raise AccessError("an agent key can trace only what it saw itself")
+        self.flush()
         out: dict[str, dict[str, Any]] = {}
         for e in self.store.events(actor=agent, ops=("recall", "context", "read"), until=before, limit=limit,
                                    viewer=Viewer.admin()):  # access checked above: its own trail
@@ -312,6 +407,7 @@ class Service:
     def agents(self, who: Principal) -> list[dict[str, Any]]:
         """Agents seen in the audit log with their activity counts."""
         _admin(who, "list agents")
+        self.flush()
         counts: dict[str, dict[str, int]] = {}
         for e in self.store.events(limit=100_000, newest_first=True, viewer=Viewer.admin()):
             if e.actor:

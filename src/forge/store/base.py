@@ -264,10 +264,12 @@ class Store(Protocol):
         ...
 
     def append_event(
-        self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None
+        self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None,
+        at: float | None = None,
     ) -> int:
         """Append one event that is not a change (a read, a recall, a ledger decision) and
-        return its seq. ``op`` may not be one of :data:`CHANGE_OPS`.
+        return its seq. ``op`` may not be one of :data:`CHANGE_OPS`. ``at`` is when it
+        happened (default now): a batched audit record keeps its read time.
 
         The service's audit trail and the exchange's ledger use it. Events without a
         ``unit_id`` are the operator's: an agent's :meth:`events` never shows them.

@@ -537,14 +537,14 @@ class PostgresStore:
             for ts, op, uid, who, data in events:
                 copy.write_row((ts, op, uid, who, json.dumps(dict(data), default=str)))
 
-    def _log(self, db: Any, op: str, unit_id: str | None, actor: str, data: Mapping[str, Any]) -> int:
+    def _log(self, db: Any, op: str, unit_id: str | None, actor: str, data: Mapping[str, Any], *, at: float | None = None) -> int:
         _no_nul(op, "an event op")
         _no_nul(actor, "an event actor")
         if unit_id is not None:
             _no_nul(unit_id, "an event unit id")
         return db.execute(
             "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (%s, %s, %s, %s, %s) RETURNING seq",
-            (time.time(), op, unit_id, actor, json.dumps(dict(data), default=str)),
+            (time.time() if at is None else float(at), op, unit_id, actor, json.dumps(dict(data), default=str)),
         ).fetchone()[0]
 
     def update(self, unit: Unit, vector: np.ndarray | None = None, *, actor: str = "") -> Unit:
@@ -630,10 +630,13 @@ class PostgresStore:
         except self._psycopg.errors.UniqueViolation:
             raise ConflictError(f"episode id already exists: {ep.id}") from None
 
-    def append_event(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> int:
+    def append_event(
+        self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None,
+        at: float | None = None,
+    ) -> int:
         op = check_event_op(op)
         with self._tx() as db:
-            return self._log(db, op, unit_id, actor, data or {})
+            return self._log(db, op, unit_id, actor, data or {}, at=at)
 
     log_event = append_event  # the older name, as on SQLiteStore
 

@@ -871,12 +871,15 @@ class SQLiteStore:
         visible_named = self._visible_ids([n for n in named if isinstance(n, str)], viewer)
         return redact_events(rows, later, visible_named, viewer)
 
-    def append_event(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> int:
+    def append_event(
+        self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None,
+        at: float | None = None,
+    ) -> int:
         op = check_event_op(op)
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, ?, ?, ?, ?)",
-                (time.time(), op, unit_id, actor, json.dumps(dict(data or {}), default=str)),
+                (time.time() if at is None else float(at), op, unit_id, actor, json.dumps(dict(data or {}), default=str)),
             )
             return int(cur.lastrowid)
 

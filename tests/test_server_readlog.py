@@ -1,0 +1,132 @@
+"""Read audit records are batched: a recall costs no write transaction, and no record is
+lost on a clean shutdown, reordered, or dated at its write time instead of its read time."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from forge.embed import HashingEmbedder
+from forge.errors import StoreError
+from forge.memory import Memory
+from forge.model import Viewer
+from forge.server.keys import Principal
+from forge.server.service import ReadLog, Service
+from forge.store import SQLiteStore
+
+ALICE = Principal("alice", frozenset({"red"}))
+
+
+@pytest.fixture
+def mem(tmp_path: Path):
+    m = Memory(SQLiteStore(tmp_path / "m.db"), HashingEmbedder(64))
+    yield m
+    m.close()
+
+
+def _ops(mem: Memory, op: str) -> list:
+    return mem.store.events(ops=[op], viewer=Viewer.admin())
+
+
+def test_recalls_are_written_in_one_batch_with_their_read_times(mem: Memory) -> None:
+    service = Service(mem)
+    service.reads.delay_s = 60.0  # nothing written by the timer during the test
+    service.add(ALICE, [{"content": "when the ice is thin, step back", "kind": "rule"}])
+    before = time.time()
+    for _ in range(20):
+        service.recall(ALICE, "thin ice", k=3)
+    assert _ops(mem, "recall") == []  # pending, not yet a transaction each
+    commits: list[int] = []
+    real = mem.store.transaction
+
+    def counted():  # type: ignore[no-untyped-def]
+        commits.append(1)
+        return real()
+
+    mem.store.transaction = counted  # type: ignore[method-assign]
+    service.flush()
+    del mem.store.transaction
+    recalls = _ops(mem, "recall")
+    assert len(recalls) == 20 and len(commits) == 1
+    assert all(before <= e.ts <= time.time() for e in recalls)
+    assert [e.ts for e in recalls] == sorted(e.ts for e in recalls)
+    assert all(e.actor == "alice" and e.data["hits"] for e in recalls)
+
+
+def test_the_timer_writes_pending_reads_without_a_flush(mem: Memory) -> None:
+    service = Service(mem)
+    service.reads.delay_s = 0.01
+    [uid] = service.add(ALICE, [{"content": "a fact"}])
+    service.get(ALICE, uid)
+    deadline = time.monotonic() + 30
+    while not _ops(mem, "read") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [e.unit_id for e in _ops(mem, "read")] == [uid]
+
+
+def test_audit_queries_see_reads_made_just_before(mem: Memory) -> None:
+    service = Service(mem)
+    service.reads.delay_s = 60.0
+    [uid] = service.add(ALICE, [{"content": "a fact about ice"}])
+    service.recall(ALICE, "ice")
+    assert [e.op for e in service.events(ALICE)] == ["add", "recall"]
+    assert [s["id"] for s in service.seen(ALICE, "alice")] == [uid]
+
+
+def test_a_full_batch_is_written_at_once(mem: Memory) -> None:
+    log = ReadLog(mem.store, delay_s=60.0, max_pending=5)
+    for i in range(12):
+        log.record("read", actor="alice", data={"i": i})
+    assert [e.data["i"] for e in _ops(mem, "read")] == list(range(10))
+    log.close()
+    assert [e.data["i"] for e in _ops(mem, "read")] == list(range(12))
+
+
+def test_close_writes_the_rest_and_later_reads_at_once(mem: Memory) -> None:
+    with Service(mem) as service:
+        service.reads.delay_s = 60.0
+        [uid] = service.add(ALICE, [{"content": "a fact"}])
+        service.get(ALICE, uid)
+    assert len(_ops(mem, "read")) == 1
+    service.get(ALICE, uid)  # a request that arrives during shutdown is not dropped
+    assert len(_ops(mem, "read")) == 2
+
+
+def test_a_failed_write_keeps_the_records_in_order(mem: Memory, monkeypatch) -> None:
+    log = ReadLog(mem.store, delay_s=60.0)
+    log.record("read", data={"i": 0})
+    log.record("read", data={"i": 1})
+
+    def broken():  # type: ignore[no-untyped-def]
+        raise StoreError("disk full")
+
+    monkeypatch.setattr(mem.store, "transaction", broken)
+    with pytest.raises(StoreError):
+        log.flush()
+    monkeypatch.undo()
+    log.record("read", data={"i": 2})
+    log.flush()
+    assert [e.data["i"] for e in _ops(mem, "read")] == [0, 1, 2]
+
+
+def test_reads_from_many_threads_are_all_recorded(mem: Memory) -> None:
+    service = Service(mem)
+    service.reads.max_pending = 7  # flushes race with records and the timer
+    service.reads.delay_s = 0.001
+    [uid] = service.add(ALICE, [{"content": "a shared fact"}])
+
+    def reader() -> None:
+        for _ in range(50):
+            service.get(ALICE, uid)
+
+    threads = [threading.Thread(target=reader) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    service.close()
+    assert len(_ops(mem, "read")) == 400
+
