@@ -8,6 +8,8 @@ word in a third of all units, which measured FTS5 ranking a third of the store p
 its own process with one API key (auth, rate limit and audit logging included: every
 recall also writes an audit row); clients are threads with keep-alive ``forge.client.Client``
 connections. In-process rows call ``Memory`` directly from the same number of threads.
+Read audit records are batched by default (``--read-audit-ms 50``); a last server with
+``--read-audit-ms 0`` (a write transaction per recall, as before) measures what that buys.
 
     python bench/service.py [--quick] [--json] [--units N] [--seconds S]
 
@@ -128,14 +130,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(db: Path, work: Path, workers: int) -> Iterator[str]:
+def serving(db: Path, work: Path, workers: int, *extra: str) -> Iterator[str]:
     """``forge serve`` on ``db`` in its own process(es) until the block ends; yields its URL."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     log_path = work / f"serve-{workers}.log"
     with open(log_path, "wb") as server_log:
         server = subprocess.Popen([sys.executable, "-m", "forge.cli", "--db", str(db), "serve", "--port", str(port), "--no-dashboard", "--no-mcp",
-                                   "--workers", str(workers)], env=env, stderr=server_log)
+                                   "--workers", str(workers), *extra], env=env, stderr=server_log)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 120
@@ -200,6 +202,12 @@ def main() -> None:
                         col = f"HTTP x{n}" + (f", {n_workers} workers" if n_workers > 1 else "")
                         results[name][col] = drive(n, seconds, lambda: Client(url, token, timeout=120), op)
                         log(f"  {col} {name}: {results[name][col]}")
+        # The read audit as it was: each recall's record in its own write transaction.
+        with serving(db, work, 1, "--read-audit-ms", "0") as url:
+            for n in (1, 16):
+                col = f"HTTP x{n}, unbatched audit"
+                results["recall"][col] = drive(n, seconds, lambda: Client(url, token, timeout=120), ops(agent)["recall"])
+                log(f"  {col} recall: {results['recall'][col]}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
@@ -220,6 +228,11 @@ def main() -> None:
     if many:
         print(f"HTTP recalls/s at 16 clients: {rec['HTTP x16']['rps']:,.0f} with one server process, "
               f"{rec[many[0]]['rps']:,.0f} with {many[0].split(', ')[1]} ({rec[many[0]]['rps'] / rec['HTTP x16']['rps']:.2f}x)")
+    if "HTTP x1, unbatched audit" in rec:
+        for n in (1, 16):
+            b, u = rec[f"HTTP x{n}"], rec[f"HTTP x{n}, unbatched audit"]
+            print(f"HTTP recall at {n} client(s), read audit batched vs one write per recall: {b['rps']:,.0f}/s vs {u['rps']:,.0f}/s "
+                  f"({b['rps'] / u['rps']:.2f}x), p50 {b['p50']:.2f} vs {u['p50']:.2f} ms")
     print(f"HTTP overhead on recall p50 at 1 client: {rec['HTTP x1']['p50'] - rec['in-process x1']['p50']:+.2f} ms (target <= 2 ms); "
           f"recalls/s over HTTP at 16 clients: {rec['HTTP x16']['rps']:,.0f} (target >= 500)")
 

@@ -189,6 +189,14 @@ def test_workers_need_a_shared_database() -> None:
     assert r.exit_code != 0 and "needs a database file" in str(r.exception)
 
 
+@pytest.mark.parametrize("value", ["-1", "60001", "nan"])
+def test_a_bad_read_audit_delay_is_one_line_before_anything_opens(tmp_path: Path, value: str) -> None:
+    db = tmp_path / "never.db"
+    r = CliRunner().invoke(cli, ["--db", str(db), "--embedder", "hash:64", "serve", "--read-audit-ms", value])
+    assert r.exit_code != 0 and str(r.exception) == "--read-audit-ms must be between 0 and 60000"
+    assert not r.output and not db.exists()
+
+
 def test_only_one_worker_takes_the_curation_lock(tmp_path: Path) -> None:
     from forge.server import cli as server_cli
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from forge.embed import HashingEmbedder
-from forge.errors import StoreError
+from forge.errors import ConfigError, StoreError
 from forge.memory import Memory
 from forge.model import Viewer
 from forge.server.keys import Principal
@@ -130,3 +130,16 @@ def test_reads_from_many_threads_are_all_recorded(mem: Memory) -> None:
     service.close()
     assert len(_ops(mem, "read")) == 400
 
+
+
+def test_a_zero_delay_writes_each_read_at_once(mem: Memory) -> None:
+    service = Service(mem, read_audit_delay_s=0)
+    [uid] = service.add(ALICE, [{"content": "a fact"}])
+    service.get(ALICE, uid)
+    assert len(_ops(mem, "read")) == 1
+
+
+@pytest.mark.parametrize("delay", [-1, 61, float("nan")])
+def test_a_read_audit_delay_out_of_range_is_refused(mem: Memory, delay: float) -> None:
+    with pytest.raises(ConfigError, match="read audit delay"):
+        Service(mem, read_audit_delay_s=delay)

@@ -131,6 +131,7 @@ def create_app(
     curate_every: float | None = None,
     curate_policy: Any = None,
     workers: int = 1,
+    read_audit_delay_s: float = 0.05,
 ) -> FastAPI:
     """The ASGI app over one Memory. ``close_memory`` closes it at shutdown (``forge serve``).
 
@@ -139,8 +140,10 @@ def create_app(
     ``workers`` is how many processes serve this memory side by side (``forge serve
     --workers``): each then enforces its share of every key's rate, and MCP runs stateless,
     since consecutive requests of one MCP session may reach different processes.
+    ``read_audit_delay_s``: see :class:`~forge.server.service.Service`.
     """
-    service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret, capsule_keyring=capsule_keyring)
+    service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret, capsule_keyring=capsule_keyring,
+                      read_audit_delay_s=read_audit_delay_s)
     auth = Authenticator(keys, rate=rate, burst=burst, share=workers, **({"clock": clock} if clock else {}))
     mcp_server = None
     if mcp:

@@ -51,13 +51,18 @@ def _emit(obj: Any, data: Any, human: str) -> None:
 @click.option("--curate-every", type=float, default=None, help="Run a curation pass (forge curate's defaults) every this many seconds.")
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Server processes sharing the port and the database: one per core serves more requests at once.")
+@click.option("--read-audit-ms", type=float, default=50.0, show_default=True,
+              help="Read audit records (recall, read, list, context) are written in batches at most this old; "
+                   "a crash loses at most this much of them. 0 writes each at once (a write transaction per read).")
 @click.pass_obj
 def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_dir: str, rate: float, capsule_keys: str | None,
-                  no_mcp: bool, no_dashboard: bool, curate_every: float | None, workers: int) -> None:
+                  no_mcp: bool, no_dashboard: bool, curate_every: float | None, workers: int, read_audit_ms: float) -> None:
     """Serve the REST API (/v1, docs at /docs), MCP (/mcp) and the dashboard (/ui) over one memory."""
     _need_server_extra(mcp=not no_mcp)  # --no-mcp serves without the MCP SDK installed
     if workers < 1:
         raise ConfigError("--workers must be 1 or more")
+    if not 0 <= read_audit_ms <= 60_000:
+        raise ConfigError("--read-audit-ms must be between 0 and 60000")
     if workers > 1 and str(obj.db) in (":memory:", "sqlite://"):
         raise ConfigError("--workers needs a database file or PostgreSQL: each process would have its own in-memory store")
     import uvicorn
@@ -89,13 +94,14 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
         os.environ[_WORKER_ENV] = json.dumps({
             "db": str(obj.db), "embedder": embedder, "keys": str(keys.path), "rate": rate, "runs": runs_dir,
             "capsule_keys": capsule_keys, "host": host, "mcp": not no_mcp, "dashboard": not no_dashboard,
-            "curate_every": curate_every, "workers": workers,
+            "curate_every": curate_every, "workers": workers, "read_audit_s": read_audit_ms / 1000,
         })
         click.echo(f"{served}, {workers} worker processes", err=True)
         uvicorn.run("forge.server.cli:worker_app", factory=True, workers=workers, **run)
         return
     app = create_app(mem, keys=keys, rate=rate, runs_dir=runs_dir, capsule_secret=os.environ.get("FORGE_CAPSULE_SECRET"), capsule_keyring=keyring,
-                     host=host, mcp=not no_mcp, dashboard=not no_dashboard, close_memory=True, curate_every=curate_every)
+                     host=host, mcp=not no_mcp, dashboard=not no_dashboard, close_memory=True, curate_every=curate_every,
+                     read_audit_delay_s=read_audit_ms / 1000)
     click.echo(served, err=True)
     uvicorn.run(app, **run)
 
@@ -122,7 +128,7 @@ def worker_app() -> Any:
         capsule_secret=os.environ.get("FORGE_CAPSULE_SECRET"),
         capsule_keyring=Keyring.load(cfg["capsule_keys"]) if cfg["capsule_keys"] else None,
         host=cfg["host"], mcp=cfg["mcp"], dashboard=cfg["dashboard"], close_memory=True, curate_every=curate_every,
-        workers=cfg["workers"],
+        workers=cfg["workers"], read_audit_delay_s=cfg.get("read_audit_s", 0.05),
     )
 
 

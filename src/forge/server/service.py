@@ -44,7 +44,8 @@ class ReadLog:
     every other writer: half the service's overhead over an in-process recall. Records keep
     their read time and are written within ``delay_s``, when ``max_pending`` accumulate, or
     on :meth:`flush` / :meth:`close`. The price, stated: a crash (not a shutdown) can lose
-    up to ``delay_s`` of read records. Writes are never batched here.
+    up to ``delay_s`` of read records; ``delay_s=0`` writes each at once and loses none.
+    Writes are never batched here.
     """
 
     def __init__(self, store: Any, *, delay_s: float = 0.05, max_pending: int = 512) -> None:
@@ -60,7 +61,7 @@ class ReadLog:
     def record(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> None:
         entry = (time.time(), op, unit_id, actor, dict(data or {}))
         with self._lock:
-            closed = self._closed
+            closed = self._closed or self.delay_s <= 0
             if not closed:
                 self._pending.append(entry)
                 full = len(self._pending) >= self.max_pending
@@ -68,7 +69,7 @@ class ReadLog:
                     self._timer = threading.Timer(self.delay_s, self._timed)
                     self._timer.daemon = True
                     self._timer.start()
-        if closed:  # a late request during shutdown: written at once
+        if closed:  # unbatched (delay 0), or a late request during shutdown: written at once
             self.store.append_event(op, unit_id=unit_id, actor=actor, data=entry[4], at=entry[0])
         elif full:
             self.flush()
@@ -120,9 +121,12 @@ class Service:
         runs_dir: str | os.PathLike[str] | None = None,
         capsule_secret: str | None = None,
         capsule_keyring: Any = None,
+        read_audit_delay_s: float = 0.05,
     ) -> None:
         """``capsule_keyring`` (a :class:`forge.capsule.Keyring` of senders' public keys) or the
-        legacy shared ``capsule_secret`` lets agents receive capsules through the service."""
+        legacy shared ``capsule_secret`` lets agents receive capsules through the service.
+        ``read_audit_delay_s`` is how long read records may wait to be written in a batch
+        (0: each at once, none lost on a crash, a write transaction per read)."""
         self.memory = memory
         self.store = memory.store
         self.runs_dir = Path(runs_dir) if runs_dir else None
@@ -133,7 +137,9 @@ class Service:
         self.capsule_keyring = capsule_keyring
         self._exchanges: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self.reads = ReadLog(self.store)
+        if not 0 <= read_audit_delay_s <= 60:
+            raise ConfigError("the read audit delay must be between 0 and 60 seconds")
+        self.reads = ReadLog(self.store, delay_s=read_audit_delay_s)
 
     def flush(self) -> None:
         """Write pending read records now (the audit queries here call it first)."""
