@@ -6,6 +6,7 @@ processes behind a load balancer would be; they share only the database and the 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,14 @@ def test_a_unit_written_through_one_replica_is_recalled_through_the_other_at_onc
             # ... and the access rules hold on both: bob (group blue) sees it through neither.
             for c in (c1, c2):
                 assert c.get(f"/v1/units/{uid}", headers=one.h(one.bob)).status_code == 404
-            # The audit trail is one: the recall made through replica two is there for replica one.
-            evs = c1.get("/v1/events", params={"actor": "alice"}, headers=one.h(one.admin)).json()["events"]
+            # The audit trail is one: the recall made through replica two is there for replica
+            # one, once replica two has written its batch of read records (50 ms by default).
+            deadline = time.monotonic() + 30
+            while True:
+                evs = c1.get("/v1/events", params={"actor": "alice"}, headers=one.h(one.admin)).json()["events"]
+                if len(evs) >= 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
             assert [e["op"] for e in evs] == ["add", "recall"]
     finally:
         one.memory.close()
