@@ -210,3 +210,84 @@ def test_the_cli_on_a_postgresql_url(url, capsys):
     assert "Bleed the radiator" in out
     code, out, _ = forge("--json", "stats")
     assert code == 0 and '"units": 1' in out
+
+
+# -- bulk writes: vectors wait for the HNSW index outside the transaction ------------------
+
+
+def _pending(store) -> int:
+    return store.stats()["pending_vectors"]
+
+
+def test_a_bulk_write_is_found_at_once_and_indexed_behind_it(url, monkeypatch):
+    from forge.store import postgres
+
+    monkeypatch.setattr(postgres.PostgresStore, "_start_indexer", lambda self: None)  # index by hand below
+    v = _vecs(200, seed=7)
+    with postgres.PostgresStore(url) as store:
+        store.add([Unit(f"bulk unit {i}", id=f"b{i}") for i in range(200)], v)
+        assert _pending(store) == 200  # acknowledged without HNSW upkeep
+        before = [(h.id, round(h.score, 5)) for h in store.vector_search(v[17], k=5, viewer=ADMIN)]
+        assert before[0] == ("b17", 1.0)  # found exactly among the waiting vectors
+        assert np.allclose(store.vector(f"b{3}", viewer=ADMIN), v[3], atol=1e-6)
+        exported = [r for r in store.export_records(viewer=ADMIN) if r["record"] == "unit"]
+        assert len(exported) == 200 and all("vector" in r for r in exported)
+        store.add([Unit("one more", id="one")], _vecs(1, seed=8))  # a small write indexes inline
+        assert _pending(store) == 200
+        assert store.index_pending(limit=50) == 50 and _pending(store) == 150
+        assert store.index_pending() == 150 and _pending(store) == 0
+        after = [(h.id, round(h.score, 5)) for h in store.vector_search(v[17], k=5, viewer=ADMIN)]
+        assert after == before
+
+
+def test_the_background_indexer_empties_the_backlog(url):
+    import time
+
+    from forge.store.postgres import PostgresStore
+
+    with PostgresStore(url) as store:
+        store.add([Unit(f"bulk unit {i}", id=f"b{i}") for i in range(300)], _vecs(300, seed=9))
+        deadline = time.monotonic() + 120
+        while _pending(store) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _pending(store) == 0
+
+
+def test_a_backlog_left_by_a_closed_writer_is_indexed_by_the_next_open(url, monkeypatch):
+    import time
+
+    from forge.store import postgres
+
+    with monkeypatch.context() as m:
+        m.setattr(postgres.PostgresStore, "_start_indexer", lambda self: None)
+        with postgres.PostgresStore(url) as store:
+            store.add([Unit(f"bulk unit {i}", id=f"b{i}") for i in range(100)], _vecs(100, seed=10))
+            assert _pending(store) == 100
+    with postgres.PostgresStore(url) as store:
+        deadline = time.monotonic() + 120
+        while _pending(store) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _pending(store) == 0
+
+
+def test_writes_index_inline_once_the_backlog_is_full(url, monkeypatch):
+    from forge.store import postgres
+
+    monkeypatch.setattr(postgres.PostgresStore, "_start_indexer", lambda self: None)
+    monkeypatch.setattr(postgres, "PENDING_MAX", 100)
+    with postgres.PostgresStore(url) as store:
+        store.add([Unit(f"first {i}", id=f"a{i}") for i in range(100)], _vecs(100, seed=11))
+        assert _pending(store) == 100
+        store.add([Unit(f"second {i}", id=f"c{i}") for i in range(100)], _vecs(100, seed=12))
+        assert _pending(store) == 100  # the second batch paid for its own index upkeep
+
+
+def test_a_rolled_back_bulk_write_leaves_no_backlog(url):
+    from forge.store.postgres import PostgresStore
+
+    with PostgresStore(url) as store:
+        with pytest.raises(RuntimeError), store.transaction():
+            store.add([Unit(f"undone {i}", id=f"u{i}") for i in range(100)], _vecs(100, seed=13))
+            raise RuntimeError("the caller changed its mind")
+        assert _pending(store) == 0 and store.count(viewer=ADMIN) == 0
+        assert store._indexer is None  # nothing to index: no thread was started
