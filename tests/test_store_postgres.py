@@ -291,3 +291,15 @@ def test_a_rolled_back_bulk_write_leaves_no_backlog(url):
             raise RuntimeError("the caller changed its mind")
         assert _pending(store) == 0 and store.count(viewer=ADMIN) == 0
         assert store._indexer is None  # nothing to index: no thread was started
+
+
+def test_vectors_travel_as_text_that_round_trips_every_float32(url):
+    from forge.store.postgres import PostgresStore
+
+    v = np.random.default_rng(5).normal(size=(3, 8)).astype(np.float32)
+    v[0, :4] = [3.4028235e38, -1.1754944e-38, 0.0, -0.0]
+    v[1] *= np.float32(1e-30)
+    with PostgresStore(url) as store:
+        store.add([Unit(f"u{i}", id=f"u{i}") for i in range(3)], v)
+        for i in range(3):
+            assert store.vector(f"u{i}", viewer=ADMIN).view(np.uint32).tolist() == v[i].view(np.uint32).tolist()
