@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from forge.protocols import ForgeConfig, evolve
 
 ENVS = ["frozenlake-4x4", "frozenlake-4x4-slippery", "cliffwalking", "textarena:TowerOfHanoi-v0"]
@@ -91,6 +93,32 @@ def run_cell(env: str, condition: str, representation: str, seeds: Sequence[int]
         "seconds": round(sum(r["seconds"] for r in runs), 1),
         "runs": runs,
     }
+
+
+def success_ceiling(env_name: str, max_steps: int | None) -> float | None:
+    """The best success rate any policy can reach in ``max_steps`` steps, for the grid worlds
+    (value iteration over gymnasium's transition table); None where there is none.
+
+    It says what a cell can show: slippery FrozenLake 4x4 in 10 steps allows 4.1% at best.
+    """
+    if env_name.startswith("textarena:"):
+        return None
+    from forge.envs import make_env
+
+    env = make_env(env_name, **({"max_steps": max_steps} if max_steps else {}))
+    table = getattr(env.unwrapped, "P", None)
+    if table is None:
+        return None
+    horizon = env.spec.max_steps
+    desc = getattr(env.unwrapped, "desc", None)
+    n = len(table)
+    goals = {s for s in range(n) if desc is not None and desc.reshape(-1)[s] == b"G"} if desc is not None else {n - 1}
+    value = [0.0] * n
+    for _ in range(horizon):
+        value = [max(sum(p * (1.0 if s2 in goals else 0.0 if done else value[s2]) for p, s2, _r, done in table[s][a])
+                     for a in table[s]) for s in range(n)]
+    start = int(np.argmax(env.unwrapped.initial_state_distrib)) if hasattr(env.unwrapped, "initial_state_distrib") else 0
+    return round(value[start], 4)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -157,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     cells = [run_cell(env, cond, rep, list(range(args.seeds)), args, root) for env in envs for cond, rep in conditions]
     if args.seed_pack:
         cells += [run_cell(env, "forge", "rules", list(range(args.seeds)), args, root, seed_pack=args.seed_pack) for env in envs]
-    result = {"settings": vars(args), "cells": cells, "comparison": compare(cells), "targets": TARGETS,
+    ceilings = {env: success_ceiling(env, args.max_steps) for env in envs}
+    result = {"settings": vars(args), "cells": cells, "comparison": compare(cells), "targets": TARGETS, "success_ceiling": ceilings,
               "seconds": round(time.perf_counter() - started, 1), "out": str(root)}
     if args.save:
         Path(args.save).write_text(json.dumps(result, indent=2))
@@ -171,6 +200,9 @@ def main(argv: list[str] | None = None) -> None:
         tps = "-" if c["tokens_per_success"] is None else f"{c['tokens_per_success']:,.0f}"
         print(f"{c['env']:<24}{c['condition'] + '/' + c['representation']:<28}{_pm(c['mean_return'], c['return_sd']):>12}"
               f"{_pm(c['success_rate'], c['success_sd'], True):>11}{c['major_failure_rate']:>7.0%}{fb:>9}{tps:>12}{c['seconds']:>8}")
+    for env, top in ceilings.items():
+        if top is not None:
+            print(f"success ceiling, {env} in {args.max_steps or 'its default'} steps (the best any policy can do): {top:.1%}")
     print(f"\nFORGE against the baselines (targets: success >= {TARGETS['success_vs_zero_shot']}x zero-shot, tokens/success <= {TARGETS['tokens_per_success_vs_reflexion']}x Reflexion):")
     for q in result["comparison"]:
         print(f"  {q['env']:<24}{q['forge']:<28} return {q['return_minus_zero_shot']:+.2f} vs zero-shot, {q['return_minus_reflexion']:+.2f} vs reflexion; "

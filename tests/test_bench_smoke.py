@@ -223,3 +223,14 @@ def test_learning_bench_has_a_cold_start_row(tmp_path: Path, capsys: pytest.Capt
     cells = json.loads(capsys.readouterr().out)["cells"]
     assert [c["representation"] for c in cells] == ["rules", "rules+seed-pack"]
     assert (tmp_path / "frozenlake-4x4-forge-rules-seeded-seed0/events.jsonl").read_text().count('"seeded"') == 1
+
+
+def test_learning_bench_states_what_a_cell_can_show() -> None:
+    """The success ceiling is the optimal policy's: exact for the deterministic grids, and the
+    known value-iteration figure for slippery FrozenLake (4.1% in 10 steps, 74% in 100)."""
+    assert learning.success_ceiling("frozenlake-4x4", 10) == 1.0
+    assert learning.success_ceiling("cliffwalking", 12) == 0.0  # the shortest path is 13 steps
+    assert learning.success_ceiling("cliffwalking", 13) == 1.0
+    assert learning.success_ceiling("frozenlake-4x4-slippery", 10) == pytest.approx(0.0414, abs=1e-4)
+    assert learning.success_ceiling("frozenlake-4x4-slippery", 100) == pytest.approx(0.744, abs=1e-3)
+    assert learning.success_ceiling("textarena:TowerOfHanoi-v0", 10) is None
