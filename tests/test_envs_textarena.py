@@ -111,3 +111,35 @@ def test_unsupported_game_and_options_are_config_errors() -> None:
 def test_an_env_closed_before_any_reset_closes_quietly():
     """The protocols build an env to read its spec and close it without playing."""
     make_env("textarena:TowerOfHanoi-v0").close()
+
+
+def test_a_rule_names_the_position_not_the_move_counter() -> None:
+    """Rules are keyed by the situation: two positions at the same move must differ, and the
+    same position must read the same at any move (the first 1.5B run wrote "when move 2 of
+    14, do not A to C" for two different positions)."""
+    from forge.policy import situation_of
+
+    env = make_env("textarena:TowerOfHanoi-v0")
+    start = env.reset(seed=0)
+    assert situation_of(start, env.spec) == "towers A: 3 2 1, B: empty, C: empty"
+    a = situation_of(env.step("A to B").observation, env.spec)
+    env.reset(seed=0)
+    b = situation_of(env.step("A to C").observation, env.spec)
+    assert a == "towers A: 3 2, B: 1, C: empty" and b == "towers A: 3 2, B: empty, C: 1"
+    env.step("C to B")
+    back = env.step("B to C").observation  # the same position as b, two moves later
+    assert situation_of(back, env.spec) == b and "Move 3" in back
+    guess = make_env("textarena:GuessTheNumber-v0")
+    obs = guess.reset(seed=0)
+    low, high = guess.low, guess.high
+    assert situation_of(obs, guess.spec) == f"the number is between {low} and {high}"
+    result = guess.step(str(low))  # the lowest number: not the secret for seed 0
+    assert not result.done
+    assert situation_of(result.observation, guess.spec) == f"the number is between {low + 1} and {high}"
+
+
+def test_the_generic_summary_drops_a_move_counter_too() -> None:
+    from forge.policy import summarize_observation
+
+    assert summarize_observation("Move 2 of 14.\nYou stand by the door.") == "You stand by the door"
+    assert summarize_observation("Turn 3 of 9. The game is over.\nNothing left.") == "Nothing left"

@@ -45,14 +45,15 @@ ANALYST_TOOLS = ("read_observation", "list_actions", "recent_history")
 
 # -- rendering ---------------------------------------------------------------------------------
 
-_STEP_HEAD = re.compile(r"^\s*Step \d+ of \d+\.(?: The episode is over\.)?\s*", re.IGNORECASE)
+_STEP_HEAD = re.compile(r"^\s*(?:Step|Move|Turn) \d+ of \d+\.(?: The (?:episode|game) is over\.)?\s*", re.IGNORECASE)
 _PARENS = re.compile(r"\s*\([^()]*\)")
 
 
 def summarize_observation(observation: str, *, limit: int = 140) -> str:
     """The situation in one short sentence: what a rule's "when" clause can name.
 
-    Drops a leading "Step N of M." and parenthesised asides, keeps the first sentence.
+    Drops a leading "Step N of M." (or "Move"/"Turn") and parenthesised asides, keeps the
+    first sentence.
     Generic on purpose: every env adapter opens its text with where the agent stands.
     """
     text = _STEP_HEAD.sub("", observation.strip())

@@ -21,6 +21,7 @@ its secret from it, so the same seed gives the same number.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -166,6 +167,7 @@ class TowerOfHanoiEnv(_TextArenaGame):
             theta=_THETA,
             success_return=_SUCCESS,
             major_failure_return=_MAJOR,
+            situation=hanoi_situation,
         )
         super().__init__(game_id=game_id, spec=spec)
         self.num_disks = disks
@@ -225,6 +227,26 @@ class TowerOfHanoiEnv(_TextArenaGame):
         return move
 
 
+_TOWER_LINE = re.compile(r"^\s*([A-C]): (.+?)(?: \(top disk: \d+\))?\s*$", re.MULTILINE)
+_HINT_RANGE = re.compile(r"Given the hints it is between (\d+) and (\d+)")
+
+
+def hanoi_situation(observation: str) -> str:
+    """The towers, e.g. "towers A: 3 2, B: empty, C: 1": what a Hanoi rule's "when" names.
+
+    The generic summary named the move counter ("when move 2 of 14"), so rules learned from
+    different positions at the same move overwrote each other.
+    """
+    towers = _TOWER_LINE.findall(observation)
+    return "towers " + ", ".join(f"{name}: {disks}" for name, disks in towers) if towers else ""
+
+
+def guess_situation(observation: str) -> str:
+    """What the hints still allow, e.g. "the number is between 6 and 12"."""
+    m = _HINT_RANGE.search(observation)
+    return f"the number is between {m.group(1)} and {m.group(2)}" if m else ""
+
+
 class GuessTheNumberEnv(_TextArenaGame):
     """TextArena Guess The Number: find the secret number from higher/lower hints.
 
@@ -249,6 +271,7 @@ class GuessTheNumberEnv(_TextArenaGame):
             theta=_THETA,
             success_return=_SUCCESS,
             major_failure_return=_MAJOR,
+            situation=guess_situation,
         )
         super().__init__(game_id=game_id, spec=spec)
         self._numbers = tuple(str(n) for n in range(self.low, self.high + 1))
