@@ -194,18 +194,18 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result, indent=2))
         return
     print(f"\nllm={args.llm} seeds={args.seeds} N={args.instances} S={args.stages} k={args.attempts} eval={args.eval_episodes} max_steps={args.max_steps}")
-    print(f"{'env':<24}{'condition':<28}{'return':>12}{'success':>11}{'major':>7}{'fallback':>9}{'tok/success':>12}{'sec':>8}")
+    print(f"{'env':<28}{'condition':<28}{'return':>12}{'success':>11}{'major':>7}{'fallback':>9}{'tok/success':>12}{'sec':>8}")
     for c in cells:
         fb = "-" if c["fallback_rate"] is None else f"{c['fallback_rate']:.0%}"
         tps = "-" if c["tokens_per_success"] is None else f"{c['tokens_per_success']:,.0f}"
-        print(f"{c['env']:<24}{c['condition'] + '/' + c['representation']:<28}{_pm(c['mean_return'], c['return_sd']):>12}"
+        print(f"{c['env']:<28}{c['condition'] + '/' + c['representation']:<28}{_pm(c['mean_return'], c['return_sd']):>12}"
               f"{_pm(c['success_rate'], c['success_sd'], True):>11}{c['major_failure_rate']:>7.0%}{fb:>9}{tps:>12}{c['seconds']:>8}")
     for env, top in ceilings.items():
         if top is not None:
             print(f"success ceiling, {env} in {args.max_steps or 'its default'} steps (the best any policy can do): {top:.1%}")
     print(f"\nFORGE against the baselines (targets: success >= {TARGETS['success_vs_zero_shot']}x zero-shot, tokens/success <= {TARGETS['tokens_per_success_vs_reflexion']}x Reflexion):")
     for q in result["comparison"]:
-        print(f"  {q['env']:<24}{q['forge']:<28} return {q['return_minus_zero_shot']:+.2f} vs zero-shot, {q['return_minus_reflexion']:+.2f} vs reflexion; "
+        print(f"  {q['env']:<28}{q['forge']:<28} return {q['return_minus_zero_shot']:+.2f} vs zero-shot, {q['return_minus_reflexion']:+.2f} vs reflexion; "
               f"success {_x(q['success_vs_zero_shot'])} zero-shot; tok/success {_x(q['tokens_per_success_vs_reflexion'])} reflexion; "
               f"FORGE > Reflexion > zero-shot: {'yes' if q['ordering_held'] else 'no'}")
     print(f"\nruns: {root} ({result['seconds']}s)")
