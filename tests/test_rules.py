@@ -50,3 +50,17 @@ def test_check_keeps_good_rules_unchanged():
     elsewhere = "when you are at row 0, col 0, on a start tile, then go down"
     assert rules.check(elsewhere, valid_actions=ACTIONS, situations=[HERE, "You are at row 0, col 0, on a start tile"],
                        failing_situation=HERE, failing_action="down") == (elsewhere, "")
+
+
+def test_multi_word_actions_are_read_whole() -> None:
+    """Hanoi's "A to C" (and CAGE-2's "Restore User1"): a negation once caught only the first
+    word, so the rule guard and "Failed here before" never saw what a rule forbade."""
+    acts = ["A to B", "A to C", "B to A", "B to C", "C to A", "C to B"]
+    rule = "when towers A: 3, B: 1, C: 2, do not A to B; B to A, B to C, C to A were safe there"
+    parsed = rules.parse(rule, acts)
+    assert parsed == rules.ParsedRule(when="towers A: 3, B: 1, C: 2", avoid=("A to B",), do=("B to A", "B to C", "C to A"))
+    assert rules.forbidden_in([rule], "towers A: 3, B: 1, C: 2", acts) == {"A to B"}
+    assert rules.forbidden_in([rule], "towers A: 3 2, B: 1, C: empty", acts) == set()
+    longer = rules.parse("when hosts are hot, never Restore User1; Analyse User1 was safe there",
+                   ["Restore User1", "Restore User10", "Analyse User1"])
+    assert longer is not None and longer.avoid == ("Restore User1",)

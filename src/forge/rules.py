@@ -22,10 +22,12 @@ _DIRECTIVE = re.compile(
     r"press\b|step\b|turn\b|keep\b|stay\b|call\b|wait\b|instead\b|you should|it is safe|safe\b)",
     re.IGNORECASE,
 )
+# a negation and the verbs that may follow it; the action comes next
 _NEGATION = re.compile(
-    r"\b(?:do not|don't|dont|never|avoid|instead of|rather than|not)\s+(?:to\s+)?(?:move\s+|go\s+|going\s+|moving\s+|take\s+|taking\s+|choose\s+|choosing\s+|pick\s+|use\s+)?(?P<action>[\w-]+)",
+    r"\b(?:do not|don't|dont|never|avoid|instead of|rather than|not)\s+(?:to\s+)?(?:move\s+|go\s+|going\s+|moving\s+|take\s+|taking\s+|choose\s+|choosing\s+|pick\s+|use\s+)?",
     re.IGNORECASE,
 )
+_WORD = re.compile(r"[\w-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,15 +83,18 @@ def parse(text: str, valid_actions: Sequence[str] = ()) -> ParsedRule | None:
                 return None
             cut = commas[-1]
         when, then = body[: cut.start()], body[cut.end() :]
-    lowered = {a.lower(): a for a in valid_actions}
+    # Longest first, so a multi-word action ("A to C", "Restore User1") is read whole, not
+    # as its first word.
+    longest = sorted(valid_actions, key=len, reverse=True)
     avoid: list[str] = []
     for n in _NEGATION.finditer(then):
-        word = n["action"].lower()
+        rest = then[n.end() :]
         if valid_actions:
-            if word in lowered and lowered[word] not in avoid:
-                avoid.append(lowered[word])
-        elif word not in avoid:
-            avoid.append(word)
+            hit = next((a for a in longest if re.match(re.escape(a) + r"(?![\w-])", rest, re.IGNORECASE)), None)
+            if hit is not None and hit not in avoid:
+                avoid.append(hit)
+        elif (w := _WORD.match(rest)) and w.group().lower() not in avoid:
+            avoid.append(w.group().lower())
     do = [a for a in _mentioned(then, valid_actions) if a not in avoid]
     return ParsedRule(when=" ".join(when.split()), avoid=tuple(avoid), do=tuple(do))
 
