@@ -212,4 +212,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from forge.errors import ForgeError
+
+    try:
+        main()
+    except ForgeError as exc:  # e.g. --out already holds a run of that name: one line, no traceback
+        sys.exit(f"error: {exc}")
