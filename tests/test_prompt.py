@@ -67,6 +67,16 @@ def test_now_picks_the_rules_for_this_situation_even_beyond_the_budget():
         rec = recollect(mem, viewer=Viewer.of("x"), query=Q, budget=20, valid_actions=("left", "down", "right", "up"))
         text, ids = rec.now_text("You are at row 2, col 0, on a frozen tile")
         assert ids == [target.id] and "do not down" in text
-        assert text.endswith("Failed here before: down. Choose one of: left, right, up.")
+        # the rule names what was safe there: that is what the prompt offers
+        assert text.endswith("Failed here before: down. Choose one of: right.")
         assert rec.forbidden("You are at row 2, col 0, on a frozen tile") == {"down"}
         assert rec.now("You are at row 1, col 1, on a frozen tile") == []
+
+
+def test_now_offers_every_other_action_when_no_rule_names_a_safe_one():
+    rule = Unit("when you are at row 2, col 0, on a frozen tile, do not down", kind=Kind.RULE)
+    with _mem(rule) as mem:
+        rec = recollect(mem, viewer=Viewer.of("x"), query=Q, budget=200, valid_actions=("left", "down", "right", "up"))
+        text, _ = rec.now_text("You are at row 2, col 0, on a frozen tile")
+        assert text.endswith("Failed here before: down. Choose one of: left, right, up.")
+        assert rec.advised("You are at row 2, col 0, on a frozen tile") == set()

@@ -218,3 +218,17 @@ def test_a_bump_is_blamed_where_it_happens() -> None:
 
 def test_without_a_return_the_last_step_is_blamed() -> None:
     assert stall_step(["a", "b", "c"], ["x", "y", "z"], situation=str) == 2
+
+
+def test_safe_alternatives_name_moves_that_change_the_situation_not_bumps():
+    pytest.importorskip("gymnasium", reason="gymnasium is an optional extra: pip install '.[envs]'")
+    from forge.envs import make_env
+    from forge.reflect import safe_alternatives
+
+    env = make_env("frozenlake-4x4")
+    # down, down reaches row 2, col 0; down again falls into the hole at row 3, col 0.
+    # left there bumps the edge: safe, but it is no advice, so it is not named.
+    assert safe_alternatives(env, seed=0, prefix=["down", "down"], failed="down", tau=-0.5) == ("right", "up")
+    # at the start, "up" and "left" both bump; only "down" and "right" move
+    assert safe_alternatives(env, seed=0, prefix=[], failed="left", tau=-0.5) == ("down", "right")
+    assert safe_alternatives(env, seed=0, prefix=[], failed="left", tau=-0.5, must_move=True) == ("down", "right")

@@ -108,10 +108,22 @@ class Recollection:
         left = [a for a in self.valid_actions if a not in banned]
         if banned & set(self.valid_actions) and left:
             # Small models follow "choose one of X" far better than "do not A" (a 1.5B model
-            # kept taking the forbidden action when only told not to): say both.
+            # kept taking the forbidden action when only told not to): say both. When the
+            # rules name what was safe here, offer only those: offered every other action at
+            # row 2, col 0, the 1.5B model avoided the hole and then bumped the edge (left)
+            # for the rest of the episode instead of taking the safe "right" its rule named.
+            advised = self.advised(situation)
+            offer = [a for a in left if a in advised] or left
             failed = ", ".join(a for a in self.valid_actions if a in banned)
-            text += f"\nFailed here before: {failed}. Choose one of: {', '.join(left)}."
+            text += f"\nFailed here before: {failed}. Choose one of: {', '.join(offer)}."
         return text, [u.id for u in hits]
+
+    def advised(self, situation: str) -> set[str]:
+        """Actions that rules for this situation name as safe or recommended."""
+        out: set[str] = set()
+        for _, p in ((u, p) for u, p in self._parsed if rulebook.applies(p, situation)):
+            out.update(p.do)
+        return out
 
     def forbidden(self, situation: str) -> set[str]:
         """Actions that rules for this situation forbid (for the optional rule guard)."""

@@ -719,9 +719,12 @@ def safe_alternatives(
 
     Environments are seeded, so this is the exact counterfactual; it costs env steps, no
     tokens, and gives reflection (and its fallback) a grounded "what would have been safe".
-    ``must_move`` (for stalls) also requires the situation to change.
+    Actions that change the situation come first: when any does, an action that leaves it
+    as it was (a bump into an edge) is not named. "left was safe there" for a bump at a
+    wall reads as advice, and the 1.5B model, primed by four such rules, pressed left at the
+    start tile for a whole episode. ``must_move`` (for stalls) never names a no-op.
     """
-    safe = []
+    safe, still = [], []
     for action in env.valid_actions():
         if action == failed:
             continue
@@ -731,11 +734,11 @@ def safe_alternatives(
                 before = env.step(a).observation
             result = env.step(action)
             moved = situation_of(result.observation, env.spec) != situation_of(before, env.spec)
-            if result.reward >= tau and (moved or not must_move):
-                safe.append(action)
+            if result.reward >= tau:
+                (safe if moved else still).append(action)
         except ForgeError:
             continue
-    return tuple(safe)
+    return tuple(safe or ([] if must_move else still))
 
 
 def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation: Callable[[str], str] | None = None) -> int:
