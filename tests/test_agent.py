@@ -62,7 +62,7 @@ def test_a_learned_rule_travels_with_provenance(population, env):
     [rule] = fall(a1, env)
     assert rule.kind is Kind.RULE and rule.owner == "a1" and rule.content.startswith(HOLE_RULE)
     assert rule.provenance.source == "reflection" and rule.provenance.episodes
-    assert "left, right, up were safe there" in rule.content  # the counterfactual probe
+    assert "left, right were safe there" in rule.content  # the counterfactual probe (up only bumps the edge)
     a1.memory.store.get_episode(rule.provenance.episodes[0])  # the experience is on record
 
     assert a1.flush() == 1 and a1.stats()["sent"] == 1
@@ -277,3 +277,14 @@ def test_periodic_sync_sends_what_the_trigger_let_pass(population):
     assert [d.outcome for d in a2.drain()] == ["accepted"]
     assert any("colder in the morning" in u.content for u in a2.memory.store.list(viewer=a2.viewer))
     assert a1.sync() == 0  # not due again yet
+
+
+def test_a_dead_end_blames_the_step_that_entered_it(population):
+    """At row 0, col 3 every move but "left" bumps or falls: an agent shuttling between cols 2
+    and 3 is told to leave "right" at col 2, not to stop escaping the dead end."""
+    short = make_env("frozenlake-4x4", max_steps=6)
+    try:
+        [rule] = fall(population["a1"], short, actions=("right", "right", "right", "left", "right", "left"))
+    finally:
+        short.close()
+    assert rule.content == "when you are at row 0, col 2, on a frozen tile, do not right; left, down were safe there"

@@ -195,7 +195,7 @@ def reflect_on(
     fails outright, gives the trajectory-derived fallback, recorded as such."""
     safe: tuple[str, ...] = ()
     if probe_alternatives:
-        safe = safe_alternatives(env, seed=seed, prefix=traj.actions[:at], failed=traj.actions[at], tau=tau, must_move=stalled)
+        at, safe = _blame(traj, env=env, seed=seed, tau=tau, at=at, stalled=stalled)
     shown: Mapping[str, Sequence[Any]] = {role: r.shown for role, r in traj.recollections.items()}
     snapshot = Snapshot.of(
         traj, env=env, failing=at, roles=roles, acting_roles=acting_roles,
@@ -207,3 +207,18 @@ def reflect_on(
         return reflect(llm, snapshot, representation=representation, style=style)
     except ForgeError as exc:  # anything the LLM layer raises: keep learning anyway
         return fallback_reflection(snapshot, representation=representation, error=str(exc))
+
+
+def _blame(traj: Trajectory, *, env: Env, seed: int, tau: float, at: int, stalled: bool) -> tuple[int, tuple[str, ...]]:
+    """The step to reflect on and what would have been safe there.
+
+    A step with no safe alternative was not a choice: the agent was already in a dead end,
+    so the step that led into it is blamed instead (walking back while that holds). On
+    frozenlake-4x4 an agent oscillating between row 0, col 2 and the dead end at col 3 was
+    told "at col 3, do not left", the only way out; the mistake was "right" at col 2.
+    """
+    for t in range(at, -1, -1):
+        safe = safe_alternatives(env, seed=seed, prefix=traj.actions[:t], failed=traj.actions[t], tau=tau, must_move=stalled)
+        if safe:
+            return t, safe
+    return at, ()
