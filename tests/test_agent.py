@@ -181,7 +181,8 @@ def test_a_stall_is_reflected_where_the_loop_began(population):
         [rule] = fall(population["a1"], short, actions=("down", "left", "left", "left"))
     finally:
         short.close()
-    assert rule.content == "when you are at row 1, col 0, on a frozen tile, do not left; down, up were safe there"
+    # "up" is safe too, but leads back to the start the episode has already seen
+    assert rule.content == "when you are at row 1, col 0, on a frozen tile, do not left; down was safe there"
 
 
 def test_capsules_signed_with_another_secret_are_rejected(env):
@@ -287,4 +288,5 @@ def test_a_dead_end_blames_the_step_that_entered_it(population):
         [rule] = fall(population["a1"], short, actions=("right", "right", "right", "left", "right", "left"))
     finally:
         short.close()
-    assert rule.content == "when you are at row 0, col 2, on a frozen tile, do not right; left, down were safe there"
+    # "left" is safe at col 2 but leads back to col 1, where the agent has been
+    assert rule.content == "when you are at row 0, col 2, on a frozen tile, do not right; down was safe there"

@@ -217,8 +217,9 @@ def _blame(traj: Trajectory, *, env: Env, seed: int, tau: float, at: int, stalle
     frozenlake-4x4 an agent oscillating between row 0, col 2 and the dead end at col 3 was
     told "at col 3, do not left", the only way out; the mistake was "right" at col 2.
     """
+    seen = {situation_of(o, env.spec) for o in traj.observations} if stalled else set()
     for t in range(at, -1, -1):
-        safe = safe_alternatives(env, seed=seed, prefix=traj.actions[:t], failed=traj.actions[t], tau=tau, must_move=stalled)
+        safe = safe_alternatives(env, seed=seed, prefix=traj.actions[:t], failed=traj.actions[t], tau=tau, must_move=stalled, seen=seen)
         if safe:
             return t, safe
     return at, ()

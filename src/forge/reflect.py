@@ -22,7 +22,7 @@ rejected. Both are recorded in the reflection (``repaired``, ``dropped``).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -713,7 +713,8 @@ def enforce_caps(units: Sequence[Unit], *, rule_cap: int, example_cap: int) -> t
 
 
 def safe_alternatives(
-    env: Env, *, seed: int, prefix: Sequence[str], failed: str, tau: float, must_move: bool = False
+    env: Env, *, seed: int, prefix: Sequence[str], failed: str, tau: float, must_move: bool = False,
+    seen: Collection[str] = (),
 ) -> tuple[str, ...]:
     """Replay the seeded episode up to the failing step and try every other action there.
 
@@ -722,9 +723,11 @@ def safe_alternatives(
     Actions that change the situation come first: when any does, an action that leaves it
     as it was (a bump into an edge) is not named. "left was safe there" for a bump at a
     wall reads as advice, and the 1.5B model, primed by four such rules, pressed left at the
-    start tile for a whole episode. ``must_move`` (for stalls) never names a no-op.
+    start tile for a whole episode. ``must_move`` (for stalls) never names a no-op, and
+    ``seen`` (the situations of a stalled episode) puts moves to new ground first: after
+    shuttling between row 0, cols 1-3, "left" at col 2 is safe but leads back.
     """
-    safe, still = [], []
+    new, safe, still = [], [], []
     for action in env.valid_actions():
         if action == failed:
             continue
@@ -733,12 +736,15 @@ def safe_alternatives(
             for a in prefix:
                 before = env.step(a).observation
             result = env.step(action)
-            moved = situation_of(result.observation, env.spec) != situation_of(before, env.spec)
+            after = situation_of(result.observation, env.spec)
             if result.reward >= tau:
-                (safe if moved else still).append(action)
+                if after == situation_of(before, env.spec):
+                    still.append(action)
+                else:
+                    (safe if after in seen else new).append(action)
         except ForgeError:
             continue
-    return tuple(safe or ([] if must_move else still))
+    return tuple(new or safe or ([] if must_move else still))
 
 
 def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation: Callable[[str], str] | None = None) -> int:
