@@ -25,7 +25,7 @@ __all__ = ["QUICK_DEMO", "evolve_command", "report_command"]
 QUICK_DEMO: dict[str, Any] = {
     "env": "frozenlake-4x4",
     "instances": 2,
-    "stages": 2,
+    "stages": 3,
     "attempts": 2,
     "eval_episodes": 1,
     "max_steps": 10,
