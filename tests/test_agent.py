@@ -290,3 +290,15 @@ def test_a_dead_end_blames_the_step_that_entered_it(population):
         short.close()
     # "left" is safe at col 2 but leads back to col 1, where the agent has been
     assert rule.content == "when you are at row 0, col 2, on a frozen tile, do not right; down was safe there"
+
+
+def test_the_walk_back_from_a_dead_end_is_bounded(population, monkeypatch):
+    monkeypatch.setattr("forge.loop.BLAME_BACK", 0)
+    short = make_env("frozenlake-4x4", max_steps=6)
+    try:
+        [rule] = fall(population["a1"], short, actions=("right", "right", "right", "left", "right", "left"))
+    finally:
+        short.close()
+    # no step back allowed: the dead end's own step is blamed, with nothing safe to name
+    assert rule.content.startswith("when you are at row 0, col 3, on a frozen tile, do not left")
+    assert "safe" not in rule.content

@@ -35,6 +35,9 @@ from forge.store.base import Filter
 
 __all__ = ["Recaller", "Trajectory", "failure_point", "play_episode", "reflect_on"]
 
+BLAME_BACK = 3
+"""How many steps before a dead end reflection may look for the step to blame."""
+
 RecallFn = Callable[[str, str], Recollection]
 """``recall(role, query) -> Recollection``: how a loop asks for memory."""
 
@@ -216,9 +219,11 @@ def _blame(traj: Trajectory, *, env: Env, seed: int, tau: float, at: int, stalle
     so the step that led into it is blamed instead (walking back while that holds). On
     frozenlake-4x4 an agent oscillating between row 0, col 2 and the dead end at col 3 was
     told "at col 3, do not left", the only way out; the mistake was "right" at col 2.
+    Each step back replays every other action there, so the walk stops after
+    :data:`BLAME_BACK` steps (CAGE-2 has 145 actions and a slow simulator).
     """
     seen = {situation_of(o, env.spec) for o in traj.observations} if stalled else set()
-    for t in range(at, -1, -1):
+    for t in range(at, max(-1, at - BLAME_BACK - 1), -1):
         safe = safe_alternatives(env, seed=seed, prefix=traj.actions[:t], failed=traj.actions[t], tau=tau, must_move=stalled, seen=seen)
         if safe:
             return t, safe
