@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-episodes", type=int)
     p.add_argument("--max-steps", type=int)
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--rule-guard", action="store_true", help="enforce 'do not' rules as hard exclusions")
+    p.add_argument("--rule-guard", action="store_true", help="enforce 'do not' rules as hard exclusions (and choose among the actions they name as safe)")
     p.add_argument("--reflection", default="slots", choices=["slots", "free"], help="how rules are reflected (default slots)")
     p.add_argument("--out", help="keep the run directories here (default: a temp dir)")
     p.add_argument("--save", help="also write the JSON result to this file (the table still prints)")

@@ -42,6 +42,20 @@ def test_flat_policy_uses_constrained_choice_and_memory():
         guarded = FlatPolicy(llm=lambda role: llm, spec=env.spec, rule_guard=True)
         d = guarded.act(observation=obs, valid_actions=env.valid_actions(), history=[], memory={"actor": rec})
         assert d.action == "down"
+        # the guard offers what the rule names as safe, as the prompt's "Choose one of" does
+        assert list(llm.last_request.choices) == ["down"]
+
+
+def test_the_guard_without_a_named_safe_action_excludes_only_the_forbidden():
+    env = make_env("frozenlake-4x4")
+    llm = ScriptedLLM()
+    rule = Unit("when you are at row 0, col 0, on a start tile, do not left", kind=Kind.RULE, owner="a", scope="private")
+    with _memory(rule) as mem:
+        obs = env.reset(seed=0)
+        rec = recollect(mem, viewer=Viewer.of("a"), query=obs, role="actor", valid_actions=env.valid_actions())
+        guarded = FlatPolicy(llm=lambda role: llm, spec=env.spec, rule_guard=True)
+        assert guarded.act(observation=obs, valid_actions=env.valid_actions(), history=[], memory={"actor": rec}).action == "down"
+        assert list(llm.last_request.choices) == ["down", "right", "up"]
 
 
 def test_system_prompt_is_identical_across_steps():

@@ -219,8 +219,7 @@ class FlatPolicy:
             user += f"\nThought: {thought}"
         options = list(valid_actions)
         if self.rule_guard:
-            banned = rec.forbidden(situation)
-            options = [o for o in options if o not in banned] or list(valid_actions)
+            options = rec.offered(situation, options)
         action = _choose(
             llm, system, user + "\nWhich action next?", options, listed=options == list(valid_actions),
             temperature=self.sampling.temperature, seed=self.sampling.next_seed(),
@@ -303,8 +302,8 @@ class HierarchicalPolicy:
         c_sys, c_now = prompt("action_chooser", "You are the action chooser: you propose good next actions.")
         options = list(valid_actions)
         if self.rule_guard:
-            banned = _recollection(memory, "action_chooser").forbidden(situation) | _recollection(memory, "planner").forbidden(situation)
-            options = [o for o in options if o not in banned] or list(valid_actions)
+            for role in ("action_chooser", "planner"):
+                options = _recollection(memory, role).offered(situation, options)
         proposed: list[str] = []
         for _ in range(min(self.proposals, len(options))):
             left = [o for o in options if o not in proposed]

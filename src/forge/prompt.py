@@ -104,19 +104,31 @@ class Recollection:
             return "", []
         lines = "\n".join(f"- {' '.join(u.content.split())}" for u in hits)
         text = f"Memory for this situation:\n{lines}"
-        banned = self.forbidden(situation)
-        left = [a for a in self.valid_actions if a not in banned]
-        if banned & set(self.valid_actions) and left:
+        offer = self.offered(situation)
+        if offer != list(self.valid_actions):
             # Small models follow "choose one of X" far better than "do not A" (a 1.5B model
-            # kept taking the forbidden action when only told not to): say both. When the
-            # rules name what was safe here, offer only those: offered every other action at
-            # row 2, col 0, the 1.5B model avoided the hole and then bumped the edge (left)
-            # for the rest of the episode instead of taking the safe "right" its rule named.
-            advised = self.advised(situation)
-            offer = [a for a in left if a in advised] or left
-            failed = ", ".join(a for a in self.valid_actions if a in banned)
+            # kept taking the forbidden action when only told not to): say both.
+            failed = ", ".join(a for a in self.valid_actions if a in self.forbidden(situation))
             text += f"\nFailed here before: {failed}. Choose one of: {', '.join(offer)}."
         return text, [u.id for u in hits]
+
+    def offered(self, situation: str, actions: Sequence[str] | None = None) -> list[str]:
+        """The actions to choose among here (``actions`` defaults to the valid ones).
+
+        When the situation's rules forbid some, the rest; and when they also name what was
+        safe, only those: offered every other action at row 2, col 0, the 1.5B model avoided
+        the hole and then bumped the edge (left) for the rest of the episode instead of
+        taking the "right" its rule named. All of ``actions`` when no rule forbids any, or
+        when the rules would forbid them all. The prompt's "Choose one of" line and the
+        rule guard both use this.
+        """
+        actions = list(self.valid_actions if actions is None else actions)
+        banned = self.forbidden(situation)
+        left = [a for a in actions if a not in banned]
+        if not left or len(left) == len(actions):
+            return actions
+        advised = self.advised(situation)
+        return [a for a in left if a in advised] or left
 
     def advised(self, situation: str) -> set[str]:
         """Actions that rules for this situation name as safe or recommended."""

@@ -69,8 +69,9 @@ class ForgeConfig:
     tau but ended unsuccessful (a small model looping against a wall learns nothing
     otherwise; Reflexion reflects on every failed trial); ``probe_alternatives`` replays the
     seeded episode to tell reflection which other actions were safe at the failing step;
-    ``rule_guard`` turns "when X, then do not A" rules into hard exclusions (off: the paper's
-    memory is prompt-only); ``show_map`` keeps drawn maps in prompts (off: small models).
+    ``rule_guard`` makes the prompt's "Choose one of" binding: "when X, then do not A" rules
+    become hard exclusions, and where they name what was safe the choice is among those (off:
+    the paper's memory is prompt-only); ``show_map`` keeps drawn maps in prompts (off: small models).
     ``temperature`` is instance 0's sampling temperature in training and ``diversity`` the
     spread added across instances (instance i gets ``temperature + diversity * i/(N-1)``), so
     a population explores differently and its champion is not an accident of ordering.
