@@ -95,7 +95,10 @@ class Recollection:
         """The rules that name this situation, best recalled first."""
         if not situation:
             return []
-        return [u for u, p in self._parsed if rulebook.applies(p, situation)]
+        return [u for u, _ in self._applying(situation)]
+
+    def _applying(self, situation: str) -> list[tuple[Unit, rulebook.ParsedRule]]:
+        return [(u, p) for u, p in self._parsed if rulebook.applies(p, situation)]
 
     def now_text(self, situation: str, *, limit: int = 3) -> tuple[str, list[str]]:
         """``("Memory for this situation: ...", ids)``, or ``("", [])`` when no rule applies."""
@@ -123,26 +126,21 @@ class Recollection:
         rule guard both use this.
         """
         actions = list(self.valid_actions if actions is None else actions)
-        banned = self.forbidden(situation)
+        rules = [p for _, p in self._applying(situation)]
+        banned = {a for p in rules for a in p.avoid}
         left = [a for a in actions if a not in banned]
         if not left or len(left) == len(actions):
             return actions
-        advised = self.advised(situation)
+        advised = {a for p in rules for a in p.do}
         return [a for a in left if a in advised] or left
 
     def advised(self, situation: str) -> set[str]:
         """Actions that rules for this situation name as safe or recommended."""
-        out: set[str] = set()
-        for _, p in ((u, p) for u, p in self._parsed if rulebook.applies(p, situation)):
-            out.update(p.do)
-        return out
+        return {a for _, p in self._applying(situation) for a in p.do}
 
     def forbidden(self, situation: str) -> set[str]:
         """Actions that rules for this situation forbid (for the optional rule guard)."""
-        out: set[str] = set()
-        for _, p in ((u, p) for u, p in self._parsed if rulebook.applies(p, situation)):
-            out.update(p.avoid)
-        return out
+        return {a for _, p in self._applying(situation) for a in p.avoid}
 
 
 def recollect(
