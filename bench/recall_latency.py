@@ -7,13 +7,15 @@ private scopes. Stores are built once into .bench/ and reused (building 1M takes
 progress is printed). Modes, k=10, one query at a time:
 
   vector          store.vector_search
-  keyword         store.keyword_search (FTS5 BM25)
+  keyword         store.keyword_search (BM25 over the in-memory index, forge.store.keywords)
   hybrid          forge.recall.recall (score fusion, the default), precomputed query vector, touch=False
   hybrid rrf      ... with reciprocal rank fusion
   hybrid+touch    ... touch=True: access statistics are batched, not one write per recall
   hybrid+filter   ... with Filter(kinds={rule}, tags_all={tag05})
   hybrid+agent    ... as Viewer.of("agent-7", groups=["g3"]) instead of the operator
   vector k=30 / keyword k=30   what hybrid asks each signal for (max(3k, 30))
+  keyword / hybrid / hybrid+filter fts5   the same on a second handle of the same file
+                  opened with keyword_index=False: FTS5 ranks, as before the in-memory index
 
 plus ANN recall@10 of store.vector_search against exact numpy search over the same
 vectors, and the first recall after opening the file (the index is loaded beside the
@@ -194,6 +196,7 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
     t0 = time.perf_counter()
     store = SQLiteStore(db)
     opened_s = time.perf_counter() - t0
+    fts = SQLiteStore(db, keyword_index=False)
     try:
         time.sleep(0.5)  # an agent opens its memory a moment before its first question
         t1 = time.perf_counter()
@@ -216,6 +219,10 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
             "hybrid+agent": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=AGENT, k=K, touch=False),
             "vector k=30": lambda q: store.vector_search(q[1], k=3 * K, viewer=ADMIN),
             "keyword k=30": lambda q: store.keyword_search(q[0], k=3 * K, viewer=ADMIN),
+            "keyword fts5": lambda q: fts.keyword_search(q[0], k=K, viewer=ADMIN),
+            "hybrid fts5": lambda q: recall(fts, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=False),
+            "hybrid+filter fts5": lambda q: recall(fts, query=q[0], query_vector=q[1], viewer=ADMIN, k=K,
+                                                   filter=FILTER, touch=False),
         }
         lat: dict[str, dict[str, float]] = {}
         found_vec: list[list[int]] = []
@@ -232,8 +239,13 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
         prof_rows = None
         if profile or (n >= 100_000 and lat["hybrid"]["p50_ms"] > TARGET_P50_MS.get(n, 10.0)):
             prof_rows = {m: _profile(modes[m], queries[: min(60, len(queries))]) for m in ("hybrid", "hybrid+filter")}
+        same = sum(
+            [h.id for h in store.keyword_search(q[0], k=K, viewer=ADMIN)] == [h.id for h in fts.keyword_search(q[0], k=K, viewer=ADMIN)]
+            for q in queries
+        ) / len(queries)
     finally:
         store.close()
+        fts.close()
     log(f"{n:,}: exact search for ground truth ...")
     truth = exact_topk(lambda: ((s, v) for s, v, _ in mix.iter_corpus(n)), qv, K)
     ann = round(sum(len(set(f) & set(t.tolist())) / K for f, t in zip(found_vec, truth, strict=True)) / len(truth), 4)
@@ -243,7 +255,7 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
     if n in TARGET_FILTER_P50_MS:
         targets[f"hybrid+filter_p50<={TARGET_FILTER_P50_MS[n]:g}ms"] = lat["hybrid+filter"]["p50_ms"] <= TARGET_FILTER_P50_MS[n]
     return {"n": n, "build": build_info, "index_open_s": round(open_s, 2), "open_ms": round(opened_s * 1000, 1),
-            "first_recall_ms": round(first_ms, 1), "latency": lat,
+            "first_recall_ms": round(first_ms, 1), "latency": lat, "keyword_same_top10_as_fts5": round(same, 3),
             "ann_recall@10": ann, "filter_selectivity": round(selectivity, 5),
             "agent_visible_share": round(agent_visible, 4),
             "targets": targets, "profile": prof_rows}
@@ -257,6 +269,10 @@ def run(sizes: list[int], n_queries: int, *, cache: Path = CACHE_DIR, rebuild: b
     for r in results[1:]:
         ratios[f"hybrid_p50_{r['n']}_vs_{base['n']}"] = round(r["latency"]["hybrid"]["p50_ms"] / base["latency"]["hybrid"]["p50_ms"], 2)
         ratios[f"keyword_p50_{r['n']}_vs_{base['n']}"] = round(r["latency"]["keyword"]["p50_ms"] / base["latency"]["keyword"]["p50_ms"], 2)
+    for r in results:
+        lat = r["latency"]
+        for mode in ("keyword", "hybrid", "hybrid+filter"):
+            ratios[f"{mode}_p50_fts5_over_index_{r['n']}"] = round(lat[f"{mode} fts5"]["p50_ms"] / lat[mode]["p50_ms"], 2)
     return {"bench": "recall_latency", "k": K, "queries": n_queries, "filter": "kinds={rule}, tags_all={tag05}",
             "agent": "agent-7, groups={g3}", "sizes": results, "ratios": ratios}
 
@@ -274,10 +290,10 @@ def render(r: dict[str, Any]) -> str:
     facts = []
     for s in r["sizes"]:
         b = s["build"]
-        facts.append([f"{s['n']:,}", s["ann_recall@10"], s["filter_selectivity"], s["agent_visible_share"],
+        facts.append([f"{s['n']:,}", s["ann_recall@10"], s["keyword_same_top10_as_fts5"], s["filter_selectivity"], s["agent_visible_share"],
                       "cached" if b.get("cached") else b["build_s"], b["units_per_s"], round(b["bytes"] / 2**20),
                       s["open_ms"], s["first_recall_ms"], s["index_open_s"]])
-    out.append(table("per size", ["units", "ANN recall@10", "filter share", "agent sees", "build s", "build u/s",
+    out.append(table("per size", ["units", "ANN recall@10", "same keyword top 10 as FTS5", "filter share", "agent sees", "build s", "build u/s",
                                   "MiB", "open ms", "first recall ms", "index ready s"], facts))
     t = [f"  {s['n']:,}: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in s["targets"].items() if v is not None)
          for s in r["sizes"]]

@@ -1,7 +1,9 @@
 """The embedded store: one SQLite file (WAL) is the source of truth.
 
-Units, relations, episodes and an append-only event log live in one file; FTS5 gives
-keyword search with BM25; a usearch index next to the file (``<db>.usearch``) gives vector
+Units, relations, episodes and an append-only event log live in one file. Keyword search
+ranks with BM25 in memory (:mod:`forge.store.keywords`, caught up from the file's
+``text_log``), falling back to the file's FTS5 index while that is being built and inside
+a write transaction; a usearch index next to the file (``<db>.usearch``) gives vector
 search and is rebuilt from the file when missing or behind (see :mod:`forge.store.vectors`).
 Every public write is one transaction, so bad input never leaves half-written state.
 """
@@ -51,6 +53,7 @@ from forge.store.common import check_vectors, query_words, redact_events, row_un
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import diff as _diff
 from forge.store.common import int_arg as _int_arg
+from forge.store.keywords import KeywordIndex, fold, stem, top
 from forge.store.records import event_record, parse_records, setting_record, vector_field
 from forge.store.vectors import VectorIndex
 
@@ -62,6 +65,7 @@ SCHEMA_VERSION = 1
 _INTERNAL_KEYS = frozenset({"schema_version", "vseq", "vgen", "dim", "db_id"})
 EXACT_SEARCH_LIMIT = 20_000  # below this many filtered candidates, exact search is cheaper
 COMMON_TERM_SHARE = 0.10  # keyword search skips words in more than this share of units (IDF ~ 2)
+KEYWORD_WIDEN_MAX = 4096  # past this many best matches checked, a filter's admitted units are listed instead
 # Before its first write a store checks the file's pages (PRAGMA quick_check) when the file is
 # at most this big (~0.1 s per 100 MB): a database with corrupt pages refuses writes as it
 # refuses reads. Corruption met by any later query also stops writes.
@@ -143,7 +147,21 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
 CREATE INDEX IF NOT EXISTS events_actor ON events(actor, seq);
 CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
+""" + """
+CREATE TABLE IF NOT EXISTS text_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, unit_rowid INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS units_text_ai AFTER INSERT ON units BEGIN
+    INSERT INTO text_log(unit_rowid) VALUES (new.rowid);
+END;
+CREATE TRIGGER IF NOT EXISTS units_text_ad AFTER DELETE ON units BEGIN
+    INSERT INTO text_log(unit_rowid) VALUES (old.rowid);
+END;
+CREATE TRIGGER IF NOT EXISTS units_text_au AFTER UPDATE OF search_text ON units BEGIN
+    INSERT INTO text_log(unit_rowid) VALUES (new.rowid);
+END;
 """
+#: The in-memory keyword index's change feed (see forge.store.keywords); files made before
+#: it get it on open, and their existing units are read once when the index is built.
+_TEXT_LOG = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS text_log"):]
 
 #: The vector rows the index has not seen, paged by (vseq, rowid): the order of the units_vseq
 #: index. Paged by rowid, SQLite walked the whole table by rowid instead (~12 ms at 8k units),
@@ -169,9 +187,11 @@ class SQLiteStore:
 
     def __init__(
         self, path: str | Path = ":memory:", *, create: bool = True, readonly: bool | None = None, concurrent_reads: bool = True,
+        keyword_index: bool = True,
     ) -> None:
         """``concurrent_reads=False`` sends every read through the writer's one connection,
-        as before reads had their own (kept to measure the difference)."""
+        as before reads had their own; ``keyword_index=False`` ranks keyword search with
+        FTS5 alone, as before the in-memory index (both kept to measure the difference)."""
         self.path = str(path)
         self._file = None if self.path == ":memory:" else Path(self.path)
         self._lock = threading.RLock()
@@ -182,6 +202,9 @@ class SQLiteStore:
         self._corrupt: str | None = None  # why writes are refused, once corruption was seen
         self._checked = False  # whether the file passed a quick integrity check before writing
         self._index_lock = threading.Lock()
+        self._keywords: KeywordIndex | None = None  # built on first need, or by the warm-up thread
+        self._keywords_lock = threading.Lock()  # one builder / catch-up at a time
+        self._keyword_index = keyword_index
         self._warming: threading.Thread | None = None
         self._touches: dict[str, tuple[int, float]] = {}  # unit id -> (recalls, last) not yet written
         self._touch_lock = threading.Lock()  # guards _touches: a recall's touch never waits for a writer
@@ -209,13 +232,15 @@ class SQLiteStore:
                 self._db.close()
             raise
         self._dim = int(self._setting("dim") or 0) or None
+        self._keyword_index = keyword_index and bool(self._q("SELECT 1 FROM sqlite_master WHERE name = 'text_log'"))
         # A file in WAL mode lets readers run beside the writer and each other, each on its
         # own connection: one shared connection made every recall of a server queue on it.
         mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
         self._concurrent_reads = concurrent_reads and self._file is not None and (mode == "wal" or self.readonly)
-        if self._file is not None and self._dim is not None:
-            # Load (or catch up) the vector index now, beside the caller, so the first recall
-            # after open does not pay for it; vector search waits for it if it comes first.
+        if self._file is not None and (self._dim is not None or self._keyword_index):
+            # Load (or catch up) the indexes now, beside the caller, so the first recall after
+            # open does not pay for them: vector search waits for its index if it comes
+            # first, keyword search uses FTS5 until its index is ready.
             self._warming = threading.Thread(target=self._warm_index, name="forge-index-warm", daemon=True)
             self._warming.start()
 
@@ -250,6 +275,8 @@ class SQLiteStore:
     def _warm_index(self) -> None:
         with contextlib.suppress(Exception):  # the first search builds it again and reports the error
             self._ensure_index()
+        with contextlib.suppress(Exception):  # keyword search falls back to FTS5 meanwhile
+            self._ensure_keywords(build=True)
         self._drop_reader()  # this thread ends here: its connection would only wait for close
 
     def _connect(self) -> sqlite3.Connection:
@@ -307,6 +334,10 @@ class SQLiteStore:
         if not self.readonly and not self._q("SELECT 1 FROM sqlite_master WHERE name = 'claims'"):
             with self._tx(check=False) as db:  # files made before claims existed
                 db.execute("CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID")
+        if not self.readonly and not self._q("SELECT 1 FROM sqlite_master WHERE name = 'text_log'"):
+            with self._tx(check=False) as db:  # files made before the in-memory keyword index
+                for stmt in _split_sql(_TEXT_LOG):
+                    db.execute(stmt)
         if not self.readonly and self._setting("db_id") is None:
             # Binds the vector index file to this database (see forge.store.vectors).
             with self._tx(check=False) as db:
@@ -491,8 +522,9 @@ class SQLiteStore:
 
     @property
     def info(self) -> Mapping[str, Any]:
-        return {"backend": "sqlite", "path": self.path, "ann": "usearch", "fts": "fts5", "dim": self._dim,
-                "readonly": self.readonly}
+        return {"backend": "sqlite", "path": self.path, "ann": "usearch",
+                "fts": "bm25-in-memory" if self._keyword_index else "fts5", "dim": self._dim, "readonly": self.readonly,
+                "warming": self._warming is not None and self._warming.is_alive()}
 
     def settings(self) -> dict[str, str]:
         return {k: v for k, v in self._q("SELECT key, value FROM meta") if k not in _INTERNAL_KEYS}
@@ -974,9 +1006,9 @@ class SQLiteStore:
                 break
             want *= 4
         # The filter is selective: search exactly among the units it admits.
-        matching = self._q(
-            f"SELECT rowid FROM units WHERE {where} AND vector IS NOT NULL LIMIT ?", (*params, EXACT_SEARCH_LIMIT * 50)
-        )
+        # No "vector IS NOT NULL" here: it made SQLite read every admitted row (~1.5 KB each)
+        # where the filter's columns are in an index; the vector index knows which have one.
+        matching = self._q(f"SELECT rowid FROM units WHERE {where} LIMIT ?", (*params, EXACT_SEARCH_LIMIT * 50))
         return self._hits(index.search_exact_among(query, [m[0] for m in matching], k))
 
     def check_index(self, *, sample: int | None = None) -> list[str]:
@@ -1032,6 +1064,9 @@ class SQLiteStore:
         words = query_words(query)
         if not words or k <= 0:
             return []
+        index = self._ensure_keywords()
+        if index is not None:
+            return self._ranked_keywords(index, words, k, viewer, filter)
         match = " OR ".join(f'"{w}"' for w in self._informative(words))
         where, params = _where(viewer, filter, alias="u")
         want = max(k * 8, 64)
@@ -1052,22 +1087,91 @@ class SQLiteStore:
         # FTS5 rank is bm25 negated (lower is better); report it as a positive score.
         return [Hit(r[0], -float(r[1])) for r in rows]
 
+    def _ensure_keywords(self, *, build: bool = False) -> KeywordIndex | None:
+        """The in-memory keyword index, caught up with what is committed; None where FTS5 answers.
+
+        FTS5 answers inside this thread's write transaction (the index holds only committed
+        text, and the transaction's own writes may still be rolled back), while a file
+        store's warm-up thread is still building the index, and for a read-only file made
+        before ``text_log`` existed.
+        """
+        if not self._keyword_index or (self._depth and self._tx_owner == threading.get_ident()):
+            return None
+        index = self._keywords
+        if index is None and not build and self._warming is not None and self._warming.is_alive():
+            return None
+        with self._keywords_lock:
+            index = self._keywords
+            if index is None:
+                index = self._build_keywords()
+            self._catch_up_keywords(index)
+            self._keywords = index
+        return index
+
+    def _build_keywords(self) -> KeywordIndex:
+        index = KeywordIndex()
+        # The log position first, then the texts: a unit changed in between is in both,
+        # and replaying it after the build is harmless (re-indexing is idempotent).
+        seq = int(self._q("SELECT coalesce(max(seq), 0) FROM text_log")[0][0])
+
+        def pages() -> Iterator[list[tuple]]:
+            last = -1
+            while rows := self._q("SELECT rowid, search_text FROM units WHERE rowid > ? ORDER BY rowid LIMIT 50000", (last,)):
+                yield rows
+                last = rows[-1][0]
+
+        index.load(pages(), seq=seq)
+        return index
+
+    def _catch_up_keywords(self, index: KeywordIndex) -> None:
+        while log := self._q("SELECT seq, unit_rowid FROM text_log WHERE seq > ? ORDER BY seq LIMIT 20000", (index.seq,)):
+            rowids = sorted({r[1] for r in log})
+            texts: dict[int, str] = {}
+            for chunk in _chunks(rowids, 900):
+                texts.update(self._q(f"SELECT rowid, search_text FROM units WHERE rowid IN ({','.join('?' * len(chunk))})", chunk))
+            index.apply([(r, texts.get(r)) for r in rowids], seq=int(log[-1][0]))
+
+    def _ranked_keywords(self, index: KeywordIndex, words: list[str], k: int, viewer: Viewer, f: Filter) -> list[Hit]:
+        """The ``k`` best BM25 matches the viewer and filter admit, checked in score order."""
+        rowids, scores = index.score(words, common_share=COMMON_TERM_SHARE)
+        if not len(rowids):
+            return []
+        where, params = _where(viewer, f)
+        want = max(k * 8, 64)
+        while True:
+            best, best_scores = top(rowids, scores, min(want, len(rowids)))
+            allowed = self._allowed_rowids(best.tolist(), where, params)
+            hits = [(r, s) for r, s in zip(best.tolist(), best_scores.tolist(), strict=True) if r in allowed]
+            if len(hits) >= k or want >= len(rowids):
+                return self._hits(hits[:k])
+            # The share the filter admitted so far says how far down k admitted matches lie.
+            want = max(want * 8, int(2 * k * want / max(len(hits), 1)))
+            if want > KEYWORD_WIDEN_MAX:
+                break
+        # A selective filter: take the units it admits, then the best matches among them.
+        admitted = np.fromiter((r[0] for r in self._q(f"SELECT rowid FROM units WHERE {where}", params)), dtype=np.int64)
+        keep = np.isin(rowids, admitted)
+        best, best_scores = top(rowids[keep], scores[keep], k)
+        return self._hits(list(zip(best.tolist(), best_scores.tolist(), strict=True)))
+
     def _informative(self, words: list[str]) -> list[str]:
         """Drop words found in more than COMMON_TERM_SHARE of all units (keep the rarest if all are).
 
         FTS5 ranks every unit that matches any query word, so one very common word makes a
         query cost O(n) (bench/recall_latency.py: 99 of 106 ms at 1M units) while its BM25
-        weight is near zero. Document frequencies come from FTS5's own vocabulary; the index
-        holds porter stems, so a word's frequency is that of its longest stored prefix.
+        weight is near zero. Document frequencies of the words' stems come from FTS5's own
+        vocabulary: the same rule, on the same counts, as the in-memory index applies.
         """
-        n = self._q("SELECT max(rowid) FROM units")[0][0] or 0
+        n = self._q("SELECT max(rowid) FROM units")[0][0] or 0  # O(1); the count while no unit was deleted
         if n < 1000 or len(words) < 2:
             return words
-        prefixes = sorted({w[:i] for w in words for i in range(3, len(w) + 1)})
-        df = dict(self._q(f"SELECT term, doc FROM temp.units_vocab WHERE term IN ({','.join('?' * len(prefixes))})", prefixes))
-        freq = {w: next((df[w[:i]] for i in range(len(w), 2, -1) if w[:i] in df), 0) for w in words}
-        keep = [w for w in words if freq[w] <= COMMON_TERM_SHARE * n]
-        return keep or [min(words, key=freq.__getitem__)]
+        stems = {w: stem(fold(w)) for w in words}
+        wanted = sorted(set(stems.values()))
+        df = dict(self._q(f"SELECT term, doc FROM temp.units_vocab WHERE term IN ({','.join('?' * len(wanted))})", wanted))
+        freq = {w: df.get(stems[w], 0) for w in words}
+        present = [w for w in words if freq[w]]
+        keep = [w for w in present if freq[w] <= COMMON_TERM_SHARE * n]
+        return keep or [min(present or words, key=freq.__getitem__)]
 
     def neighbors(
         self,

@@ -163,6 +163,9 @@ class VectorIndex:
 
     def search_exact_among(self, query: np.ndarray, keys: list[int], k: int) -> list[tuple[int, float]]:
         """Exact cosine search restricted to ``keys`` (used when filters are selective)."""
+        if keys:  # units without a vector are not in the index
+            present = self._index.contains(np.asarray(keys, dtype=np.uint64))
+            keys = [key for key, there in zip(keys, present, strict=True) if there]
         if not keys:
             return []
         vecs = self._index.get(np.asarray(keys, dtype=np.uint64))
