@@ -163,7 +163,7 @@ def test_store_ranks_as_fts5_for_every_viewer_and_filter(tmp_path, monkeypatch, 
                 # the same units in the same order (ties by row id), whichever ranks them
                 assert [h.id for h in got] == [h.id for h in want], (viewer, f, q)
                 assert [h.score for h in got] == pytest.approx([h.score for h in want], rel=1e-9)
-        assert fast._keywords is not None and slow._keywords is None
+        assert fast._mirror is not None and slow._mirror is None
     finally:
         fast.close()
         slow.close()
@@ -208,16 +208,16 @@ def test_a_transaction_sees_its_own_writes_and_a_rollback_leaves_none(tmp_path):
         store.close()
 
 
-def test_a_file_made_before_the_text_log_gets_one(tmp_path):
+def test_a_file_made_before_the_unit_log_gets_one(tmp_path):
     db = tmp_path / "old.db"
     store = SQLiteStore(db)
     u = Unit("an old lighthouse")
     store.add([u])
     store.close()
     raw = sqlite3.connect(db)
-    for name in ("units_text_ai", "units_text_ad", "units_text_au"):
+    for name in ("units_log_ai", "units_log_ad", "units_log_au"):
         raw.execute(f"DROP TRIGGER {name}")
-    raw.execute("DROP TABLE text_log")
+    raw.execute("DROP TABLE unit_log")
     raw.commit()
     raw.close()
     store = SQLiteStore(db)
@@ -234,7 +234,7 @@ def test_in_memory_store_uses_the_index():
     store = SQLiteStore()
     store.add([Unit("the lighthouse keeper"), Unit("harbour lights")])
     assert len(store.keyword_search("lighthouse harbour", k=5, viewer=ADMIN)) == 2
-    assert store._keywords is not None and len(store._keywords) == 2
+    assert store._mirror is not None and len(store._mirror[0]) == 2
     store.close()
 
 
@@ -265,3 +265,11 @@ def test_common_words_are_skipped_alike_by_fts5_and_the_index(tmp_path):
     finally:
         fast.close()
         slow.close()
+
+
+def test_top_breaks_ties_at_the_cut_by_rowid():
+    ids = np.arange(100, 0, -1, dtype=np.int32)
+    got, _ = top(ids, np.ones(100), 5)
+    assert got.tolist() == [1, 2, 3, 4, 5]
+    got, scores = top(ids, np.where(ids == 50, 2.0, 1.0), 3)
+    assert got.tolist() == [50, 1, 2] and scores.tolist() == [2.0, 1.0, 1.0]

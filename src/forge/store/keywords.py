@@ -305,9 +305,13 @@ class KeywordIndex:
 
 
 def top(rowids: np.ndarray, scores: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``n`` best (row id, score) pairs, best first; ties by row id for a stable order."""
+    """The ``n`` best (row id, score) pairs, best first; ties by row id, at the cut too."""
     if n < len(scores):
-        part = np.argpartition(-scores, n - 1)[:n]
-        rowids, scores = rowids[part], scores[part]
+        cut = -np.partition(-scores, n - 1)[n - 1]  # the n-th best score
+        above = np.flatnonzero(scores > cut)
+        tied = np.flatnonzero(scores == cut)
+        tied = tied[np.argsort(rowids[tied], kind="stable")[: n - len(above)]]
+        keep = np.concatenate((above, tied))
+        rowids, scores = rowids[keep], scores[keep]
     order = np.lexsort((rowids, -scores))
     return rowids[order], scores[order]

@@ -2,7 +2,7 @@
 
 Units, relations, episodes and an append-only event log live in one file. Keyword search
 ranks with BM25 in memory (:mod:`forge.store.keywords`, caught up from the file's
-``text_log``), falling back to the file's FTS5 index while that is being built and inside
+``unit_log``), falling back to the file's FTS5 index while that is being built and inside
 a write transaction; a usearch index next to the file (``<db>.usearch``) gives vector
 search and is rebuilt from the file when missing or behind (see :mod:`forge.store.vectors`).
 Every public write is one transaction, so bad input never leaves half-written state.
@@ -53,6 +53,8 @@ from forge.store.common import check_vectors, query_words, redact_events, row_un
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import diff as _diff
 from forge.store.common import int_arg as _int_arg
+from forge.store.facts import COLUMNS as FACT_COLUMNS
+from forge.store.facts import Facts, member
 from forge.store.keywords import KeywordIndex, fold, stem, top
 from forge.store.records import event_record, parse_records, setting_record, vector_field
 from forge.store.vectors import VectorIndex
@@ -65,6 +67,8 @@ SCHEMA_VERSION = 1
 _INTERNAL_KEYS = frozenset({"schema_version", "vseq", "vgen", "dim", "db_id"})
 EXACT_SEARCH_LIMIT = 20_000  # below this many filtered candidates, exact search is cheaper
 COMMON_TERM_SHARE = 0.10  # keyword search skips words in more than this share of units (IDF ~ 2)
+MIRROR_PAGE = 10_000  # rows read per query while the in-memory mirror is built ...
+MIRROR_STEP = 250  # ... and indexed between pauses
 KEYWORD_WIDEN_MAX = 4096  # past this many best matches checked, a filter's admitted units are listed instead
 # Before its first write a store checks the file's pages (PRAGMA quick_check) when the file is
 # at most this big (~0.1 s per 100 MB): a database with corrupt pages refuses writes as it
@@ -148,20 +152,22 @@ CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
 CREATE INDEX IF NOT EXISTS events_actor ON events(actor, seq);
 CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
 """ + """
-CREATE TABLE IF NOT EXISTS text_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, unit_rowid INTEGER NOT NULL);
-CREATE TRIGGER IF NOT EXISTS units_text_ai AFTER INSERT ON units BEGIN
-    INSERT INTO text_log(unit_rowid) VALUES (new.rowid);
+CREATE TABLE IF NOT EXISTS unit_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, unit_rowid INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS units_log_ai AFTER INSERT ON units BEGIN
+    INSERT INTO unit_log(unit_rowid) VALUES (new.rowid);
 END;
-CREATE TRIGGER IF NOT EXISTS units_text_ad AFTER DELETE ON units BEGIN
-    INSERT INTO text_log(unit_rowid) VALUES (old.rowid);
+CREATE TRIGGER IF NOT EXISTS units_log_ad AFTER DELETE ON units BEGIN
+    INSERT INTO unit_log(unit_rowid) VALUES (old.rowid);
 END;
-CREATE TRIGGER IF NOT EXISTS units_text_au AFTER UPDATE OF search_text ON units BEGIN
-    INSERT INTO text_log(unit_rowid) VALUES (new.rowid);
+CREATE TRIGGER IF NOT EXISTS units_log_au
+AFTER UPDATE OF search_text, kind, status, scope, owner, domain, task, role, tags, created_at ON units BEGIN
+    INSERT INTO unit_log(unit_rowid) VALUES (new.rowid);
 END;
 """
-#: The in-memory keyword index's change feed (see forge.store.keywords); files made before
-#: it get it on open, and their existing units are read once when the index is built.
-_TEXT_LOG = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS text_log"):]
+#: The change feed of the in-memory mirror (forge.store.keywords, forge.store.facts); files
+#: made before it get it on open, and their units are read once when the mirror is built.
+_UNIT_LOG = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS unit_log"):]
+_MIRROR_COLUMNS = "rowid, search_text, " + ", ".join(FACT_COLUMNS)
 
 #: The vector rows the index has not seen, paged by (vseq, rowid): the order of the units_vseq
 #: index. Paged by rowid, SQLite walked the whole table by rowid instead (~12 ms at 8k units),
@@ -202,10 +208,13 @@ class SQLiteStore:
         self._corrupt: str | None = None  # why writes are refused, once corruption was seen
         self._checked = False  # whether the file passed a quick integrity check before writing
         self._index_lock = threading.Lock()
-        self._keywords: KeywordIndex | None = None  # built on first need, or by the warm-up thread
+        # The in-memory mirror: BM25 and the filter columns, built on first need or by the
+        # warm-up thread, caught up from unit_log before each search.
+        self._mirror: tuple[KeywordIndex, Facts] | None = None
         self._keywords_lock = threading.Lock()  # one builder / catch-up at a time
         self._keyword_index = keyword_index
         self._warming: threading.Thread | None = None
+        self._closing = threading.Event()  # tells the warm-up thread to stop building the mirror
         self._touches: dict[str, tuple[int, float]] = {}  # unit id -> (recalls, last) not yet written
         self._touch_lock = threading.Lock()  # guards _touches: a recall's touch never waits for a writer
         self._touch_timer: threading.Timer | None = None
@@ -232,7 +241,7 @@ class SQLiteStore:
                 self._db.close()
             raise
         self._dim = int(self._setting("dim") or 0) or None
-        self._keyword_index = keyword_index and bool(self._q("SELECT 1 FROM sqlite_master WHERE name = 'text_log'"))
+        self._keyword_index = keyword_index and bool(self._q("SELECT 1 FROM sqlite_master WHERE name = 'unit_log'"))
         # A file in WAL mode lets readers run beside the writer and each other, each on its
         # own connection: one shared connection made every recall of a server queue on it.
         mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
@@ -334,9 +343,9 @@ class SQLiteStore:
         if not self.readonly and not self._q("SELECT 1 FROM sqlite_master WHERE name = 'claims'"):
             with self._tx(check=False) as db:  # files made before claims existed
                 db.execute("CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID")
-        if not self.readonly and not self._q("SELECT 1 FROM sqlite_master WHERE name = 'text_log'"):
-            with self._tx(check=False) as db:  # files made before the in-memory keyword index
-                for stmt in _split_sql(_TEXT_LOG):
+        if not self.readonly and not self._q("SELECT 1 FROM sqlite_master WHERE name = 'unit_log'"):
+            with self._tx(check=False) as db:  # files made before the in-memory mirror
+                for stmt in _split_sql(_UNIT_LOG):
                     db.execute(stmt)
         if not self.readonly and self._setting("db_id") is None:
             # Binds the vector index file to this database (see forge.store.vectors).
@@ -989,14 +998,15 @@ class SQLiteStore:
         index = self._ensure_index()
         if index is None or k <= 0:
             return []
-        where, params = _where(viewer, filter)
+        facts = self._ensure_facts()
+        admit = self._admitter(viewer, filter, facts)
         want = max(k * 4, 40)
         total = len(index)
         while True:
             cands = index.search(query, want)
             if not cands:
                 return []
-            allowed = self._allowed_rowids([c[0] for c in cands], where, params)
+            allowed = admit(np.array([c[0] for c in cands], dtype=np.int64))
             hits = [(r, s) for r, s in cands if r in allowed]
             if len(hits) >= k or want >= total:
                 return self._hits(hits[:k])
@@ -1006,10 +1016,25 @@ class SQLiteStore:
                 break
             want *= 4
         # The filter is selective: search exactly among the units it admits.
+        matching = self._admitted(viewer, filter, facts)[: EXACT_SEARCH_LIMIT * 50]
+        return self._hits(index.search_exact_among(query, matching.tolist(), k))
+
+    def _admitter(self, viewer: Viewer, f: Filter, facts: Facts | None) -> Callable[[np.ndarray], set[int]]:
+        """A test of candidate row ids against the viewer's scopes and the filter: the
+        in-memory columns when they are caught up (``facts``), else one SQL query per call."""
+        if facts is not None:
+            return lambda rowids: set(rowids[facts.admits(rowids, viewer, f)].tolist())
+        where, params = _where(viewer, f)
+        return lambda rowids: self._allowed_rowids(rowids.tolist(), where, params)
+
+    def _admitted(self, viewer: Viewer, f: Filter, facts: Facts | None) -> np.ndarray:
+        """Row ids of every unit the viewer may see and the filter admits, ascending."""
+        if facts is not None:
+            return facts.admitted(viewer, f)
         # No "vector IS NOT NULL" here: it made SQLite read every admitted row (~1.5 KB each)
         # where the filter's columns are in an index; the vector index knows which have one.
-        matching = self._q(f"SELECT rowid FROM units WHERE {where} LIMIT ?", (*params, EXACT_SEARCH_LIMIT * 50))
-        return self._hits(index.search_exact_among(query, [m[0] for m in matching], k))
+        where, params = _where(viewer, f)
+        return np.fromiter((r[0] for r in self._q(f"SELECT rowid FROM units WHERE {where} ORDER BY rowid", params)), dtype=np.int64)
 
     def check_index(self, *, sample: int | None = None) -> list[str]:
         """Compare the vector index with the database; the problems found, empty if none.
@@ -1064,15 +1089,16 @@ class SQLiteStore:
         words = query_words(query)
         if not words or k <= 0:
             return []
-        index = self._ensure_keywords()
-        if index is not None:
-            return self._ranked_keywords(index, words, k, viewer, filter)
+        mirror = self._ensure_mirror()
+        if mirror is not None:
+            return self._ranked_keywords(*mirror, words, k, viewer, filter)
         match = " OR ".join(f'"{w}"' for w in self._informative(words))
         where, params = _where(viewer, filter, alias="u")
         want = max(k * 8, 64)
         rows = self._q(
-            f"SELECT u.id, f.rank FROM (SELECT rowid, rank FROM units_fts WHERE units_fts MATCH ? ORDER BY rank LIMIT ?) f "
-            f"JOIN units u ON u.rowid = f.rowid WHERE {where} ORDER BY f.rank LIMIT ?",
+            # ties by row id, as the in-memory index breaks them
+            f"SELECT u.id, f.rank FROM (SELECT rowid, rank FROM units_fts WHERE units_fts MATCH ? ORDER BY rank, rowid LIMIT ?) f "
+            f"JOIN units u ON u.rowid = f.rowid WHERE {where} ORDER BY f.rank, f.rowid LIMIT ?",
             (match, want, *params, k),
         )
         if len(rows) < k:
@@ -1081,7 +1107,7 @@ class SQLiteStore:
             # ("ORDER BY rank" would have FTS5 score and sort every match first).
             rows = self._q(
                 f"SELECT u.id, bm25(units_fts) AS r FROM units_fts JOIN units u ON u.rowid = units_fts.rowid "
-                f"WHERE units_fts MATCH ? AND {where} ORDER BY r LIMIT ?",
+                f"WHERE units_fts MATCH ? AND {where} ORDER BY r, u.rowid LIMIT ?",
                 (match, *params, k),
             )
         # FTS5 rank is bm25 negated (lower is better); report it as a positive score.
@@ -1093,54 +1119,76 @@ class SQLiteStore:
         FTS5 answers inside this thread's write transaction (the index holds only committed
         text, and the transaction's own writes may still be rolled back), while a file
         store's warm-up thread is still building the index, and for a read-only file made
-        before ``text_log`` existed.
+        before ``unit_log`` existed.
         """
+        mirror = self._ensure_mirror(build=build)
+        return mirror[0] if mirror else None
+
+    def _ensure_facts(self) -> Facts | None:
+        """The in-memory filter columns, caught up; None where SQL must test scopes and filters."""
+        mirror = self._ensure_mirror()
+        return mirror[1] if mirror else None
+
+    def _ensure_mirror(self, *, build: bool = False) -> tuple[KeywordIndex, Facts] | None:
         if not self._keyword_index or (self._depth and self._tx_owner == threading.get_ident()):
             return None
-        index = self._keywords
-        if index is None and not build and self._warming is not None and self._warming.is_alive():
+        if self._mirror is None and not build and self._warming is not None and self._warming.is_alive():
             return None
         with self._keywords_lock:
-            index = self._keywords
-            if index is None:
-                index = self._build_keywords()
-            self._catch_up_keywords(index)
-            self._keywords = index
-        return index
+            mirror = self._mirror or self._build_mirror()
+            self._catch_up_mirror(*mirror)
+            self._mirror = mirror
+        return mirror
 
-    def _build_keywords(self) -> KeywordIndex:
-        index = KeywordIndex()
-        # The log position first, then the texts: a unit changed in between is in both,
-        # and replaying it after the build is harmless (re-indexing is idempotent).
-        seq = int(self._q("SELECT coalesce(max(seq), 0) FROM text_log")[0][0])
+    def _build_mirror(self) -> tuple[KeywordIndex, Facts]:
+        index, facts = KeywordIndex(), Facts()
+        # The log position first, then the rows: a unit changed in between is in both,
+        # and replaying it after the build is harmless (applying a row is idempotent).
+        seq = int(self._q("SELECT coalesce(max(seq), 0) FROM unit_log")[0][0])
 
         def pages() -> Iterator[list[tuple]]:
             last = -1
-            while rows := self._q("SELECT rowid, search_text FROM units WHERE rowid > ? ORDER BY rowid LIMIT 50000", (last,)):
-                yield rows
+            while rows := self._q(f"SELECT {_MIRROR_COLUMNS} FROM units WHERE rowid > ? ORDER BY rowid LIMIT {MIRROR_PAGE}", (last,)):
+                for i in range(0, len(rows), MIRROR_STEP):
+                    if self._closing.is_set():
+                        raise StoreError(f"{self.path}: the store is closed")
+                    step = rows[i : i + MIRROR_STEP]
+                    facts.load_rows([(r[0], *r[2:9], r[10]) for r in step])  # tags come from unit_tags
+                    yield [(r[0], r[1]) for r in step]
+                    # A pause after each ~1 ms of work: this runs beside the first recalls after
+                    # open, and a thread that holds the GIL for its whole 5 ms switch interval
+                    # made each of a recall's ~20 GIL hand-offs wait for it (121 ms vs 17 ms).
+                    time.sleep(0.0005)
                 last = rows[-1][0]
 
         index.load(pages(), seq=seq)
-        return index
+        tags = [r[0] for r in self._q("SELECT DISTINCT tag FROM unit_tags")]  # then one tag at a time: bounded memory
+        facts.load_tags(((t, r[0]) for t in tags for r in self._q("SELECT unit_rowid FROM unit_tags WHERE tag = ?", (t,))),
+                        seq=seq)
+        return index, facts
 
-    def _catch_up_keywords(self, index: KeywordIndex) -> None:
-        while log := self._q("SELECT seq, unit_rowid FROM text_log WHERE seq > ? ORDER BY seq LIMIT 20000", (index.seq,)):
+    def _catch_up_mirror(self, index: KeywordIndex, facts: Facts) -> None:
+        while log := self._q("SELECT seq, unit_rowid FROM unit_log WHERE seq > ? ORDER BY seq LIMIT 20000", (index.seq,)):
             rowids = sorted({r[1] for r in log})
-            texts: dict[int, str] = {}
+            rows: dict[int, tuple] = {}
             for chunk in _chunks(rowids, 900):
-                texts.update(self._q(f"SELECT rowid, search_text FROM units WHERE rowid IN ({','.join('?' * len(chunk))})", chunk))
-            index.apply([(r, texts.get(r)) for r in rowids], seq=int(log[-1][0]))
+                found = self._q(f"SELECT {_MIRROR_COLUMNS} FROM units WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
+                rows.update((r[0], r) for r in found)
+            seq = int(log[-1][0])
+            # facts first: a unit is never admitted by a filter before its text can be found
+            facts.apply([(r, rows[r][2:] if r in rows else None) for r in rowids], seq=seq)
+            index.apply([(r, rows[r][1] if r in rows else None) for r in rowids], seq=seq)
 
-    def _ranked_keywords(self, index: KeywordIndex, words: list[str], k: int, viewer: Viewer, f: Filter) -> list[Hit]:
+    def _ranked_keywords(self, index: KeywordIndex, facts: Facts, words: list[str], k: int, viewer: Viewer, f: Filter) -> list[Hit]:
         """The ``k`` best BM25 matches the viewer and filter admit, checked in score order."""
         rowids, scores = index.score(words, common_share=COMMON_TERM_SHARE)
         if not len(rowids):
             return []
-        where, params = _where(viewer, f)
+        admit = self._admitter(viewer, f, facts)
         want = max(k * 8, 64)
         while True:
             best, best_scores = top(rowids, scores, min(want, len(rowids)))
-            allowed = self._allowed_rowids(best.tolist(), where, params)
+            allowed = admit(best)
             hits = [(r, s) for r, s in zip(best.tolist(), best_scores.tolist(), strict=True) if r in allowed]
             if len(hits) >= k or want >= len(rowids):
                 return self._hits(hits[:k])
@@ -1149,8 +1197,7 @@ class SQLiteStore:
             if want > KEYWORD_WIDEN_MAX:
                 break
         # A selective filter: take the units it admits, then the best matches among them.
-        admitted = np.fromiter((r[0] for r in self._q(f"SELECT rowid FROM units WHERE {where}", params)), dtype=np.int64)
-        keep = np.isin(rowids, admitted)
+        keep = member(rowids, self._admitted(viewer, f, facts))
         best, best_scores = top(rowids[keep], scores[keep], k)
         return self._hits(list(zip(best.tolist(), best_scores.tolist(), strict=True)))
 
@@ -1333,6 +1380,7 @@ class SQLiteStore:
                 raise StoreError(f"{index.path}: cannot save the vector index ({exc})") from None
 
     def close(self) -> None:
+        self._closing.set()  # a mirror still being built is dropped: a short-lived process need not wait for it
         if self._warming is not None:
             self._warming.join()
         with self._lock:
