@@ -1135,8 +1135,11 @@ class SQLiteStore:
     def _ensure_mirror(self, *, build: bool = False) -> tuple[KeywordIndex, Facts] | None:
         if not self._keyword_index or (self._depth and self._tx_owner == threading.get_ident()):
             return None
-        if self._mirror is None and not build and self._warming is not None and self._warming.is_alive():
+        mirror = self._mirror
+        if mirror is None and not build and self._warming is not None and self._warming.is_alive():
             return None
+        if mirror is not None and self._q("SELECT max(seq) FROM unit_log")[0][0] in (None, mirror[0].seq):
+            return mirror  # nothing new: no lock, so concurrent searches do not queue on it
         with self._keywords_lock:
             mirror = self._mirror or self._build_mirror()
             self._catch_up_mirror(*mirror)
