@@ -277,7 +277,10 @@ def data_path(arg: Path | None) -> Path:
 def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None = None,
         ks: Sequence[int] = KS, context: Sequence[str] = DEFAULT_CONTEXT, which: str | None = None,
         modes: dict[str, Weights] | None = None, emb: Any = None, cache: bool = False,
-        only: Sequence[str] = ()) -> dict[str, Any]:
+        only: Sequence[str] = (), rerank: Any = None, max_questions: int | None = None) -> dict[str, Any]:
+    """``rerank`` (a :class:`forge.recall.Reranker`) adds a "hybrid+rerank" mode: the default
+    hybrid's 30 candidates reordered by it, then cut to the top k. ``max_questions`` stops
+    after that many questions in all (a reranker on a local LLM costs seconds each)."""
     modes = MODES if modes is None else modes
     everything = load(data)
     which = which or ("test" if len(everything) >= 4 else "all")
@@ -295,8 +298,11 @@ def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None
     ingest_s = 0.0
     embed_ms: list[float] = []
     recall_ms: list[float] = []
+    rerank_ms: list[float] = []
     admin = Viewer.admin()
     for sample in samples:
+        if max_questions is not None and len(per_q) >= max_questions:
+            break
         mem = Memory(SQLiteStore(":memory:"), emb)
         t1 = time.perf_counter()
         n_units += ingest(mem, sample, context=context)
@@ -311,7 +317,7 @@ def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None
                 usable.append((q, ev))
             else:
                 n_skipped += 1
-        for q, ev in usable:
+        for q, ev in usable[: None if max_questions is None else max_questions - len(per_q)]:
             question = str(q["question"])
             t2 = time.perf_counter()
             qv = mem.embed([question])[0]  # one query at a time, as an agent asks
@@ -326,11 +332,20 @@ def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None
                     recall_ms.append((time.perf_counter() - t3) * 1000)
                 ranked = [r.unit.meta.get("dia_id") for r in got]
                 row[mode] = {f"r@{k}": len(set(ranked[:k]) & set(ev)) / len(ev) for k in ks}
+            if rerank is not None:
+                t4 = time.perf_counter()
+                got = recall(mem.store, query=question, query_vector=qv, viewer=admin, k=kmax, weights=MODES["hybrid"],
+                             hops=1, touch=False, rerank=rerank)
+                rerank_ms.append((time.perf_counter() - t4) * 1000)
+                ranked = [r.unit.meta.get("dia_id") for r in got]
+                row["hybrid+rerank"] = {f"r@{k}": len(set(ranked[:k]) & set(ev)) / len(ev) for k in ks}
             per_q.append(row)
         mem.close()
         if isinstance(emb, CachedEmbedder):
             emb.save()
     med = lambda xs: round(statistics.median(xs), 2) if xs else None  # noqa: E731
+    if rerank is not None:
+        modes = {**modes, "hybrid+rerank": MODES["hybrid"]}
     return {"bench": "locomo", "data": str(data), "split": which,
             "split_samples": [s["sample_id"] for s in samples],
             "tune_samples": [s["sample_id"] for s in split(everything, "tune")],
@@ -340,6 +355,7 @@ def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None
             "model_load_s": round(load_s, 2), "ingest_s": round(ingest_s, 2),
             "query_embed_p50_ms": med(embed_ms), "hybrid_recall_p50_ms": med(recall_ms),
             "hybrid_total_p50_ms": med([a + b for a, b in zip(embed_ms, recall_ms, strict=False)]),
+            "rerank_recall_p50_ms": med(rerank_ms),
             "by_category": _aggregate(per_q, ks, list(modes)), "per_question": per_q}
 
 
@@ -403,6 +419,9 @@ def render(r: dict[str, Any]) -> str:
     out.append(f"timing: model load {r['model_load_s']} s, ingest {r['ingest_s']} s; one query: embedding p50 "
                f"{r['query_embed_p50_ms']} ms, hybrid recall p50 {r['hybrid_recall_p50_ms']} ms, "
                f"together {r['hybrid_total_p50_ms']} ms")
+    if r.get("rerank_recall_p50_ms") is not None:
+        out.append(f"hybrid+rerank: recall with the LLM grading 30 candidates p50 {r['rerank_recall_p50_ms']} ms "
+                   f"over {r['questions']} questions")
     if r["data"] == str(DEFAULT_DATA):
         out.append("NOTE: bench/data/locomo_sample.json is a smoke test written for this project; "
                    "pass --data with the public LoCoMo file for figures that mean anything.")
@@ -468,7 +487,12 @@ def main() -> None:
                    help="combine --json outputs of runs over disjoint conversations into one table")
     p.add_argument("--cache", action="store_true",
                    help="cache the stored turns' embeddings in .bench/ (sweeps always do); questions are always embedded")
+    p.add_argument("--rerank", default=None, metavar="LLM",
+                   help="add hybrid+rerank: forge.rerank.LLMReranker on this LLM (local, openai:MODEL) grading the 30 candidates")
+    p.add_argument("--questions", type=int, default=None, help="stop after this many questions in all (for --rerank)")
     a = p.parse_args()
+    if a.questions is not None and a.questions < 1:
+        raise SystemExit("--questions must be positive")
     if a.merge:
         merged = merge([json.loads(f.read_text()) for f in a.merge])
         if not a.json:
@@ -494,8 +518,15 @@ def main() -> None:
             f"fusion on the tuning split ({', '.join(r['samples'])})", ["mode", "overall@10", "min margin@10"],
             [[x["mode"], x["overall@10"], x["min_margin@10"]] for x in r["rows"]]))
         return
+    reranker = None
+    if a.rerank:
+        from forge.llm import open_llm
+        from forge.rerank import LLMReranker
+
+        reranker = LLMReranker(open_llm(a.rerank), top_n=30)
     result = run(data, embedder=a.embedder, limit=limit, context=context, which=a.split, cache=a.cache,
-                 only=tuple(x for x in a.samples.split(",") if x), modes=tune_modes() if a.tune_modes else None)
+                 only=tuple(x for x in a.samples.split(",") if x), modes=tune_modes() if a.tune_modes else None,
+                 rerank=reranker, max_questions=a.questions)
     if not a.json:
         result.pop("per_question")
     emit(result, a.json, render)

@@ -36,6 +36,17 @@ def _fts_scores(db, words):
     return dict(db.execute("SELECT rowid, -bm25(f) FROM f WHERE f MATCH ?", (match,)).fetchall())
 
 
+def _assert_scores_as_fts5(index, db):
+    """Every query matches the same units as FTS5, each with FTS5's bm25() score."""
+    for words in QUERIES:
+        want = _fts_scores(db, words)
+        ids, scores = index.score(words)
+        got = dict(zip(ids.tolist(), scores.tolist(), strict=True))
+        assert set(got) == set(want), words
+        for rowid, s in want.items():
+            assert got[rowid] == pytest.approx(s, rel=1e-9), (words, rowid)
+
+
 QUERIES = [["w1", "w2"], ["running", "harbour"], ["lighthouse"], ["cafe"], ["naive", "w3"], ["w5", "w6", "w7"], ["absent"]]
 
 
@@ -49,13 +60,7 @@ def test_scores_equal_fts5_bm25(bulk):
         index.apply(rows, seq=7)
     assert index.seq == 7 and len(index) == 3000
     db = _fts(rows)
-    for words in QUERIES:
-        want = _fts_scores(db, words)
-        ids, scores = index.score(words)
-        got = dict(zip(ids.tolist(), scores.tolist(), strict=True))
-        assert set(got) == set(want), words
-        for rowid, s in want.items():
-            assert got[rowid] == pytest.approx(s, rel=1e-9), (words, rowid)
+    _assert_scores_as_fts5(index, db)
 
 
 def test_changes_and_merges_follow_the_text(monkeypatch):
@@ -85,19 +90,9 @@ def test_changes_and_merges_follow_the_text(monkeypatch):
         index.apply(batch, seq=step)
     assert len(index) == len(texts)
     db = _fts(list(texts.items()))
-    for words in QUERIES:
-        want = _fts_scores(db, words)
-        ids, scores = index.score(words)
-        got = dict(zip(ids.tolist(), scores.tolist(), strict=True))
-        assert set(got) == set(want), words
-        for rowid, s in want.items():
-            assert got[rowid] == pytest.approx(s, rel=1e-9), (words, rowid)
+    _assert_scores_as_fts5(index, db)
     index._seal()
-    for words in QUERIES:
-        ids, scores = index.score(words)
-        got = dict(zip(ids.tolist(), scores.tolist(), strict=True))
-        for rowid, s in _fts_scores(db, words).items():
-            assert got[rowid] == pytest.approx(s, rel=1e-9)
+    _assert_scores_as_fts5(index, db)
 
 
 def test_common_words_are_skipped_when_others_remain():
