@@ -8,8 +8,9 @@ scored in a handful of vectorised operations, and a filter is applied to candida
 score order, not to every match.
 
 Like :mod:`forge.store.vectors` it is a cache derived from the database, never the
-source of truth. Triggers on ``units`` append the row id of every inserted, re-texted or
-deleted unit to ``text_log`` (an AUTOINCREMENT sequence, so committed entries only grow);
+source of truth. Triggers on ``units`` append the row id of every inserted, re-texted,
+re-filed or deleted unit to ``unit_log`` (an AUTOINCREMENT sequence, so committed entries
+only grow; :mod:`forge.store.facts` is fed from the same log);
 the index remembers the last entry it applied and replays the ones after it, in any
 process. Re-indexing a unit is idempotent, so reading the log before the texts is safe.
 
@@ -77,7 +78,7 @@ class KeywordIndex:
         import Stemmer  # PyStemmer
 
         self._stem = Stemmer.Stemmer("porter").stemWord
-        self.seq = 0  # the last text_log entry applied
+        self.seq = 0  # the last unit_log entry applied
         self._lock = threading.Lock()
         self._terms: dict[str, int] = {}  # stem -> term id
         self._word: dict[str, int] = {}  # folded token -> term id, or -1 for words never searched
