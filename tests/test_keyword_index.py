@@ -268,3 +268,45 @@ def test_top_breaks_ties_at_the_cut_by_rowid():
     assert got.tolist() == [1, 2, 3, 4, 5]
     got, scores = top(ids, np.where(ids == 50, 2.0, 1.0), 3)
     assert got.tolist() == [50, 1, 2] and scores.tolist() == [2.0, 1.0, 1.0]
+
+
+_ODD = list("abcdefg hij 19_-'") + ["é", "ü", "ß", "ﬁ", "²", "Ａ", "İ", "ñ", "Ω", "中", "\u0301", "ǅ", "ı", "ø", "æ", "\x00", "😀"]
+
+
+def test_tokens_and_stems_are_fts5s_for_any_unicode():
+    """Ligatures, Turkish dotted I, title-case digraphs, combining marks, CJK, emoji: the
+    tokens and stems are what FTS5's porter unicode61 stores, term for term."""
+    from forge.store.keywords import stem, tokens
+
+    rng = random.Random(7)
+    db = _fts([])
+    db.execute("CREATE VIRTUAL TABLE v USING fts5vocab(f, 'instance')")
+    for i in range(400):
+        text = "".join(rng.choice(_ODD) for _ in range(rng.randint(1, 40)))
+        db.execute("INSERT INTO f(rowid, t) VALUES (?, ?)", (i, text))
+        want = [r[0] for r in db.execute("SELECT term FROM v WHERE doc = ? ORDER BY offset", (i,))]
+        assert [stem(t) for t in tokens(text)] == want, repr(text)
+
+
+def test_unicode_texts_score_as_fts5():
+    from forge.store.common import STOPWORDS, query_words
+    from forge.store.keywords import tokens
+
+    rng = random.Random(1)
+    rows = [(i, "".join(rng.choice(_ODD) for _ in range(rng.randint(0, 40)))) for i in range(1, 2001)]
+    index = KeywordIndex()
+    index.load([rows], seq=1)
+    db = _fts(rows)
+    checked = 0
+    for _ in range(300):
+        words = query_words("".join(rng.choice(_ODD) for _ in range(rng.randint(1, 15))))
+        # the words FTS5 would search as one searchable token each (a word it splits is a phrase)
+        if not words or any(len(t := tokens(w)) != 1 or len(t[0]) < 2 or t[0] in STOPWORDS for w in words):
+            continue
+        want = _fts_scores(db, words)
+        ids, scores = index.score(words)
+        got = dict(zip(ids.tolist(), scores.tolist(), strict=True))
+        assert set(got) == set(want), words
+        assert all(got[r] == pytest.approx(s, rel=1e-9) for r, s in want.items()), words
+        checked += 1
+    assert checked > 100

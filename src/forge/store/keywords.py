@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import math
 import re
+import sqlite3
 import threading
-import unicodedata
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from typing import Any
@@ -39,45 +39,85 @@ import numpy as np
 
 from forge.store.common import STOPWORDS
 
-__all__ = ["KeywordIndex", "fold", "stem"]
+__all__ = ["KeywordIndex", "stem", "tokens"]
 
 K1 = 1.2  # FTS5's bm25() constants
 B = 0.75
 MERGE_MIN_DOCS = 20_000  # the buffer is sealed when it holds this many documents...
 MERGE_SHARE = 0.25  # ... and at least this share of the sealed segment's
-_TOKEN = re.compile(r"[^\W_]+")  # unicode61: letters and digits; punctuation and "_" separate
+_ASCII_TOKEN = re.compile(r"[a-z0-9]+")  # unicode61 on ASCII: letters and digits; the rest separates
+PORTER_MIN_BYTES, PORTER_MAX_BYTES = 3, 64  # FTS5's porter tokenizer passes other tokens through unstemmed
+
+# What unicode61 makes of each non-ASCII character, asked of SQLite itself once per character:
+# " " where it separates tokens, else its folded form (lower case, Latin diacritics removed,
+# possibly ""). The tokenizer works one code point at a time, so this map is exact, and it
+# follows the linked SQLite's Unicode tables rather than Python's (they differ: "İ", "ǅ").
+_CHARS: dict[str, str] = {}
+_CHARS_LOCK = threading.Lock()
+_probe: sqlite3.Connection | None = None
 
 
-def fold(text: str) -> str:
-    """Lower case without diacritics, as FTS5's unicode61 tokenizer sees text."""
-    text = text.lower()
+def _ask_fts5(table: str, text: str) -> list[str]:
+    """The terms SQLite's FTS5 stores for ``text`` in a scratch table (``p``: unicode61,
+    ``s``: porter unicode61). Caller holds _CHARS_LOCK."""
+    global _probe
+    if _probe is None:
+        _probe = sqlite3.connect(":memory:", check_same_thread=False)
+        for name, tokenizer in (("p", "unicode61"), ("s", "porter unicode61")):
+            _probe.execute(f"CREATE VIRTUAL TABLE {name} USING fts5(x, tokenize='{tokenizer}')")
+            _probe.execute(f"CREATE VIRTUAL TABLE {name}v USING fts5vocab({name}, 'instance')")
+    _probe.execute(f"DELETE FROM {table}")
+    _probe.execute(f"INSERT INTO {table}(rowid, x) VALUES (1, ?)", (text,))
+    return [r[0] for r in _probe.execute(f"SELECT term FROM {table}v ORDER BY offset")]
+
+
+def _unicode61(c: str) -> str:
+    with _CHARS_LOCK:
+        if c not in _CHARS:
+            terms = _ask_fts5("p", f"a{c}b")
+            _CHARS[c] = terms[0][1:-1] if len(terms) == 1 else " "
+        return _CHARS[c]
+
+
+def tokens(text: str) -> list[str]:
+    """The tokens FTS5's ``unicode61`` tokenizer makes of ``text``, before stemming."""
     if text.isascii():
-        return text
-    return "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+        return _ASCII_TOKEN.findall(text.lower())
+    chars = _CHARS
+    return "".join(
+        (c.lower() if c.isalnum() else " ") if c.isascii() else (chars[c] if c in chars else _unicode61(c)) for c in text
+    ).split()
 
 
 _STEMMER_LOCK = threading.Lock()  # a PyStemmer object is not safe to share between threads
 _stemmer: Any = None
 
 
-def stem(word: str) -> str:
-    """A folded word's Porter stem: the term FTS5's ``porter`` tokenizer stores for it."""
+def stem(token: str) -> str:
+    """A token's Porter stem: the term FTS5's ``porter`` tokenizer stores for it.
+
+    ASCII tokens go to PyStemmer (the same algorithm, in C). FTS5's stemmer works on UTF-8
+    bytes, so a multi-byte letter counts as several consonants and stems of non-ASCII
+    tokens can differ: those are asked of SQLite (callers cache the answer per token)."""
     global _stemmer
+    if not PORTER_MIN_BYTES <= len(token.encode()) <= PORTER_MAX_BYTES:
+        return token
+    if not token.isascii():
+        with _CHARS_LOCK:
+            terms = _ask_fts5("s", token)
+        return terms[0] if len(terms) == 1 else token
     with _STEMMER_LOCK:
         if _stemmer is None:
             import Stemmer  # PyStemmer
 
             _stemmer = Stemmer.Stemmer("porter")
-        return _stemmer.stemWord(word)
+        return _stemmer.stemWord(token)
 
 
 class KeywordIndex:
     """BM25 over unit texts keyed by row id, with the log position it has caught up to."""
 
     def __init__(self) -> None:
-        import Stemmer  # PyStemmer
-
-        self._stem = Stemmer.Stemmer("porter").stemWord
         self.seq = 0  # the last unit_log entry applied
         self._lock = threading.Lock()
         self._terms: dict[str, int] = {}  # stem -> term id
@@ -93,7 +133,8 @@ class KeywordIndex:
         self._buf: dict[int, dict[int, int]] = {}
         self._buf_terms: dict[int, list[int]] = {}
         self._in_sealed = np.zeros(0, dtype=bool)  # row id -> has live sealed postings
-        self._length = np.zeros(0, dtype=np.float32)  # row id -> tokens in its text (0: absent)
+        self._length = np.zeros(0, dtype=np.float32)  # row id -> tokens in its text
+        self._present = np.zeros(0, dtype=bool)  # row id -> indexed (a text may have no tokens)
         self._n = 0
         self._total = 0.0
 
@@ -117,12 +158,12 @@ class KeywordIndex:
                 rowids = np.fromiter((r for r, _ in page), dtype=np.int64, count=len(page))
                 if rowids.min() < 0 or rowids.max() >= 2**31:
                     raise ValueError("row ids must fit in 31 bits")
-                tokens = [_TOKEN.findall(fold(text)) for _, text in page]
-                flat = list(chain.from_iterable(tokens))
+                toks = [tokens(text) for _, text in page]
+                flat = list(chain.from_iterable(toks))
                 for w in set(flat).difference(self._word):
                     self._word[w] = self._term(w)
                 ids = np.fromiter(map(self._word.__getitem__, flat), dtype=np.int64, count=len(flat))
-                lengths = np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens))
+                lengths = np.fromiter(map(len, toks), dtype=np.int64, count=len(toks))
                 owner = np.repeat(rowids, lengths)
                 searchable = ids >= 0
                 key, tf = np.unique((ids[searchable] << 32) | owner[searchable], return_counts=True)
@@ -130,8 +171,8 @@ class KeywordIndex:
                 docs.append((key & 0xFFFFFFFF).astype(np.int32))
                 tfs.append(tf.astype(np.float32))
                 self._grow(int(rowids.max()))
-                lengths = np.maximum(lengths, 1)
                 self._length[rowids] = lengths
+                self._present[rowids] = True
                 self._n += len(page)
                 self._total += float(lengths.sum())
             if terms:
@@ -153,7 +194,7 @@ class KeywordIndex:
     def _grow(self, rowid: int) -> None:
         if rowid >= len(self._length):
             size = max(rowid + 1, 2 * len(self._length), 1024)
-            for name in ("_length", "_stale", "_in_sealed"):
+            for name in ("_length", "_present", "_stale", "_in_sealed"):
                 old = getattr(self, name)
                 new = np.zeros(size, dtype=old.dtype)
                 new[: len(old)] = old
@@ -161,21 +202,21 @@ class KeywordIndex:
 
     def _ids(self, text: str) -> tuple[int, list[int]]:
         """A text's token count and the term ids of its searchable words."""
-        tokens = _TOKEN.findall(fold(text))
+        toks = tokens(text)
         word = self._word
         ids = []
-        for w in tokens:
+        for w in toks:
             t = word.get(w)
             if t is None:
                 t = word[w] = self._term(w)
             if t >= 0:
                 ids.append(t)
-        return len(tokens), ids
+        return len(toks), ids
 
     def _term(self, w: str) -> int:
         if len(w) <= 1 or w in STOPWORDS:  # query_words never asks for these
             return -1
-        return self._terms.setdefault(self._stem(w), len(self._terms))
+        return self._terms.setdefault(stem(w), len(self._terms))
 
     def _add(self, rowid: int, text: str) -> None:
         if rowid < 0 or rowid >= 2**31:
@@ -188,12 +229,13 @@ class KeywordIndex:
         for t, tf in counts.items():
             self._buf.setdefault(t, {})[rowid] = tf
         self._buf_terms[rowid] = list(counts)
-        self._length[rowid] = max(n_tokens, 1)
+        self._length[rowid] = n_tokens
+        self._present[rowid] = True
         self._n += 1
-        self._total += max(n_tokens, 1)
+        self._total += n_tokens
 
     def _remove(self, rowid: int) -> None:
-        if rowid >= len(self._length) or self._length[rowid] == 0:
+        if rowid >= len(self._present) or not self._present[rowid]:
             return
         if self._in_sealed[rowid]:
             self._in_sealed[rowid] = False
@@ -204,6 +246,7 @@ class KeywordIndex:
         self._n -= 1
         self._total -= float(self._length[rowid])
         self._length[rowid] = 0
+        self._present[rowid] = False
 
     def _seal(self) -> None:
         """Merge the buffer and the live sealed postings into one term-sorted segment."""
@@ -238,8 +281,8 @@ class KeywordIndex:
         with self._lock:
             out = []
             for w in words:
-                for token in _TOKEN.findall(fold(w)):
-                    t = self._terms.get(self._stem(token)) if len(token) > 1 and token not in STOPWORDS else None
+                for token in tokens(w):
+                    t = self._terms.get(stem(token)) if len(token) > 1 and token not in STOPWORDS else None
                     if t is not None and t not in out:
                         out.append(t)
             return out
@@ -261,7 +304,7 @@ class KeywordIndex:
             df = {t: len(postings[t][0]) for t in terms}
             if common_share is not None and n >= 1000 and len(terms) > 1:
                 terms = [t for t in terms if df[t] <= common_share * n] or [min(terms, key=df.__getitem__)]
-            avgdl = self._total / n
+            avgdl = self._total / n or 1.0  # FTS5's average length over all rows, empty ones included
             docs, parts = [], []
             for t in terms:
                 d, tf = postings[t]

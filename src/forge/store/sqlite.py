@@ -55,7 +55,7 @@ from forge.store.common import diff as _diff
 from forge.store.common import int_arg as _int_arg
 from forge.store.facts import COLUMNS as FACT_COLUMNS
 from forge.store.facts import Facts, member
-from forge.store.keywords import KeywordIndex, fold, stem, top
+from forge.store.keywords import KeywordIndex, stem, tokens, top
 from forge.store.records import event_record, parse_records, setting_record, vector_field
 from forge.store.vectors import VectorIndex
 
@@ -1219,7 +1219,8 @@ class SQLiteStore:
         n = self._q("SELECT max(rowid) FROM units")[0][0] or 0  # O(1); the count while no unit was deleted
         if n < 1000 or len(words) < 2:
             return words
-        stems = {w: stem(fold(w)) for w in words}
+        # a word FTS5 splits into several tokens is a phrase: no single vocabulary entry
+        stems = {w: stem(t[0]) if len(t := tokens(w)) == 1 else w for w in words}
         wanted = sorted(set(stems.values()))
         df = dict(self._q(f"SELECT term, doc FROM temp.units_vocab WHERE term IN ({','.join('?' * len(wanted))})", wanted))
         freq = {w: df.get(stems[w], 0) for w in words}
