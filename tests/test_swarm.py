@@ -158,6 +158,43 @@ def test_a_stop_swallowed_by_a_library_still_stops_the_child(monkeypatch):
     assert seen == {"swallowed": 1}  # no episode was played after the stop
 
 
+def test_an_error_caused_by_the_stop_is_a_stop_not_a_crash(monkeypatch, capsys):
+    """A stop that cuts a library call short can surface as an ordinary error, in the call
+    or in the cleanup after it; the child was asked to stop and did: exit 0, and the log
+    says what broke (once under CI load such a child exited 1 and failed the run)."""
+
+    def agent(spec, *, secret, stop):
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except BaseException as exc:  # a library wraps what it caught
+            raise RuntimeError("connection reset while reading") from exc
+
+    monkeypatch.setattr(swarm, "run_agent", agent)
+    monkeypatch.setenv(SECRET_ENV, "s")
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert swarm._child_main(["{}"]) == 0
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert "stopped; the stop interrupted: RuntimeError: connection reset while reading" in capsys.readouterr().err
+
+
+def test_an_error_without_a_stop_still_fails_the_child(monkeypatch, capsys):
+    def agent(spec, *, secret, stop):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(swarm, "run_agent", agent)
+    monkeypatch.setenv(SECRET_ENV, "s")
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert swarm._child_main(["{}"]) == 1
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert "RuntimeError: disk on fire" in capsys.readouterr().err
+
+
 def test_a_crashing_agent_fails_the_run(tmp_path, redis_client, monkeypatch):
     real = swarm._child_argv
 
