@@ -56,17 +56,19 @@ from forge.store import SEARCH_CONTEXT, SQLiteStore
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "locomo_sample.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-MODES: dict[str, Weights] = {
-    "vector": Weights(vector=1.0, keyword=0.0, graph=0.0),
-    "bm25": Weights(vector=0.0, keyword=1.0, graph=0.0),
-    "hybrid": Weights(),  # the shipped default: score-aware fusion
-    "hybrid_rrf": Weights(fusion="rrf", keyword=1.0),  # reciprocal rank fusion, equal weights
-    "hybrid_old": Weights(fusion="rrf", keyword=0.5),  # the default before issue 13
+MODES: dict[str, Weights] = {  # all but the default without boosts: the signals and fusions alone
+    "vector": Weights(vector=1.0, keyword=0.0, graph=0.0, attribution=0.0),
+    "bm25": Weights(vector=0.0, keyword=1.0, graph=0.0, attribution=0.0),
+    "hybrid": Weights(),  # the shipped default: score-aware fusion, attribution boost
+    "hybrid_plain": Weights(attribution=0.0),  # the same fusion without the attribution boost
+    "hybrid_rrf": Weights(fusion="rrf", keyword=1.0, attribution=0.0),  # reciprocal rank fusion, equal weights
+    "hybrid_old": Weights(fusion="rrf", keyword=0.5, attribution=0.0),  # the default before issue 13
 }
 DEFAULT_CONTEXT = ("speaker", "prev")  # chosen on the tuning split: --sweep-context
 CONTEXT_CHOICES = ("speaker", "date", "prev", "next")
 KS = (5, 10)
 TUNE_KEYWORD = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+TUNE_ATTRIBUTION = (0.1, 0.2, 0.3, 0.5)
 _DIA = re.compile(r"D\d+:\d+")
 _SESSION = re.compile(r"session_(\d+)$")
 
@@ -445,8 +447,9 @@ def sweep_context(data: Path, *, embedder: str, which: str, limit: int | None) -
 
 def tune_modes() -> dict[str, Weights]:
     modes = {"vector": MODES["vector"], "bm25": MODES["bm25"]}
-    modes |= {f"kw{w}": Weights(keyword=w) for w in TUNE_KEYWORD}
-    return modes | {f"rrf_kw{w}": Weights(fusion="rrf", keyword=w) for w in (0.5, 1.0, 2.0)}
+    modes |= {f"kw{w}": Weights(keyword=w, attribution=0.0) for w in TUNE_KEYWORD}
+    modes |= {f"rrf_kw{w}": Weights(fusion="rrf", keyword=w, attribution=0.0) for w in (0.5, 1.0, 2.0)}
+    return modes | {f"attribution{a}": Weights(attribution=a) for a in TUNE_ATTRIBUTION}  # at the default keyword weight
 
 
 def tune_table(r: dict[str, Any]) -> list[dict[str, Any]]:

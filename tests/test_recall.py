@@ -53,6 +53,42 @@ def test_boosts_favour_validated_and_important(memory):
     assert res[0].unit.id == strong.id and "boost" in res[0].why
 
 
+def test_a_unit_said_by_whom_the_query_names_ranks_higher(memory):
+    # Joanna's turn names Nate and the turtles too, and is shorter: BM25 alone ranks it first.
+    hers = Unit("Joanna: how long has Nate had the turtles?", kind="episode", meta={"speaker": "Joanna"})
+    his = Unit("Nate: I have had the turtles for three years, they are such a joy to look after", kind="episode", meta={"speaker": "Nate"})
+    others = [Unit(f"Joanna: day {i} in the garden, the weather was {w}", kind="episode", meta={"speaker": "Joanna"}) for i, w in enumerate(["fine", "wet", "cold", "grey"] * 5)]
+    others.append(Unit("Joanna: it was a long walk around the garden and the lake and back home again before dinner", kind="episode", meta={"speaker": "Joanna"}))
+    memory.add([hers, his, *others])
+    plain = memory.recall("how long has nate had the turtles", viewer=ADMIN, k=2, weights=Weights(vector=0, attribution=0))
+    assert [r.unit.id for r in plain] == [hers.id, his.id]
+    res = memory.recall("how long has nate had the turtles", viewer=ADMIN, k=2, weights=Weights(vector=0, attribution=4.0))
+    assert [r.unit.id for r in res] == [his.id, hers.id]
+    assert res[0].why["named"] == "nate" and res[0].why["boost"] == 5.0
+    assert "by nate, whom the query names" in res[0].reasons
+    assert "named" not in res[1].why
+
+
+def test_attribution_matches_whole_names_and_owners():
+    from forge.recall import _mentions
+
+    names = _mentions("What did Agent-3 and Mary Ann learn about the lake?")
+    assert names("agent-3") and names("mary ann")
+    assert not names("agent-30")
+    assert names("agent") and names("ann")  # whole words inside "Agent-3" and "Mary Ann"
+    assert not names("ann-marie") and not names("lake house")
+    also = _mentions("also, alice said so")
+    assert not also("al") and also("alice")
+
+
+def test_attribution_boosts_the_owner_too(memory):
+    other = Unit("the lake freezes in winter, skate near the shore", kind="fact", owner="agent-7", scope="global")
+    mine = Unit("the lake freezes in winter, skate near the shore only at dawn", kind="fact", owner="agent-3", scope="global")
+    memory.add([other, mine])
+    res = memory.recall("what did agent-3 note about the lake freezing", viewer=ADMIN, k=2, weights=Weights(vector=0, attribution=1.0))
+    assert res[0].unit.id == mine.id and res[0].why["named"] == "agent-3"
+
+
 def test_scope_wins_over_filters(memory):
     secret = Unit("the vault code is 1234", scope="private", owner="alice")
     memory.add([secret])

@@ -124,3 +124,42 @@ def test_graph_expansion_checks_the_seeds_visibility_in_one_query():
     # bob sees the global units (even numbers) only, and only their relations
     assert got and all(int(store.get(n, viewer=ADMIN).content.split()[-1]) % 2 == 0 for n, _ in got)
     assert sum(s.lstrip().upper().startswith("SELECT") for s in seen) <= 2, seen
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_boosted_recall_reads_only_what_can_reach_the_top_k_and_answers_the_same(seed):
+    """Boosts may lift a candidate from below the top k, so recall reads further candidates,
+    but only those the largest possible boost could lift above the k-th boosted score so
+    far. The answer must equal boosting all of the first max(3k, 30) (what an identity
+    reranker is shown), for any mix of boosts, including ones that lower a unit."""
+    rng = np.random.default_rng(seed)
+    speakers = ["Nate", "Joanna", "agent-3", "Mary Ann"]
+    n = 80
+    vector = [(f"u{i:03d}", float(s)) for i, s in sorted(enumerate(rng.uniform(0.2, 0.9, n)), key=lambda x: -x[1])]
+    keyword = [(f"u{i:03d}", float(s)) for i, s in sorted(enumerate(rng.uniform(0.5, 9.0, n)), key=lambda x: -x[1])][: n // 2]
+    store = TwoSignals(vector, keyword)
+    now = datetime(2024, 6, 1, tzinfo=UTC).timestamp()
+    for i in range(n):
+        u = store.get(f"u{i:03d}", viewer=ADMIN)
+        meta = {"speaker": speakers[int(rng.integers(len(speakers)))], "event_at": now - float(rng.uniform(0, 400)) * 86400}
+        store.update(u.replace(meta=meta, validation=float(rng.uniform()), importance=float(rng.uniform())))
+    weights = Weights(
+        attribution=float(rng.choice([0.0, 0.2, 1.0])), temporal=float(rng.choice([0.0, 0.5])),
+        validation=float(rng.choice([0.0, 1.0, -1.0])), importance=float(rng.choice([0.0, 0.5])), graph=0.0,
+    )
+    query = rng.choice(["what did Nate say in May 2024", "did mary ann or AGENT-3 go", "anything at all"])
+    k = int(rng.choice([1, 5, 10]))
+    reads: list[int] = []
+    get_many = store.get_many
+
+    def counting(ids, *, viewer):  # noqa: ANN001
+        reads.append(len(ids))
+        return get_many(ids, viewer=viewer)
+
+    store.get_many = counting
+    fast = recall(store, query=query, query_vector=np.ones(4), viewer=ADMIN, k=k, weights=weights, touch=False, now=now)
+    fast_reads = sum(reads)
+    full = recall(store, query=query, query_vector=np.ones(4), viewer=ADMIN, k=k, weights=weights, touch=False, now=now,
+                  rerank=lambda q, rs: list(rs))
+    assert [(r.unit.id, round(r.score, 12)) for r in fast] == [(r.unit.id, round(r.score, 12)) for r in full]
+    assert fast_reads <= sum(reads) - fast_reads  # never more than reading them all
