@@ -131,6 +131,18 @@ def test_a_child_stopped_while_its_interpreter_starts_exits_cleanly(tmp_path):
     assert procs.codes() == {"agent-1": 0, "agent-2": 0, "agent-3": 0}
 
 
+def child_exit(monkeypatch, agent) -> int:
+    """A child's exit code with ``agent`` as its run_agent; the test's signal handlers restored."""
+    monkeypatch.setattr(swarm, "run_agent", agent)
+    monkeypatch.setenv(SECRET_ENV, "s")
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return swarm._child_main(["{}"])
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
 def test_a_stop_swallowed_by_a_library_still_stops_the_child(monkeypatch):
     """The SIGTERM handler's exception can be caught inside a library call and come back as
     an ordinary error; the stop must stick anyway (once under CI load a child played on
@@ -147,14 +159,7 @@ def test_a_stop_swallowed_by_a_library_still_stops_the_child(monkeypatch):
             seen["episodes"] = n + 1
         return {}
 
-    monkeypatch.setattr(swarm, "run_agent", agent)
-    monkeypatch.setenv(SECRET_ENV, "s")
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        assert swarm._child_main(["{}"]) == 0
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+    assert child_exit(monkeypatch, agent) == 0
     assert seen == {"swallowed": 1}  # no episode was played after the stop
 
 
@@ -169,14 +174,7 @@ def test_an_error_caused_by_the_stop_is_a_stop_not_a_crash(monkeypatch, capsys):
         except BaseException as exc:  # a library wraps what it caught
             raise RuntimeError("connection reset while reading") from exc
 
-    monkeypatch.setattr(swarm, "run_agent", agent)
-    monkeypatch.setenv(SECRET_ENV, "s")
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        assert swarm._child_main(["{}"]) == 0
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+    assert child_exit(monkeypatch, agent) == 0
     assert "stopped; the stop interrupted: RuntimeError: connection reset while reading" in capsys.readouterr().err
 
 
@@ -184,14 +182,7 @@ def test_an_error_without_a_stop_still_fails_the_child(monkeypatch, capsys):
     def agent(spec, *, secret, stop):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(swarm, "run_agent", agent)
-    monkeypatch.setenv(SECRET_ENV, "s")
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        assert swarm._child_main(["{}"]) == 1
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
+    assert child_exit(monkeypatch, agent) == 1
     assert "RuntimeError: disk on fire" in capsys.readouterr().err
 
 
