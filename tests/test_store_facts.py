@@ -112,7 +112,7 @@ def test_filtered_searches_agree_with_sql_admission(tmp_path):
 
 def test_out_of_range_and_removed_rows_are_not_admitted():
     facts = facts_mod.Facts()
-    row = ("fact", "active", "global", "", "", "", "", "[]", 1.0)
+    row = ("fact", "active", "global", "", "", "", "", "[]", 1.0, "u")
     facts.apply([(3, row), (5, row)], seq=1)
     assert facts.admits([-1, 3, 4, 5, 10**6], ADMIN, Filter()).tolist() == [False, True, False, True, False]
     facts.apply([(3, None)], seq=2)
@@ -142,11 +142,47 @@ def test_closing_stops_a_mirror_being_built(tmp_path):
 
 def test_the_last_admitted_answer_is_reused_until_anything_changes():
     facts = facts_mod.Facts()
-    row = ("rule", "active", "global", "", "", "", "", '["a"]', 1.0)
+    row = ("rule", "active", "global", "", "", "", "", '["a"]', 1.0, "u")
     facts.apply([(1, row), (2, row)], seq=1)
     f = Filter.make(kinds=["rule"], tags_all=["a"])
     first = facts.admitted(ADMIN, f)
     assert facts.admitted(ADMIN, f) is first and first.tolist() == [1, 2]
     assert facts.admitted(Viewer.of("ann"), f).tolist() == [1, 2]  # another viewer: computed anew
-    facts.apply([(2, ("fact", "active", "global", "", "", "", "", '["a"]', 1.0))], seq=2)
+    facts.apply([(2, ("fact", "active", "global", "", "", "", "", '["a"]', 1.0, "u"))], seq=2)
     assert facts.admitted(ADMIN, f).tolist() == [1]
+
+
+def test_the_mirror_names_its_rows_by_unit_id_short_long_and_unicode():
+    facts = facts_mod.Facts()
+    row = ("fact", "active", "global", "", "", "", "", "[]", 1.0)
+    long_id, accented = "x" * (facts_mod.ID_BYTES + 1), "unité-7"
+    facts.load_rows([(1, *row[:7], 1.0, "01a2317e267d1d70d4f8"), (2, *row[:7], 1.0, long_id)])
+    facts.load_tags([], seq=1)
+    facts.apply([(4, (*row, accented)), (6, (*row, "a" * facts_mod.ID_BYTES))], seq=2)
+    assert facts.ids([1, 2, 3, 4, 6, -1, 10**6]) == ["01a2317e267d1d70d4f8", long_id, None, accented, "a" * facts_mod.ID_BYTES, None, None]
+    facts.apply([(2, None), (4, (*row, "short"))], seq=3)  # a removed row and a re-set one
+    assert facts.ids([2, 4]) == [None, "short"]
+
+
+def test_searches_name_hits_from_the_mirror_as_sql_does(tmp_path):
+    """Hits carry unit ids read from the in-memory columns; the same ids SQL maps them to,
+    ids of any length included, through deletes and re-inserts."""
+    store = SQLiteStore(tmp_path / "m.db")
+    try:
+        units = _units(30)
+        units += [Unit(f"note long {i}", id=f"{'long-' * 10}{i}", kind="fact") for i in range(3)]
+        vecs = np.random.default_rng(0).normal(size=(len(units), 8)).astype(np.float32)
+        store.add(units, vecs)
+        store._ensure_mirror(build=True)
+        store.set_status(units[0].id, Status.ARCHIVED, reason="test")  # a change the mirror catches up with
+        store.add([Unit("note late", kind="fact")], np.ones((1, 8), dtype=np.float32))
+        hits = store.keyword_search("note", k=100, viewer=ADMIN)
+        sql = dict(store._q("SELECT rowid, id FROM units"))
+        assert len(hits) == len(units) and {h.id for h in hits} <= set(sql.values())  # one archived, one added
+        facts = store._mirror[1]
+        rowids = sorted(sql)
+        assert facts.ids(rowids) == [sql[r] for r in rowids]
+        near = store.vector_search(vecs[-1], k=5, viewer=ADMIN)
+        assert near[0].id == units[-1].id and {h.id for h in near} <= set(sql.values())
+    finally:
+        store.close()

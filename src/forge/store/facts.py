@@ -27,8 +27,12 @@ from forge.store.base import Filter
 __all__ = ["COLUMNS", "Facts", "member"]
 
 #: The units columns kept here, in the order rows are given (after the row id).
-COLUMNS = ("kind", "status", "scope", "owner", "domain", "task", "role", "tags", "created_at")
+COLUMNS = ("kind", "status", "scope", "owner", "domain", "task", "role", "tags", "created_at", "id")
 _CODED = COLUMNS[:7]  # strings held as small integer codes
+#: Unit ids up to this many ASCII bytes are held in one fixed-width array (generated ids
+#: have 20), longer or non-ASCII ones in a dict: searches name their hits without asking
+#: SQL to map row ids to ids (~15% of a hybrid recall at 100k units with 130 candidates).
+ID_BYTES = 24
 MERGE_MIN_ROWS = 20_000  # tags added since the last seal are re-sorted into arrays past this
 _ALL_STATUS = len(Status)
 
@@ -43,6 +47,8 @@ class Facts:
         self._cols = {c: np.zeros(0, dtype=np.int32) for c in _CODED}
         self._created = np.zeros(0, dtype=np.float64)
         self._present = np.zeros(0, dtype=bool)
+        self._ids = np.zeros(0, dtype=f"S{ID_BYTES}")
+        self._long_ids: dict[int, str] = {}  # row id -> an id that does not fit _ids
         self._tag_codes: dict[str, int] = {}
         self._sealed: dict[int, np.ndarray] = {}  # tag -> sorted row ids, as of the last seal
         self._in_sealed = np.zeros(0, dtype=bool)  # row id -> its sealed tag entries still count
@@ -74,6 +80,8 @@ class Facts:
                         codes[v] = len(codes) + 1
                     self._cols[column][rowids] = np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(page))
                 self._created[rowids] = np.fromiter((r[8] for r in page), dtype=np.float64, count=len(page))
+                for r in page:
+                    self._set_id(r[0], r[9])
                 self._present[rowids] = True
                 self._n += len(page)
 
@@ -111,6 +119,7 @@ class Facts:
 
         self._cols = {c: grown(a) for c, a in self._cols.items()}
         self._created, self._present, self._in_sealed = grown(self._created), grown(self._present), grown(self._in_sealed)
+        self._ids = grown(self._ids)
 
     def _code(self, column: str, value: str) -> int:
         codes = self._codes[column]
@@ -127,8 +136,18 @@ class Facts:
             self._added.setdefault(t, set()).add(rowid)
         self._row_tags[rowid] = codes
         self._created[rowid] = float(values[8])
+        self._set_id(rowid, values[9])
         self._present[rowid] = True
         self._n += 1
+
+    def _set_id(self, rowid: int, uid: str) -> None:
+        raw = uid.encode("utf-8")
+        if len(raw) <= ID_BYTES and raw.isascii() and not raw.endswith(b"\0"):
+            self._ids[rowid] = raw
+            self._long_ids.pop(rowid, None)
+        else:
+            self._ids[rowid] = b""
+            self._long_ids[rowid] = uid
 
     def _drop(self, rowid: int) -> None:
         if rowid >= len(self._present) or not self._present[rowid]:
@@ -139,6 +158,8 @@ class Facts:
             self._added[t].discard(rowid)
         for column in _CODED:
             self._cols[column][rowid] = 0
+        self._ids[rowid] = b""
+        self._long_ids.pop(rowid, None)
         self._n -= 1
 
     def _seal(self) -> None:
@@ -148,6 +169,19 @@ class Facts:
         self._added, self._row_tags = {}, {}
 
     # -- reading ----------------------------------------------------------------------------
+    def ids(self, rowids: Sequence[int]) -> list[str | None]:
+        """The unit id of each row id, None for a row this mirror does not hold."""
+        with self._lock:
+            out: list[str | None] = []
+            n = len(self._present)
+            for r in rowids:
+                if not 0 <= r < n or not self._present[r]:
+                    out.append(None)
+                else:
+                    raw = self._ids[r]
+                    out.append(raw.decode("ascii") if raw else self._long_ids.get(r))
+            return out
+
     def tag_rows(self, tag: int) -> np.ndarray:
         """Sorted row ids of the units with tag code ``tag``."""
         rows = self._sealed.get(tag)

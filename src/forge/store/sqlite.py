@@ -1011,7 +1011,7 @@ class SQLiteStore:
             allowed = admit(np.array([c[0] for c in cands], dtype=np.int64))
             hits = [(r, s) for r, s in cands if r in allowed]
             if len(hits) >= k or want >= total:
-                return self._hits(hits[:k])
+                return self._hits(hits[:k], facts)
             # The share of candidates the filter admits estimates how many units match in all;
             # when that is few, exact search among them beats widening the ANN search.
             if len(hits) * total <= EXACT_SEARCH_LIMIT * len(cands) or want >= 4 * max(k, 10) * 16:
@@ -1019,7 +1019,7 @@ class SQLiteStore:
             want *= 4
         # The filter is selective: search exactly among the units it admits.
         matching = self._admitted(viewer, filter, facts)[: EXACT_SEARCH_LIMIT * 50]
-        return self._hits(index.search_exact_among(query, matching.tolist(), k))
+        return self._hits(index.search_exact_among(query, matching.tolist(), k), facts)
 
     def _admitter(self, viewer: Viewer, f: Filter, facts: Facts | None) -> Callable[[np.ndarray], set[int]]:
         """A test of candidate row ids against the viewer's scopes and the filter: the
@@ -1077,11 +1077,17 @@ class SQLiteStore:
             )
         return out
 
-    def _hits(self, pairs: list[tuple[int, float]]) -> list[Hit]:
+    def _hits(self, pairs: list[tuple[int, float]], facts: Facts | None = None) -> list[Hit]:
+        """Row ids named by unit id: from the mirror that admitted them, else from SQL."""
         if not pairs:
             return []
         rowids = [p[0] for p in pairs]
-        ids = dict(self._q(f"SELECT rowid, id FROM units WHERE rowid IN ({','.join('?' * len(rowids))})", rowids))
+        ids: dict[int, str] = {}
+        if facts is not None:
+            ids = {r: uid for r, uid in zip(rowids, facts.ids(rowids), strict=True) if uid is not None}
+        if len(ids) < len(rowids):
+            missing = [r for r in rowids if r not in ids]
+            ids.update(self._q(f"SELECT rowid, id FROM units WHERE rowid IN ({','.join('?' * len(missing))})", missing))
         return [Hit(ids[r], s) for r, s in pairs if r in ids]
 
     def keyword_search(self, query: str, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
@@ -1159,7 +1165,7 @@ class SQLiteStore:
                     if self._closing.is_set():
                         raise StoreError(f"{self.path}: the store is closed")
                     step = rows[i : i + MIRROR_STEP]
-                    facts.load_rows([(r[0], *r[2:9], r[10]) for r in step])  # tags come from unit_tags
+                    facts.load_rows([(r[0], *r[2:9], r[10], r[11]) for r in step])  # tags come from unit_tags
                     yield [(r[0], r[1]) for r in step]
                     # A pause after each ~1 ms of work, longer while searches are running: this
                     # runs beside the first recalls after open, and a thread that holds the GIL
@@ -1198,7 +1204,7 @@ class SQLiteStore:
             allowed = admit(best)
             hits = [(r, s) for r, s in zip(best.tolist(), best_scores.tolist(), strict=True) if r in allowed]
             if len(hits) >= k or want >= len(rowids):
-                return self._hits(hits[:k])
+                return self._hits(hits[:k], facts)
             # The share the filter admitted so far says how far down k admitted matches lie.
             want = max(want * 8, int(2 * k * want / max(len(hits), 1)))
             if want > KEYWORD_WIDEN_MAX:
@@ -1206,7 +1212,7 @@ class SQLiteStore:
         # A selective filter: take the units it admits, then the best matches among them.
         keep = member(rowids, self._admitted(viewer, f, facts))
         best, best_scores = top(rowids[keep], scores[keep], k)
-        return self._hits(list(zip(best.tolist(), best_scores.tolist(), strict=True)))
+        return self._hits(list(zip(best.tolist(), best_scores.tolist(), strict=True)), facts)
 
     def _informative(self, words: list[str]) -> list[str]:
         """Drop words found in more than COMMON_TERM_SHARE of all units (keep the rarest if all are).
