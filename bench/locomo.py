@@ -52,7 +52,7 @@ from forge import Memory
 from forge.embed import open_embedder
 from forge.model import Episode, Provenance, Step, Unit, Viewer
 from forge.recall import Weights, recall
-from forge.store import SEARCH_CONTEXT, SQLiteStore
+from forge.store import SEARCH_CONTEXT, SPEAKER, SQLiteStore
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "locomo_sample.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -204,7 +204,7 @@ def ingest(mem: Memory, sample: dict[str, Any], *, context: Sequence[str] = DEFA
                 extra.append(lines[i - 1])
             if "next" in context and i + 1 < len(lines):
                 extra.append(lines[i + 1])
-            meta: dict[str, Any] = {"dia_id": dia, "session": n, "date_time": date or "", "speaker": speaker}
+            meta: dict[str, Any] = {"dia_id": dia, "session": n, "date_time": date or "", SPEAKER: speaker}
             if extra:
                 meta[SEARCH_CONTEXT] = " ".join(extra)
             units.append(Unit(lines[i] if "speaker" in context else text, kind="episode",

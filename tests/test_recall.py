@@ -3,7 +3,7 @@ import pytest
 from forge.errors import ValidationError
 from forge.model import Kind, Unit, Viewer
 from forge.recall import Recalled, Weights, approx_tokens, pack
-from forge.store import Filter
+from forge.store import SPEAKER, Filter
 
 ADMIN = Viewer.admin()
 
@@ -55,10 +55,10 @@ def test_boosts_favour_validated_and_important(memory):
 
 def test_a_unit_said_by_whom_the_query_names_ranks_higher(memory):
     # Joanna's turn names Nate and the turtles too, and is shorter: BM25 alone ranks it first.
-    hers = Unit("Joanna: how long has Nate had the turtles?", kind="episode", meta={"speaker": "Joanna"})
-    his = Unit("Nate: I have had the turtles for three years, they are such a joy to look after", kind="episode", meta={"speaker": "Nate"})
-    others = [Unit(f"Joanna: day {i} in the garden, the weather was {w}", kind="episode", meta={"speaker": "Joanna"}) for i, w in enumerate(["fine", "wet", "cold", "grey"] * 5)]
-    others.append(Unit("Joanna: it was a long walk around the garden and the lake and back home again before dinner", kind="episode", meta={"speaker": "Joanna"}))
+    hers = Unit("Joanna: how long has Nate had the turtles?", kind="episode", meta={SPEAKER: "Joanna"})
+    his = Unit("Nate: I have had the turtles for three years, they are such a joy to look after", kind="episode", meta={SPEAKER: "Nate"})
+    others = [Unit(f"Joanna: day {i} in the garden, the weather was {w}", kind="episode", meta={SPEAKER: "Joanna"}) for i, w in enumerate(["fine", "wet", "cold", "grey"] * 5)]
+    others.append(Unit("Joanna: it was a long walk around the garden and the lake and back home again before dinner", kind="episode", meta={SPEAKER: "Joanna"}))
     memory.add([hers, his, *others])
     plain = memory.recall("how long has nate had the turtles", viewer=ADMIN, k=2, weights=Weights(vector=0, attribution=0))
     assert [r.unit.id for r in plain] == [hers.id, his.id]

@@ -8,7 +8,7 @@ import pytest
 from forge.errors import ValidationError
 from forge.model import Relation, RelationType, Unit, Viewer
 from forge.recall import Weights, _minmax, event_time, recall, time_window
-from forge.store import SEARCH_CONTEXT, Hit, SQLiteStore, indexed_text
+from forge.store import SEARCH_CONTEXT, SPEAKER, Hit, SQLiteStore, indexed_text
 
 ADMIN = Viewer.admin()
 
@@ -141,7 +141,7 @@ def test_boosted_recall_reads_only_what_can_reach_the_top_k_and_answers_the_same
     now = datetime(2024, 6, 1, tzinfo=UTC).timestamp()
     for i in range(n):
         u = store.get(f"u{i:03d}", viewer=ADMIN)
-        meta = {"speaker": speakers[int(rng.integers(len(speakers)))], "event_at": now - float(rng.uniform(0, 400)) * 86400}
+        meta = {SPEAKER: speakers[int(rng.integers(len(speakers)))], "event_at": now - float(rng.uniform(0, 400)) * 86400}
         store.update(u.replace(meta=meta, validation=float(rng.uniform()), importance=float(rng.uniform())))
     weights = Weights(
         attribution=float(rng.choice([0.0, 0.2, 1.0])), temporal=float(rng.choice([0.0, 0.5])),

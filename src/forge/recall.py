@@ -24,7 +24,7 @@ import numpy as np
 
 from forge.errors import ValidationError
 from forge.model import Kind, RelationType, Unit, Viewer
-from forge.store.base import Filter, Store
+from forge.store.base import SPEAKER, Filter, Store
 
 __all__ = [
     "DEFAULT_SECTIONS",
@@ -60,7 +60,8 @@ class Weights:
     in a time window the query names ("in May 2023", "last week"); see :func:`time_window`.
 
     ``attribution`` boosts, by ``1 + attribution``, units said by someone the query names
-    (``meta["speaker"]``) or owned by them (``owner``), matched as a whole word, any case:
+    (``meta[forge.store.SPEAKER]``, i.e. ``"speaker"``) or owned by them (``owner``), matched
+    as whole words, any case:
     "what does Nate feed his turtles" prefers Nate's own turns to Joanna's "how are Nate's
     turtles?". Chosen on LoCoMo's tuning half (bench/locomo.py --tune) by the rule that set
     the keyword weight: the best recall@10 (0.765, against 0.755 without the boost) with the
@@ -312,8 +313,8 @@ def _mentions(query: str) -> Callable[[str], bool]:
 
 
 def _attributed(unit: Unit) -> Iterable[str]:
-    """Who a unit is by: its speaker (``meta["speaker"]``) and its owner, lower-cased."""
-    speaker = unit.meta.get("speaker") if isinstance(unit.meta, dict) else None
+    """Who a unit is by: its speaker (``meta[SPEAKER]``) and its owner, lower-cased."""
+    speaker = unit.meta.get(SPEAKER) if isinstance(unit.meta, dict) else None
     for who in (speaker, unit.owner):
         if isinstance(who, str) and who.strip():
             yield who.strip().lower()

@@ -12,10 +12,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from forge.errors import ConfigError
-from forge.store.base import ANY_STATUS, SEARCH_CONTEXT, Event, Filter, Hit, Store, indexed_text
+from forge.store.base import (
+    ANY_STATUS,
+    SEARCH_CONTEXT,
+    SPEAKER,
+    Event,
+    Filter,
+    Hit,
+    Store,
+    indexed_text,
+)
 from forge.store.sqlite import SQLiteStore
 
-__all__ = ["ANY_STATUS", "SEARCH_CONTEXT", "Event", "Filter", "Hit", "SQLiteStore", "Store", "indexed_text", "open_store"]
+__all__ = ["ANY_STATUS", "SEARCH_CONTEXT", "SPEAKER", "Event", "Filter", "Hit", "SQLiteStore", "Store", "indexed_text", "open_store"]
 
 
 def open_store(url: str | Path, *, create: bool = True) -> Store:

@@ -28,7 +28,7 @@ import numpy as np
 from forge.errors import ValidationError
 from forge.model import Episode, Kind, Relation, RelationType, Status, Unit, Viewer
 
-__all__ = ["ANY_STATUS", "CHANGE_OPS", "MAX_RESULTS", "SEARCH_CONTEXT", "Event", "Filter", "Hit", "Store", "indexed_text"]
+__all__ = ["ANY_STATUS", "CHANGE_OPS", "MAX_RESULTS", "SEARCH_CONTEXT", "SPEAKER", "Event", "Filter", "Hit", "Store", "indexed_text"]
 
 #: Most results one read may ask for (``k``, ``limit``): a bigger number is a mistake, and
 #: SQLite cannot take one past 2**63 at all.
@@ -62,6 +62,11 @@ def check_setting(key: Any, value: Any) -> tuple[str, str]:
 #: ``Unit.meta`` key for text indexed with a unit (embedded and keyword-searched) but not
 #: part of its content: the previous turn of a conversation, the session date, a title.
 SEARCH_CONTEXT = "search_context"
+
+#: ``Unit.meta`` key for who said or wrote what a unit records (a conversation's speaker),
+#: when that is not its owner: recall prefers units by someone the query names
+#: (:attr:`forge.recall.Weights.attribution`).
+SPEAKER = "speaker"
 
 
 def indexed_text(unit: Unit) -> str:
