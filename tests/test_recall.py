@@ -142,3 +142,10 @@ def test_context_packs_recall(memory):
     memory.add([Unit("When ice cracks, then step back", kind="rule"), Unit("Ice is thin in spring", kind="fact")])
     packed = memory.context("ice", viewer=ADMIN, budget=60)
     assert "## Rules" in packed.render() and "## Facts" in packed.render()
+
+
+def test_attribution_ignores_speakers_that_are_not_names(memory):
+    odd = [Unit(f"the lake note {i}", meta={SPEAKER: v}) for i, v in enumerate([42, None, ["nate"], {"n": 1}, "", "   "])]
+    memory.add(odd)
+    res = memory.recall("what did nate say about the lake, 42?", viewer=ADMIN, k=10, weights=Weights(vector=0, attribution=1.0))
+    assert len(res) == len(odd) and not any("named" in r.why for r in res)
