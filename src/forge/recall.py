@@ -244,9 +244,12 @@ def recall(
         read(order[:k])
         at = k
         while at < min(wide, len(order)):
-            kth = sorted((r.score for r in results), reverse=True)[k - 1] if len(results) >= k else -math.inf
-            if lift <= 1.0 and len(results) >= k:
-                break
+            if len(results) >= k:
+                if lift <= 1.0:  # no boost: nothing below can overtake the top k
+                    break
+                kth = sorted((r.score for r in results), reverse=True)[k - 1]
+            else:  # units the viewer may not read were skipped: fill up
+                kth = -math.inf
             more = []  # a prefix of what is left: the order is by score
             for uid in order[at:min(wide, at + k)]:
                 if scores[uid] * lift < kth:
