@@ -9,11 +9,12 @@ progress is printed). Modes, k=10, one query at a time:
   vector          store.vector_search
   keyword         store.keyword_search (BM25 over the in-memory index, forge.store.keywords)
   hybrid          forge.recall.recall (score fusion, the default), precomputed query vector, touch=False
+  hybrid, no boost ... without the attribution boost (what it costs)
   hybrid rrf      ... with reciprocal rank fusion
   hybrid+touch    ... touch=True: access statistics are batched, not one write per recall
   hybrid+filter   ... with Filter(kinds={rule}, tags_all={tag05})
   hybrid+agent    ... as Viewer.of("agent-7", groups=["g3"]) instead of the operator
-  vector k=30 / keyword k=30   what hybrid asks each signal for (max(3k, 30))
+  vector k=30 / keyword k=100  what hybrid asks each signal for (forge.recall's VECTOR_ / KEYWORD_CANDIDATES)
   keyword / hybrid / hybrid+filter fts5   the same on a second handle of the same file
                   opened with keyword_index=False: FTS5 ranks, as before the in-memory index
 
@@ -54,7 +55,7 @@ from _common import (
     time_calls,
 )
 from forge.model import Context, Unit, Viewer
-from forge.recall import Weights, recall
+from forge.recall import KEYWORD_CANDIDATES, VECTOR_CANDIDATES, Weights, recall
 from forge.store import ANY_STATUS, Filter, SQLiteStore
 
 BUILD_VERSION = 1  # bump when the synthetic data changes, so cached stores are rebuilt
@@ -211,14 +212,16 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
             "vector": lambda q: store.vector_search(q[1], k=K, viewer=ADMIN),
             "keyword": lambda q: store.keyword_search(q[0], k=K, viewer=ADMIN),
             "hybrid": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=False),
+            "hybrid, no boost": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=False,
+                                                 weights=Weights(attribution=0.0)),
             "hybrid rrf": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=False,
                                            weights=Weights(fusion="rrf")),
             "hybrid+touch": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=True),
             "hybrid+filter": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K,
                                               filter=FILTER, touch=False),
             "hybrid+agent": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=AGENT, k=K, touch=False),
-            "vector k=30": lambda q: store.vector_search(q[1], k=3 * K, viewer=ADMIN),
-            "keyword k=30": lambda q: store.keyword_search(q[0], k=3 * K, viewer=ADMIN),
+            "vector k=30": lambda q: store.vector_search(q[1], k=max(3 * K, VECTOR_CANDIDATES), viewer=ADMIN),
+            "keyword k=100": lambda q: store.keyword_search(q[0], k=max(3 * K, KEYWORD_CANDIDATES), viewer=ADMIN),
             "keyword fts5": lambda q: fts.keyword_search(q[0], k=K, viewer=ADMIN),
             "hybrid fts5": lambda q: recall(fts, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=False),
             "hybrid+filter fts5": lambda q: recall(fts, query=q[0], query_vector=q[1], viewer=ADMIN, k=K,
