@@ -293,6 +293,116 @@ def test_a_rolled_back_bulk_write_leaves_no_backlog(url):
         assert store._indexer is None  # nothing to index: no thread was started
 
 
+# -- bulk loads: the HNSW index is built once, after the rows are in ------------------------
+
+
+def _indexed(store) -> bool:
+    return store.stats()["vector_index"]
+
+
+def test_a_bulk_load_writes_without_the_index_and_builds_it_at_the_end(url):
+    from forge.store.postgres import PostgresStore
+
+    v = _vecs(300, seed=21)
+    with PostgresStore(url) as store:
+        store.add([Unit("already here", id="old")], _vecs(1, seed=22))  # an existing, indexed memory
+        assert _indexed(store)
+        with store.bulk_load():
+            assert not _indexed(store)
+            for i in range(0, 300, 100):
+                store.add([Unit(f"bulk unit {j}", id=f"b{j}") for j in range(i, i + 100)], v[i : i + 100])
+            assert _pending(store) == 0  # straight into the table: no backlog to index later
+            during = [(h.id, round(h.score, 5)) for h in store.vector_search(v[17], k=5, viewer=ADMIN)]
+            assert during[0] == ("b17", 1.0)  # searched exactly meanwhile
+        assert _indexed(store) and _pending(store) == 0
+        assert [(h.id, round(h.score, 5)) for h in store.vector_search(v[17], k=5, viewer=ADMIN)][0] == ("b17", 1.0)
+        assert store.count(viewer=ADMIN) == 301
+
+
+def test_nested_bulk_loads_build_once_when_the_outer_one_ends(url):
+    from forge.store.postgres import PostgresStore
+
+    with PostgresStore(url) as store:
+        with store.bulk_load():
+            store.add([Unit(f"first {i}", id=f"a{i}") for i in range(10)], _vecs(10, seed=23))  # an empty memory
+            with store.bulk_load():
+                store.add([Unit(f"second {i}", id=f"c{i}") for i in range(10)], _vecs(10, seed=24))
+            assert not _indexed(store)
+        assert _indexed(store) and store.count(viewer=ADMIN) == 20
+
+
+def test_a_failed_write_inside_a_bulk_load_still_leaves_the_index_built(url):
+    from forge.errors import ConflictError
+    from forge.store.postgres import PostgresStore
+
+    with PostgresStore(url) as store:
+        store.add([Unit("taken", id="x")], _vecs(1, seed=25))
+        with pytest.raises(ConflictError), store.bulk_load():
+            store.add([Unit("new", id="y"), Unit("again", id="x")], _vecs(2, seed=26))
+        assert _indexed(store) and store.count(viewer=ADMIN) == 1
+
+
+def test_another_process_waits_for_a_bulk_load_and_a_dead_loader_is_healed_on_open(url):
+    from forge.store.postgres import PostgresStore
+
+    with PostgresStore(url) as loader:
+        loader.add([Unit("seed", id="s")], _vecs(1, seed=27))
+        with loader.bulk_load(), PostgresStore(url) as other:
+            assert not _indexed(other)  # the open saw the load going on and left the index to it
+            other.add([Unit(f"other {i}", id=f"o{i}") for i in range(100)], _vecs(100, seed=28))
+        assert _indexed(loader) and _pending(loader) == 0  # the other's backlog went in with the build
+    dies = textwrap.dedent(
+        """
+        import os, sys, numpy as np
+        from forge.model import Unit
+        from forge.store.postgres import PostgresStore
+        store = PostgresStore(sys.argv[1])
+        with store.bulk_load():
+            store.add([Unit(f"dying {i}", id=f"d{i}") for i in range(50)],
+                      np.random.default_rng(1).normal(size=(50, 8)).astype(np.float32))
+            os._exit(3)  # killed mid-load: the index is gone, the rows are committed
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", dies, url], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 3, proc.stderr
+    import psycopg
+
+    from forge.store.postgres import parse_url
+
+    dsn, schema = parse_url(url)
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (f"{schema}.units_hnsw",)).fetchone()[0] is None
+    with PostgresStore(url) as store:
+        assert _indexed(store) and store.count(viewer=ADMIN) == 151
+
+
+def test_a_big_import_into_a_small_memory_is_a_bulk_load(pg_server, url, monkeypatch):
+    from forge.store import postgres
+
+    loads = []
+    real = postgres.PostgresStore.bulk_load
+    monkeypatch.setattr(postgres, "BULK_MIN", 50)
+    monkeypatch.setattr(postgres.PostgresStore, "bulk_load", lambda self: loads.append(1) or real(self))
+    v = _vecs(80, seed=29)
+    with postgres.PostgresStore(url) as source:
+        source.add([Unit(f"exported {i}", id=f"e{i}") for i in range(80)], v)
+        records = list(source.export_records(viewer=ADMIN))
+    loads.clear()
+    schema = pg_support.new_schema()
+    try:
+        with postgres.PostgresStore(pg_server.url(schema)) as target:
+            target.import_records(records)
+            assert loads == [1] and _indexed(target) and target.count(viewer=ADMIN) == 80
+            assert target.vector_search(v[5], k=1, viewer=ADMIN)[0].id == "e5"
+            one = next(r for r in records if r["record"] == "unit")
+            target.import_records([{**one, "id": "late"}])
+            assert loads == [1]  # one vector into a memory of 80: the index takes it inline
+            assert target.count(viewer=ADMIN) == 81
+    finally:
+        pg_server.drop(schema)
+
+
 def test_vectors_travel_as_text_that_round_trips_every_float32(url):
     from forge.store.postgres import PostgresStore
 
