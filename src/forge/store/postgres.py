@@ -91,7 +91,13 @@ from forge.store.common import check_vectors, query_words, redact_events, row_un
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import diff as _diff
 from forge.store.common import int_arg as _int_arg
-from forge.store.records import ImportBatch, event_record, parse_records, setting_record, vector_field
+from forge.store.records import (
+    ImportBatch,
+    event_record,
+    parse_records,
+    setting_record,
+    vector_field,
+)
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "migrate", "redact_dsn"]
 
@@ -417,15 +423,7 @@ class PostgresStore:
         self._search_path = conn.execute("SHOW search_path").fetchone()[0]
         self._as(None)
         if self._dim is not None and not self._has_index():
-            # A bulk load ended without building its index (its process died): build it, unless
-            # the load is still going on in another process (it holds the lock).
-            # A role that may not create it still opens the memory: searches rank exactly meanwhile.
-            if conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (self._bulk_key,)).fetchone()[0]:
-                try:
-                    with contextlib.suppress(StoreError):
-                        self._build_index()
-                finally:
-                    conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self._bulk_key,))
+            self._heal_index()
         if conn.execute("SELECT EXISTS (SELECT 1 FROM units WHERE pending IS NOT NULL)").fetchone()[0]:
             self._start_indexer()  # a writer stopped before its backlog was indexed: finish it
 
@@ -433,6 +431,18 @@ class PostgresStore:
     @property
     def _bulk_key(self) -> str:
         return f"forge-bulk:{self.schema}"
+
+    def _heal_index(self) -> None:
+        """A bulk load ended without building its index (its process died): build it now,
+        unless the load is still going on in another process (it holds the lock). A role
+        that may not create it still opens the memory: searches rank exactly meanwhile."""
+        conn = self._conn
+        if conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (self._bulk_key,)).fetchone()[0]:
+            try:
+                with contextlib.suppress(StoreError):
+                    self._build_index()
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self._bulk_key,))
 
     def _has_index(self) -> bool:
         return self._conn.execute("SELECT to_regclass(%s)", (f"{self.schema}.units_hnsw",)).fetchone()[0] is not None
