@@ -212,6 +212,46 @@ def test_the_cli_on_a_postgresql_url(url, capsys):
     assert code == 0 and '"units": 1' in out
 
 
+# -- keywords: postings ordered by impact, heads read first ---------------------------------
+
+
+def test_keyword_postings_follow_every_change_and_rare_words_weigh_more(url):
+    from forge.store.postgres import PostgresStore, parse_url
+
+    with PostgresStore(url) as store:
+        store.add([Unit(f"harbour note {i}", id=f"h{i}") for i in range(20)])
+        store.add([Unit("harbour harbour harbour", id="common"), Unit("the old lighthouse", id="rare")])
+        # BM25's IDF: one rare word outweighs a common word said three times (ts_rank_cd had no IDF).
+        assert [h.id for h in store.keyword_search("harbour lighthouse", k=2, viewer=ADMIN)] == ["rare", "common"]
+        unit = store.get("rare", viewer=ADMIN)
+        store.update(unit.replace(content="a storm over the bay"))
+        assert store.keyword_search("lighthouse", k=5, viewer=ADMIN) == []
+        assert [h.id for h in store.keyword_search("storm", k=5, viewer=ADMIN)] == ["rare"]
+        dsn, schema = parse_url(url)
+        import psycopg
+
+        with psycopg.connect(dsn) as conn:  # exactly one posting per (lexeme, unit): none left behind
+            got = conn.execute(f"SELECT count(*) FROM {schema}.unit_terms").fetchone()[0]
+            want = conn.execute(f"SELECT sum(length(search_tsv)) FROM {schema}.unit_fts").fetchone()[0]
+        assert got == want
+
+
+def test_a_match_behind_the_heads_of_the_lists_is_still_found_for_a_viewer_who_may_see_it(url):
+    from forge.model import Scope
+    from forge.store import Filter
+    from forge.store.postgres import PostgresStore
+
+    agent = Viewer.of("ann")
+    with PostgresStore(url) as store:
+        # 100 short global units lead the "storm" postings; ann's long private one comes last.
+        store.add([Unit(f"storm {i}", id=f"g{i}") for i in range(100)])
+        store.add([Unit("storm " + " ".join(f"filler{j}" for j in range(40)), id="mine",
+                        scope=Scope("private"), owner="ann")])
+        hits = store.keyword_search("storm", k=1, viewer=agent, filter=Filter.make(scopes=["private"]))
+        assert [h.id for h in hits] == ["mine"]
+        assert "mine" not in {h.id for h in store.keyword_search("storm", k=100, viewer=Viewer.of("bob"))}
+
+
 # -- bulk writes: vectors wait for the HNSW index outside the transaction ------------------
 
 
@@ -297,7 +337,7 @@ def test_a_rolled_back_bulk_write_leaves_no_backlog(url):
 
 
 def _indexed(store) -> bool:
-    return store.stats()["vector_index"]
+    return not store.stats()["indexes_missing"]
 
 
 def test_a_bulk_load_writes_without_the_index_and_builds_it_at_the_end(url):
@@ -308,14 +348,16 @@ def test_a_bulk_load_writes_without_the_index_and_builds_it_at_the_end(url):
         store.add([Unit("already here", id="old")], _vecs(1, seed=22))  # an existing, indexed memory
         assert _indexed(store)
         with store.bulk_load():
-            assert not _indexed(store)
+            assert store.stats()["indexes_missing"] == ["unit_terms_impact", "units_hnsw"]
             for i in range(0, 300, 100):
                 store.add([Unit(f"bulk unit {j}", id=f"b{j}") for j in range(i, i + 100)], v[i : i + 100])
             assert _pending(store) == 0  # straight into the table: no backlog to index later
             during = [(h.id, round(h.score, 5)) for h in store.vector_search(v[17], k=5, viewer=ADMIN)]
             assert during[0] == ("b17", 1.0)  # searched exactly meanwhile
+            assert [h.id for h in store.keyword_search("bulk unit 17", k=1, viewer=ADMIN)] == ["b17"]
         assert _indexed(store) and _pending(store) == 0
         assert [(h.id, round(h.score, 5)) for h in store.vector_search(v[17], k=5, viewer=ADMIN)][0] == ("b17", 1.0)
+        assert [h.id for h in store.keyword_search("bulk unit 17", k=1, viewer=ADMIN)] == ["b17"]
         assert store.count(viewer=ADMIN) == 301
 
 
@@ -372,7 +414,8 @@ def test_another_process_waits_for_a_bulk_load_and_a_dead_loader_is_healed_on_op
 
     dsn, schema = parse_url(url)
     with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT to_regclass(%s)", (f"{schema}.units_hnsw",)).fetchone()[0] is None
+        for index in ("units_hnsw", "unit_terms_impact"):
+            assert conn.execute("SELECT to_regclass(%s)", (f"{schema}.{index}",)).fetchone()[0] is None
     with PostgresStore(url) as store:
         assert _indexed(store) and store.count(viewer=ADMIN) == 151
 
