@@ -247,20 +247,37 @@ $$;
 CREATE TABLE unit_terms (lexeme text NOT NULL, impact real NOT NULL, seq bigint NOT NULL);
 INSERT INTO unit_terms SELECT o.lexeme, o.impact, f.seq FROM unit_fts f, unit_impacts(f.search_tsv) o;
 CREATE INDEX unit_terms_impact ON unit_terms (lexeme, impact DESC, seq);
-CREATE FUNCTION unit_terms_sync() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+-- A batch of units is one INSERT: its text is indexed once per statement (transition
+-- tables), not by a trigger call per row; a change of text is still handled row by row.
+DROP TRIGGER units_fts_sync ON units;
+CREATE FUNCTION units_fts_add() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
-    IF TG_OP <> 'INSERT' THEN  -- the old postings, found by the impacts they were stored with
-        DELETE FROM unit_terms t USING unit_impacts(OLD.search_tsv) o
-        WHERE t.lexeme = o.lexeme AND t.impact = o.impact AND t.seq = OLD.seq;
-    END IF;
-    IF TG_OP <> 'DELETE' THEN
+    INSERT INTO unit_fts SELECT a.seq, to_tsvector('english'::regconfig, a.search_text) FROM added a;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER units_fts_add AFTER INSERT ON units REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT EXECUTE FUNCTION units_fts_add();
+CREATE TRIGGER units_fts_sync AFTER UPDATE OF search_text ON units
+    FOR EACH ROW EXECUTE FUNCTION units_fts_sync();
+CREATE FUNCTION unit_terms_add() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    INSERT INTO unit_terms SELECT o.lexeme, o.impact, a.seq FROM added a, unit_impacts(a.search_tsv) o;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER unit_terms_add AFTER INSERT ON unit_fts REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT EXECUTE FUNCTION unit_terms_add();
+CREATE FUNCTION unit_terms_sync() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN  -- the old postings are found by the impacts they were stored with
+    DELETE FROM unit_terms t USING unit_impacts(OLD.search_tsv) o
+    WHERE t.lexeme = o.lexeme AND t.impact = o.impact AND t.seq = OLD.seq;
+    IF TG_OP = 'UPDATE' THEN
         INSERT INTO unit_terms SELECT o.lexeme, o.impact, NEW.seq FROM unit_impacts(NEW.search_tsv) o;
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER unit_terms_add AFTER INSERT OR DELETE ON unit_fts FOR EACH ROW EXECUTE FUNCTION unit_terms_sync();
 CREATE TRIGGER unit_terms_change AFTER UPDATE ON unit_fts FOR EACH ROW
     WHEN (OLD.search_tsv IS DISTINCT FROM NEW.search_tsv) EXECUTE FUNCTION unit_terms_sync();
+CREATE TRIGGER unit_terms_remove AFTER DELETE ON unit_fts FOR EACH ROW EXECUTE FUNCTION unit_terms_sync();
 """),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
