@@ -487,20 +487,19 @@ class PostgresStore:
         """A bulk load ended without building its index (its process died): build it now,
         unless the load is still going on in another process (it holds the lock). A role
         that may not create it still opens the memory: searches rank exactly meanwhile."""
-        conn = self._conn
-        if conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (self._bulk_key,)).fetchone()[0]:
+        if self._q("SELECT pg_try_advisory_lock(hashtext(%s))", (self._bulk_key,))[0][0]:
             try:
                 with contextlib.suppress(StoreError):
                     self._build_index()
             finally:
-                conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (self._bulk_key,))
+                self._q("SELECT pg_advisory_unlock(hashtext(%s))", (self._bulk_key,))
 
     def _missing_indexes(self) -> list[str]:
         """The search indexes a bulk load dropped and has not built again (HNSW only once vectors exist)."""
         names = ["unit_terms_impact", *(["units_hnsw"] if self._dim is not None else [])]
-        found = self._conn.execute("SELECT to_regclass(%s), to_regclass(%s)",
-                                   tuple(f"{self.schema}.{n}" for n in ("unit_terms_impact", "units_hnsw"))).fetchone()
-        return [n for n in names if found[("unit_terms_impact", "units_hnsw").index(n)] is None]
+        found = {r[0] for r in self._q(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND indexname = ANY(%s)", (self.schema, names))}
+        return [n for n in names if n not in found]
 
     def _read_dim(self) -> int | None:
         row = self._conn.execute("SELECT value FROM meta WHERE key = 'dim'").fetchone()
