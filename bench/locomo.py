@@ -30,17 +30,19 @@ of its evidence turns among the top k. Questions without usable evidence are ski
 
     python bench/locomo.py [--quick] [--json] [--data PATH] [--split tune|test|all]
                            [--embedder SPEC] [--context speaker,date,prev] [--limit N]
-                           [--sweep-context] [--tune]
+                           [--sweep-context] [--tune] [--db postgresql://...|embedded]
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
 import statistics
 import time
+import uuid
 import zipfile
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -52,7 +54,7 @@ from forge import Memory
 from forge.embed import open_embedder
 from forge.model import Episode, Provenance, Step, Unit, Viewer
 from forge.recall import Weights, recall
-from forge.store import SEARCH_CONTEXT, SPEAKER, SQLiteStore
+from forge.store import SEARCH_CONTEXT, SPEAKER, SQLiteStore, Store
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "locomo_sample.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
@@ -276,11 +278,33 @@ def data_path(arg: Path | None) -> Path:
 # -- run ----------------------------------------------------------------------------------
 
 
+def _fresh_store(db: str | None) -> Store:
+    if db is None:
+        return SQLiteStore(":memory:")
+    from forge.store.postgres import PostgresStore
+
+    return PostgresStore(f"{db}{'&' if '?' in db else '?'}schema=locomo_{uuid.uuid4().hex[:8]}")
+
+
+def _drop_store(db: str | None, store: Store) -> None:
+    if db is None:
+        return
+    import psycopg
+
+    from forge.store.postgres import parse_url
+
+    dsn, schema = parse_url(f"{db}{'&' if '?' in db else '?'}schema={store.info['schema']}")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")  # a name this bench made: [a-z0-9_]
+
+
 def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None = None,
         ks: Sequence[int] = KS, context: Sequence[str] = DEFAULT_CONTEXT, which: str | None = None,
         modes: dict[str, Weights] | None = None, emb: Any = None, cache: bool = False,
-        only: Sequence[str] = (), rerank: Any = None, max_questions: int | None = None) -> dict[str, Any]:
-    """``rerank`` (a :class:`forge.recall.Reranker`) adds a "hybrid+rerank" mode: the default
+        only: Sequence[str] = (), rerank: Any = None, max_questions: int | None = None,
+        db: str | None = None) -> dict[str, Any]:
+    """``db`` (a postgresql:// URL) holds each conversation in a fresh schema of that database,
+    dropped after it, instead of an in-memory SQLite store. ``rerank`` (a :class:`forge.recall.Reranker`) adds a "hybrid+rerank" mode: the default
     hybrid's 30 candidates reordered by it, then cut to the top k. ``max_questions`` stops
     after that many questions in all (a reranker on a local LLM costs seconds each)."""
     modes = MODES if modes is None else modes
@@ -305,7 +329,7 @@ def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None
     for sample in samples:
         if max_questions is not None and len(per_q) >= max_questions:
             break
-        mem = Memory(SQLiteStore(":memory:"), emb)
+        mem = Memory(_fresh_store(db), emb)
         t1 = time.perf_counter()
         n_units += ingest(mem, sample, context=context)
         ingest_s += time.perf_counter() - t1
@@ -343,12 +367,13 @@ def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None
                 row["hybrid+rerank"] = {f"r@{k}": len(set(ranked[:k]) & set(ev)) / len(ev) for k in ks}
             per_q.append(row)
         mem.close()
+        _drop_store(db, mem.store)
         if isinstance(emb, CachedEmbedder):
             emb.save()
     med = lambda xs: round(statistics.median(xs), 2) if xs else None  # noqa: E731
     if rerank is not None:
         modes = {**modes, "hybrid+rerank": MODES["hybrid"]}
-    return {"bench": "locomo", "data": str(data), "split": which,
+    return {"bench": "locomo", "data": str(data), "split": which, "backend": "postgres" if db else "sqlite",
             "split_samples": [s["sample_id"] for s in samples],
             "tune_samples": [s["sample_id"] for s in split(everything, "tune")],
             "embedder": emb.name, "context": list(context), "modes": list(modes),
@@ -493,6 +518,9 @@ def main() -> None:
     p.add_argument("--rerank", default=None, metavar="LLM",
                    help="add hybrid+rerank: forge.rerank.LLMReranker on this LLM (local, openai:MODEL) grading the 30 candidates")
     p.add_argument("--questions", type=int, default=None, help="stop after this many questions in all (for --rerank)")
+    p.add_argument("--db", default=None, metavar="URL",
+                   help="a postgresql:// URL: each conversation in a fresh schema there, instead of SQLite in memory; "
+                        "'embedded' starts a throw-away server (the postgres-server extra)")
     a = p.parse_args()
     if a.questions is not None and a.questions < 1:
         raise SystemExit("--questions must be positive")
@@ -527,9 +555,15 @@ def main() -> None:
         from forge.rerank import LLMReranker
 
         reranker = LLMReranker(open_llm(a.rerank), top_n=30)
-    result = run(data, embedder=a.embedder, limit=limit, context=context, which=a.split, cache=a.cache,
-                 only=tuple(x for x in a.samples.split(",") if x), modes=tune_modes() if a.tune_modes else None,
-                 rerank=reranker, max_questions=a.questions)
+    with contextlib.ExitStack() as stack:
+        db = a.db
+        if db == "embedded":
+            from backends import embedded_postgres_url
+
+            db = stack.enter_context(embedded_postgres_url())
+        result = run(data, embedder=a.embedder, limit=limit, context=context, which=a.split, cache=a.cache,
+                     only=tuple(x for x in a.samples.split(",") if x), modes=tune_modes() if a.tune_modes else None,
+                     rerank=reranker, max_questions=a.questions, db=db)
     if not a.json:
         result.pop("per_question")
     emit(result, a.json, render)

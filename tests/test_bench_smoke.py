@@ -62,6 +62,15 @@ def test_locomo_bench_runs_with_hashing_embedder() -> None:
     assert "overall" in locomo.render(r)
 
 
+def test_locomo_bench_runs_on_postgres_and_leaves_no_schema_behind(pg_server) -> None:
+    r = locomo.run(embedder="hash", db=pg_server.base_url)
+    assert r["backend"] == "postgres" and r["questions"] >= 40
+    assert 0 < r["by_category"]["overall"]["hybrid@10"] <= 1.0
+    with pg_server.admin() as conn:
+        left = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'locomo_%'").fetchall()
+    assert left == []
+
+
 def test_locomo_accepts_other_files(tmp_path: Path) -> None:
     sample = {
         "sample_id": "x",
