@@ -456,3 +456,12 @@ def test_vectors_travel_as_text_that_round_trips_every_float32(url):
         store.add([Unit(f"u{i}", id=f"u{i}") for i in range(3)], v)
         for i in range(3):
             assert store.vector(f"u{i}", viewer=ADMIN).view(np.uint32).tolist() == v[i].view(np.uint32).tolist()
+
+
+def test_the_hnsw_candidate_list_grows_with_the_memory_and_k():
+    from forge.store.postgres import _ef_search
+
+    sizes = [0, 10_000, 100_000, 300_000, 1_000_000, 100_000_000]
+    lists = [_ef_search(10, n) for n in sizes]
+    assert lists == sorted(lists) and lists[0] == lists[2] == 40 and lists[-1] == 1000
+    assert _ef_search(300, 0) == 600  # at least 2k

@@ -111,10 +111,7 @@ DEFAULT_SCHEMA = "forge"
 CONNECT_TIMEOUT_S = 10  # an unreachable server is an error after this long, never a hang
 COMMON_TERM_SHARE = 0.10  # keyword search skips lexemes in more than this share of units, as SQLite's
 SAMPLE_UNITS = 4000  # ... estimated from a sample of this many units
-# HNSW candidate list (hnsw.ef_search), raised to 2k for bigger k. pgvector's default of 40
-# found 0.70 of the exact top 10 at 1M units (bench/backends.py's vectors, 2.2 ms); 200 finds
-# 0.956, what SQLite's usearch index finds there, for 3.6 ms.
-EF_SEARCH_MIN = 200
+EF_SEARCH_MIN = 40  # pgvector's default HNSW candidate list, up to 100k units (see _ef_search)
 INLINE_MAX = 64  # batches up to this size go into the HNSW index in the writing transaction
 PENDING_MAX = 20_000  # ... and every batch does while this many vectors wait for the index
 INDEX_BATCH = 128  # pending vectors moved into the index per background transaction
@@ -250,6 +247,7 @@ $$;
 CREATE TABLE unit_terms (lexeme text NOT NULL, impact real NOT NULL, seq bigint NOT NULL);
 INSERT INTO unit_terms SELECT o.lexeme, o.impact, f.seq FROM unit_fts f, unit_impacts(f.search_tsv) o;
 CREATE INDEX unit_terms_impact ON unit_terms (lexeme, impact DESC, seq);
+DROP INDEX unit_fts_gin;  -- searches read unit_terms now; every write kept it up for nothing
 -- A batch of units is one INSERT: its text is indexed once per statement (transition
 -- tables), not by a trigger call per row; a change of text is still handled row by row.
 DROP TRIGGER units_fts_sync ON units;
@@ -1040,7 +1038,8 @@ class PostgresStore:
         where, params = _where(viewer, filter)
         q = _vec_text(query)
         with self._lock:
-            ef = min(max(EF_SEARCH_MIN, 2 * k), 1000)
+            self._refresh_sample()  # the unit count with it
+            ef = _ef_search(k, self._freq_n)
             if ef != self._ef:
                 self._exec(f"SET hnsw.ef_search = {int(ef)}")
                 self._ef = ef
@@ -1312,6 +1311,15 @@ class PostgresStore:
 
 
 # -- helpers --------------------------------------------------------------------------------
+
+
+def _ef_search(k: int, units: float) -> int:
+    """HNSW's candidate list for a top-k search over ``units``: at least 2k, and pgvector's
+    default up to 100k units, growing as (units / 100k) ** 0.7 beyond, since a bigger graph
+    needs a longer list for the same recall. At 1M units (bench/backends.py's vectors) 40
+    found 0.70 of the exact top 10 in 2.2 ms; 200 finds 0.956 (what SQLite's usearch index
+    finds there) in 3.6 ms. At 100k, 40 found 0.97."""
+    return int(min(1000, max(2 * k, EF_SEARCH_MIN * max(1.0, units / 100_000) ** 0.7)))
 
 
 def _first_line(exc: Exception) -> str:
