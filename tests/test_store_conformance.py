@@ -484,3 +484,17 @@ def test_a_recall_counts_its_touch_while_a_writer_holds_the_store(tmp_path):
     assert finished_while_open
     assert store.get("a", viewer=Viewer.admin()).access_count == 1
     store.close()
+
+
+def test_keyword_queries_of_any_shape_are_words_not_syntax(store):
+    store.add([Unit("O'Brien's lighthouse log: storm at 03:00", id="log"), Unit("the harbour master", id="hm")])
+    hostile = [
+        "'; DROP TABLE units; --", "storm' | 'x", "a & !b <-> c", "\\\\ %s %(x)s {}", "lighthouse\x00storm",
+        "Ünïcödé stórm 🌊", "the and of a", "", "   ", "(" * 500, " ".join(f"word{i}" for i in range(300)),
+        "O'Brien's",
+    ]
+    for q in hostile:
+        hits = store.keyword_search(q, k=5, viewer=ADMIN)
+        assert all(isinstance(h.id, str) for h in hits)
+    assert [h.id for h in store.keyword_search("'; storm --", k=5, viewer=ADMIN)] == ["log"]
+    assert store.count(viewer=ADMIN) == 2  # nothing was executed
