@@ -115,6 +115,11 @@ EF_SEARCH_MIN = 40  # pgvector's default HNSW candidate list, up to 100k units (
 INLINE_MAX = 64  # batches up to this size go into the HNSW index in the writing transaction
 PENDING_MAX = 20_000  # ... and every batch does while this many vectors wait for the index
 INDEX_BATCH = 128  # pending vectors moved into the index per background transaction
+#: The search indexes, by name: what a bulk load drops and builds again (migrations create them).
+_SEARCH_INDEXES = {
+    "unit_terms_impact": "unit_terms (lexeme, impact DESC, seq)",
+    "units_hnsw": "units USING hnsw (embedding vector_cosine_ops)",  # once the first vectors fix the dimension
+}
 BULK_MIN = 10_000  # imports with this many vectors (and no fewer than are indexed) build the index afterwards
 BUILD_MEMORY_MAX = 4 << 30  # maintenance_work_mem an index build may ask for: pgvector builds in memory when the graph fits
 
@@ -418,7 +423,7 @@ class PostgresStore:
         self._ef = 0
         self._freq: dict[str, float] = {}  # lexeme -> share of units holding it (sampled)
         self._freq_at = -1e9
-        self._freq_n = 0.0  # units when the sample was taken
+        self._count, self._count_at = 0.0, -1e9  # the planner's estimate of the units, and when read
         self._create = create
         self._dsn = dsn
         self._indexer: threading.Thread | None = None
@@ -497,7 +502,7 @@ class PostgresStore:
 
     def _missing_indexes(self) -> list[str]:
         """The search indexes a bulk load dropped and has not built again (HNSW only once vectors exist)."""
-        names = ["unit_terms_impact", *(["units_hnsw"] if self._dim is not None else [])]
+        names = [n for n in _SEARCH_INDEXES if n != "units_hnsw" or self._dim is not None]
         found = {r[0] for r in self._q(
             "SELECT indexname FROM pg_indexes WHERE schemaname = %s AND indexname = ANY(%s)", (self.schema, names))}
         return [n for n in names if n not in found]
@@ -631,7 +636,7 @@ class PostgresStore:
                 db.execute("INSERT INTO meta VALUES ('dim', %s)", (str(dim),))
                 db.execute(f"ALTER TABLE units ALTER COLUMN embedding TYPE vector({int(dim)})")
                 if not self._bulk:  # a bulk load builds it at its end
-                    db.execute("CREATE INDEX units_hnsw ON units USING hnsw (embedding vector_cosine_ops)")
+                    db.execute(f"CREATE INDEX units_hnsw ON {_SEARCH_INDEXES['units_hnsw']}")
             self._dim = int(row[0]) if row else dim
         if dim != self._dim:
             raise DimensionError(self._dim, dim)
@@ -704,8 +709,8 @@ class PostgresStore:
                 self._q("SELECT pg_advisory_lock(hashtext(%s))", (self._bulk_key,))
                 try:
                     with self._tx() as db:
-                        db.execute("DROP INDEX IF EXISTS units_hnsw")
-                        db.execute("DROP INDEX IF EXISTS unit_terms_impact")
+                        for name in _SEARCH_INDEXES:
+                            db.execute(f"DROP INDEX IF EXISTS {name}")
                         db.execute("UPDATE units SET embedding = pending, pending = NULL WHERE pending IS NOT NULL")
                 except StoreError as exc:
                     self._q("SELECT pg_advisory_unlock(hashtext(%s))", (self._bulk_key,))
@@ -736,9 +741,8 @@ class PostgresStore:
             try:
                 if need > have:
                     self._exec(f"SET maintenance_work_mem = '{need // (1 << 20)}MB'")
-                self._exec("CREATE INDEX IF NOT EXISTS unit_terms_impact ON unit_terms (lexeme, impact DESC, seq)")
-                if self._dim is not None:
-                    self._exec("CREATE INDEX IF NOT EXISTS units_hnsw ON units USING hnsw (embedding vector_cosine_ops)")
+                for name in self._missing_indexes():
+                    self._exec(f"CREATE INDEX IF NOT EXISTS {name} ON {_SEARCH_INDEXES[name]}")
             except StoreError as exc:
                 raise StoreError(f"cannot build the search indexes (the next open of this memory tries again): {exc}") from None
             finally:
@@ -1038,8 +1042,7 @@ class PostgresStore:
         where, params = _where(viewer, filter)
         q = _vec_text(query)
         with self._lock:
-            self._refresh_sample()  # the unit count with it
-            ef = _ef_search(k, self._freq_n)
+            ef = _ef_search(k, self._unit_count())
             if ef != self._ef:
                 self._exec(f"SET hnsw.ef_search = {int(ef)}")
                 self._ef = ef
@@ -1106,7 +1109,7 @@ class PostgresStore:
         :meth:`_informative`), or counted exactly in a memory too small to sample."""
         self._refresh_sample()
         if self._freq:
-            n = self._freq_n
+            n = self._unit_count()
             df = {w: self._freq.get(w, 0.0) * n for w in lexemes}
         else:
             rows = self._q(
@@ -1140,11 +1143,18 @@ class PostgresStore:
         if now - self._freq_at > 60:
             self._freq, self._freq_at = self._sample_lexemes(), now
 
+    def _unit_count(self) -> float:
+        """How many units the memory holds: the planner's estimate, read at most once a minute."""
+        now = time.monotonic()
+        if now - self._count_at > 60:
+            est = self._q("SELECT reltuples FROM pg_class WHERE oid = 'unit_fts'::regclass")[0][0]
+            self._count = float(est if est and est > 0 else self._q("SELECT count(*) FROM unit_fts")[0][0])
+            self._count_at = now
+        return self._count
+
     def _sample_lexemes(self) -> dict[str, float]:
         """lexeme -> share of sampled units holding it; empty below 1,000 units."""
-        est = self._q("SELECT reltuples FROM pg_class WHERE oid = 'unit_fts'::regclass")[0][0]
-        n = est if est and est > 0 else self._q("SELECT count(*) FROM unit_fts")[0][0]
-        self._freq_n = float(n)
+        n = self._unit_count()
         if n < 1000:
             return {}
         pct = min(100.0, 100.0 * 2 * SAMPLE_UNITS / n)
