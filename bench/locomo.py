@@ -52,6 +52,7 @@ from typing import Any
 from _common import CACHE_DIR, emit, log, parser, table
 from forge import Memory
 from forge.embed import open_embedder
+from forge.errors import ForgeError
 from forge.model import Episode, Provenance, Step, Unit, Viewer
 from forge.recall import Weights, recall
 from forge.store import SEARCH_CONTEXT, SPEAKER, SQLiteStore, Store
@@ -330,44 +331,46 @@ def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None
         if max_questions is not None and len(per_q) >= max_questions:
             break
         mem = Memory(_fresh_store(db), emb)
-        t1 = time.perf_counter()
-        n_units += ingest(mem, sample, context=context)
-        ingest_s += time.perf_counter() - t1
-        known = {u.meta.get("dia_id") for u in mem.store.list(viewer=admin, limit=1_000_000)}
-        usable = []
-        for q in sample.get("qa", []):
-            if not isinstance(q, dict) or not q.get("question"):
-                continue
-            ev = [e for e in evidence_ids(q) if e in known]
-            if ev:
-                usable.append((q, ev))
-            else:
-                n_skipped += 1
-        for q, ev in usable[: None if max_questions is None else max_questions - len(per_q)]:
-            question = str(q["question"])
-            t2 = time.perf_counter()
-            qv = mem.embed([question])[0]  # one query at a time, as an agent asks
-            embed_ms.append((time.perf_counter() - t2) * 1000)
-            row: dict[str, Any] = {"sample": sample["sample_id"], "question": question,
-                                   "category": int(q.get("category") or 0), "evidence": ev}
-            for mode, w in modes.items():
-                t3 = time.perf_counter()
-                got = recall(mem.store, query=question, query_vector=qv, viewer=admin, k=kmax, weights=w,
-                             hops=1, touch=False)
-                if mode == "hybrid":
-                    recall_ms.append((time.perf_counter() - t3) * 1000)
-                ranked = [r.unit.meta.get("dia_id") for r in got]
-                row[mode] = {f"r@{k}": len(set(ranked[:k]) & set(ev)) / len(ev) for k in ks}
-            if rerank is not None:
-                t4 = time.perf_counter()
-                got = recall(mem.store, query=question, query_vector=qv, viewer=admin, k=kmax, weights=MODES["hybrid"],
-                             hops=1, touch=False, rerank=rerank)
-                rerank_ms.append((time.perf_counter() - t4) * 1000)
-                ranked = [r.unit.meta.get("dia_id") for r in got]
-                row["hybrid+rerank"] = {f"r@{k}": len(set(ranked[:k]) & set(ev)) / len(ev) for k in ks}
-            per_q.append(row)
-        mem.close()
-        _drop_store(db, mem.store)
+        try:
+            t1 = time.perf_counter()
+            n_units += ingest(mem, sample, context=context)
+            ingest_s += time.perf_counter() - t1
+            known = {u.meta.get("dia_id") for u in mem.store.list(viewer=admin, limit=1_000_000)}
+            usable = []
+            for q in sample.get("qa", []):
+                if not isinstance(q, dict) or not q.get("question"):
+                    continue
+                ev = [e for e in evidence_ids(q) if e in known]
+                if ev:
+                    usable.append((q, ev))
+                else:
+                    n_skipped += 1
+            for q, ev in usable[: None if max_questions is None else max_questions - len(per_q)]:
+                question = str(q["question"])
+                t2 = time.perf_counter()
+                qv = mem.embed([question])[0]  # one query at a time, as an agent asks
+                embed_ms.append((time.perf_counter() - t2) * 1000)
+                row: dict[str, Any] = {"sample": sample["sample_id"], "question": question,
+                                       "category": int(q.get("category") or 0), "evidence": ev}
+                for mode, w in modes.items():
+                    t3 = time.perf_counter()
+                    got = recall(mem.store, query=question, query_vector=qv, viewer=admin, k=kmax, weights=w,
+                                 hops=1, touch=False)
+                    if mode == "hybrid":
+                        recall_ms.append((time.perf_counter() - t3) * 1000)
+                    ranked = [r.unit.meta.get("dia_id") for r in got]
+                    row[mode] = {f"r@{k}": len(set(ranked[:k]) & set(ev)) / len(ev) for k in ks}
+                if rerank is not None:
+                    t4 = time.perf_counter()
+                    got = recall(mem.store, query=question, query_vector=qv, viewer=admin, k=kmax, weights=MODES["hybrid"],
+                                 hops=1, touch=False, rerank=rerank)
+                    rerank_ms.append((time.perf_counter() - t4) * 1000)
+                    ranked = [r.unit.meta.get("dia_id") for r in got]
+                    row["hybrid+rerank"] = {f"r@{k}": len(set(ranked[:k]) & set(ev)) / len(ev) for k in ks}
+                per_q.append(row)
+        finally:  # a failed run leaves no schema behind either
+            mem.close()
+            _drop_store(db, mem.store)
         if isinstance(emb, CachedEmbedder):
             emb.save()
     med = lambda xs: round(statistics.median(xs), 2) if xs else None  # noqa: E731
@@ -561,9 +564,12 @@ def main() -> None:
             from backends import embedded_postgres_url
 
             db = stack.enter_context(embedded_postgres_url())
-        result = run(data, embedder=a.embedder, limit=limit, context=context, which=a.split, cache=a.cache,
-                     only=tuple(x for x in a.samples.split(",") if x), modes=tune_modes() if a.tune_modes else None,
-                     rerank=reranker, max_questions=a.questions, db=db)
+        try:
+            result = run(data, embedder=a.embedder, limit=limit, context=context, which=a.split, cache=a.cache,
+                         only=tuple(x for x in a.samples.split(",") if x), modes=tune_modes() if a.tune_modes else None,
+                         rerank=reranker, max_questions=a.questions, db=db)
+        except ForgeError as exc:  # e.g. --db names a server that is not there: one line, no traceback
+            raise SystemExit(f"locomo: {exc}") from None
     if not a.json:
         result.pop("per_question")
     emit(result, a.json, render)
