@@ -79,8 +79,25 @@ def build(units: int) -> Path:
     return path
 
 
-def drive(n_clients: int, seconds: float, make: Callable[[], Any], op: Callable[[Any, random.Random], None]) -> dict[str, float]:
-    """Run ``op`` from ``n_clients`` threads for ``seconds``; latencies in ms."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of process ``pid`` and all its descendants, from /proc (Linux;
+    0.0 elsewhere): what a server and its worker processes spent, read before and after a run."""
+    total, todo = 0.0, [pid]
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+    return total
+
+
+def drive(n_clients: int, seconds: float, make: Callable[[], Any], op: Callable[[Any, random.Random], None],
+          server: int | None = None) -> dict[str, float]:
+    """Run ``op`` from ``n_clients`` threads for ``seconds``; latencies in ms, and the CPU each
+    request cost this process (the clients, or the engine in-process) and the ``server``'s."""
     lat: list[list[float]] = [[] for _ in range(n_clients)]
     start = threading.Barrier(n_clients + 1)
     stop = [0.0]
@@ -102,13 +119,17 @@ def drive(n_clients: int, seconds: float, make: Callable[[], Any], op: Callable[
         t.start()
     stop[0] = time.perf_counter() + 3600
     start.wait()
+    c0, s0 = time.process_time(), cpu_seconds(server) if server else 0.0
     t0 = time.perf_counter()
     stop[0] = t0 + seconds
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    own, srv = time.process_time() - c0, (cpu_seconds(server) - s0) if server else 0.0
     flat = sorted(x for xs in lat for x in xs)
-    return {"rps": len(flat) / wall, "p50": statistics.median(flat), "p95": flat[int(0.95 * (len(flat) - 1))], "n": len(flat)}
+    # the threads' first and last calls straddle the window's edges; at thousands of calls per run that is noise
+    return {"rps": len(flat) / wall, "p50": statistics.median(flat), "p95": flat[int(0.95 * (len(flat) - 1))], "n": len(flat),
+            "cpu_ms": 1000 * own / len(flat), "server_cpu_ms": 1000 * srv / len(flat)}
 
 
 def ops(agent: str) -> dict[str, Callable[[Any, random.Random], None]]:
@@ -131,8 +152,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(db: Path, work: Path, workers: int, *extra: str) -> Iterator[str]:
-    """``forge serve`` on ``db`` in its own process(es) until the block ends; yields its URL."""
+def serving(db: Path, work: Path, workers: int, *extra: str) -> Iterator[tuple[str, int]]:
+    """``forge serve`` on ``db`` in its own process(es) until the block ends; yields its URL and pid."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     log_path = work / f"serve-{workers}{'-'.join(('', *extra))}.log"
@@ -155,7 +176,7 @@ def serving(db: Path, work: Path, workers: int, *extra: str) -> Iterator[str]:
                     tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
                     raise RuntimeError("forge serve did not start: " + " | ".join(tail))
                 time.sleep(0.2)
-            yield url
+            yield url, server.pid
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -201,18 +222,18 @@ def main() -> None:
         token = KeyStore.beside(db).create(agent=agent, rate=1e9)
         workers = os.cpu_count() or 2
         for n_workers in (1, workers):
-            with serving(db, work, n_workers) as url:
+            with serving(db, work, n_workers) as (url, pid):
                 for name, op in ops(agent).items():
                     for n in (1, 16):
                         if n_workers > 1 and (name, n) != ("recall", 16):
                             continue
                         col = f"HTTP x{n}" + (f", {n_workers} workers" if n_workers > 1 else "")
-                        results[name][col] = drive(n, seconds, lambda: Client(url, token, timeout=120), op)
+                        results[name][col] = drive(n, seconds, lambda: Client(url, token, timeout=120), op, server=pid)
                         log(f"  {col} {name}: {results[name][col]}")
         # Batched read audit against the old way (each recall's record in its own write
         # transaction): two servers on the same file, measured in alternating rounds, since
         # one 5-second window on a shared machine varies more than the difference.
-        with serving(db, work, 1) as batched, serving(db, work, 1, "--read-audit-ms", "0") as unbatched:
+        with serving(db, work, 1) as (batched, _), serving(db, work, 1, "--read-audit-ms", "0") as (unbatched, _):
             for n in (1, 16):
                 for col in (f"HTTP x{n}, audit batched", f"HTTP x{n}, audit unbatched"):
                     results["recall"][col] = {"rps": 0.0, "p50": 0.0, "p95": 0.0, "n": 0}
@@ -250,6 +271,13 @@ def main() -> None:
             b, u = rec[f"HTTP x{n}, audit batched"], rec[f"HTTP x{n}, audit unbatched"]
             print(f"HTTP recall at {n} client(s), read audit batched vs one write per recall ({AUDIT_ROUNDS} alternating rounds, mean): "
                   f"{b['rps']:,.0f}/s vs {u['rps']:,.0f}/s ({b['rps'] / u['rps']:.2f}x), p50 {b['p50']:.2f} vs {u['p50']:.2f} ms")
+    cores = os.cpu_count() or 1
+    print(f"\nCPU per recall (ms; the bench's clients and the server share these {cores} cores):")
+    for col in (c for c in cols + many if "cpu_ms" in rec.get(c, {})):
+        r = rec[col]
+        total = r["cpu_ms"] + r["server_cpu_ms"]
+        who = "engine" if col.startswith("in-process") else f"clients {r['cpu_ms']:.2f} + server {r['server_cpu_ms']:.2f}"
+        print(f"  {col:<28} {who} = {total:.2f} -> at most {1000 * cores / total:,.0f} recalls/s on {cores} cores")
     print(f"HTTP overhead on recall p50 at 1 client: {rec['HTTP x1']['p50'] - rec['in-process x1']['p50']:+.2f} ms (target <= 2 ms); "
           f"recalls/s over HTTP at 16 clients: {rec['HTTP x16']['rps']:,.0f} (target >= 500)")
 

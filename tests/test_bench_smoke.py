@@ -7,7 +7,10 @@ with the hashing embedder so no model is loaded.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -243,3 +246,19 @@ def test_learning_bench_states_what_a_cell_can_show() -> None:
     assert learning.success_ceiling("frozenlake-4x4-slippery", 10) == pytest.approx(0.0414, abs=1e-4)
     assert learning.success_ceiling("frozenlake-4x4-slippery", 100) == pytest.approx(0.744, abs=1e-3)
     assert learning.success_ceiling("textarena:TowerOfHanoi-v0", 10) is None
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads CPU times from /proc")
+def test_service_bench_counts_the_cpu_of_a_process_and_its_children() -> None:
+    import service
+
+    burn = "import time\nwhile time.process_time() < 0.4: pass\nprint('ready', flush=True)\ntime.sleep(120)"
+    with subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True) as child:
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            assert service.cpu_seconds(child.pid) >= 0.38  # CPU time, not wall time: holds on a loaded machine
+            own = time.process_time()
+            assert service.cpu_seconds(os.getpid()) >= own + 0.38 - 0.05  # this process and its descendants
+        finally:
+            child.kill()
+    assert service.cpu_seconds(child.pid) == 0.0  # gone: nothing to count, no error
