@@ -339,3 +339,55 @@ def test_check_index_reports_what_the_database_and_index_disagree_on(tmp_path):
     assert f"{units[3].id}: missing from the index" in problems
     assert "the index holds 19 vectors, the database 20" in problems
     s.close()
+
+
+def test_exact_search_among_keys_follows_changed_vectors_and_skips_keys_without_one():
+    """The vectors gathered for a set of keys are reused only while the index is unchanged."""
+    from forge.store.vectors import VectorIndex
+
+    idx = VectorIndex(dim=8, path=None)
+    v = _vecs(40, dim=8)
+    idx.upsert(np.arange(40, dtype=np.uint64), v, seq=1)
+    among = np.arange(0, 40, 2)
+    q = v[3]  # an odd key's vector: not among them
+
+    def brute(keys: np.ndarray) -> list[int]:
+        x = v[keys]
+        sims = (x @ q) / (np.linalg.norm(x, axis=1) * np.linalg.norm(q))
+        return keys[np.argsort(-sims)[:5]].tolist()
+
+    assert [key for key, _ in idx.search_exact_among(q, np.append(among, 999), k=5)] == brute(among)  # 999: no vector
+    assert [key for key, _ in idx.search_exact_among(q, among, k=5)] == brute(among)
+    assert [key for key, _ in idx.search_exact_among(q, among, k=5)] == brute(among)  # the kept copy: same answer
+    idx.upsert(np.array([10], dtype=np.uint64), 2 * q[None, :], seq=2)  # key 10 now points where the query does
+    best = idx.search_exact_among(q, among, k=1)
+    assert best[0][0] == 10 and best[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert len(idx.search_exact_among(q, among, k=100)) == len(among)
+    assert idx.search_exact_among(q, np.array([999], dtype=np.uint64), k=3) == []
+
+
+def test_a_selective_tag_filter_is_searched_exactly_among_its_units(tmp_path, monkeypatch):
+    """A filter whose rarest tag has few units lists them and searches them exactly, without an
+    ANN probe; units added afterwards are found."""
+    from forge.model import Context
+    from forge.store.base import Filter
+
+    s = SQLiteStore(tmp_path / "m.db")
+    v = _vecs(2000, seed=3)
+    s.add([Unit(f"u{i}", id=f"u{i}", context=Context(tags=("rare",) if i % 40 == 0 else ("common",)))
+           for i in range(len(v))], v)
+    s.vector_search(v[0], k=1, viewer=ADMIN)
+    if s._warming is not None:
+        s._warming.join()
+    rare = Filter.make(tags_all=["rare"])
+    index = s._ensure_index()
+    monkeypatch.setattr(index, "search", lambda *a, **kw: pytest.fail("probed the ANN index"))
+    tagged = np.arange(0, len(v), 40)
+    q = v[7]
+    sims = (v[tagged] @ q) / (np.linalg.norm(v[tagged], axis=1) * np.linalg.norm(q))
+    want = [f"u{i}" for i in tagged[np.argsort(-sims)[:5]]]
+    assert [h.id for h in s.vector_search(q, k=5, viewer=ADMIN, filter=rare)] == want
+    assert [h.id for h in s.vector_search(q, k=5, viewer=ADMIN, filter=rare)] == want
+    s.add([Unit("new", id="new", context=Context(tags=("rare",)))], q[None, :])
+    assert [h.id for h in s.vector_search(q, k=5, viewer=ADMIN, filter=rare)] == ["new", *want[:4]]
+    s.close()

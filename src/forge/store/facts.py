@@ -242,6 +242,16 @@ class Facts:
             ok &= self._created[rows] < f.until
         return ok
 
+    def listing_cost(self, viewer: Viewer, f: Filter) -> int | None:
+        """How many rows :meth:`admitted` would test: 0 when its answer is kept, the rarest
+        ``tags_all`` tag's units, or None when it would test every unit. Lets a search list a
+        selective filter's units first instead of probing the ANN index for them."""
+        with self._lock:
+            if self._last is not None and self._last[0] == (viewer, f, self._version):
+                return 0
+            tagged = self._tags(f.tags_all)
+            return min(map(len, tagged)) if tagged else None
+
     def admitted(self, viewer: Viewer, f: Filter) -> np.ndarray:
         """Row ids of every unit the viewer may see and the filter admits, ascending.
 

@@ -66,6 +66,10 @@ SCHEMA_VERSION = 1
 # The backend's own bookkeeping in the meta table: not settings, never exported or set by callers.
 _INTERNAL_KEYS = frozenset({"schema_version", "vseq", "vgen", "dim", "db_id"})
 EXACT_SEARCH_LIMIT = 20_000  # below this many filtered candidates, exact search is cheaper
+# A filter whose rarest tag has at most this many units is listed before the vectors are
+# searched (facts.Facts.listing_cost): a few ms of array work at 1M units, against an ANN
+# probe that a selective filter leaves empty and then lists it anyway.
+LIST_FIRST_MAX = 200_000
 COMMON_TERM_SHARE = 0.10  # keyword search skips words in more than this share of units (IDF ~ 2)
 MIRROR_PAGE = 10_000  # rows read per query while the in-memory mirror is built ...
 MIRROR_STEP = 250  # ... and indexed between pauses
@@ -1001,6 +1005,12 @@ class SQLiteStore:
         if index is None or k <= 0:
             return []
         facts = self._ensure_facts()
+        if facts is not None and (cost := facts.listing_cost(viewer, filter)) is not None and cost <= LIST_FIRST_MAX:
+            # Listing this filter's units is cheap (or already done): when they are few,
+            # search exactly among them without probing the ANN index first.
+            matching = facts.admitted(viewer, filter)
+            if len(matching) <= EXACT_SEARCH_LIMIT:
+                return self._hits(index.search_exact_among(query, matching, k), facts)
         admit = self._admitter(viewer, filter, facts)
         want = max(k * 4, 40)
         total = len(index)
@@ -1019,7 +1029,7 @@ class SQLiteStore:
             want *= 4
         # The filter is selective: search exactly among the units it admits.
         matching = self._admitted(viewer, filter, facts)[: EXACT_SEARCH_LIMIT * 50]
-        return self._hits(index.search_exact_among(query, matching.tolist(), k), facts)
+        return self._hits(index.search_exact_among(query, matching, k), facts)
 
     def _admitter(self, viewer: Viewer, f: Filter, facts: Facts | None) -> Callable[[np.ndarray], set[int]]:
         """A test of candidate row ids against the viewer's scopes and the filter: the
