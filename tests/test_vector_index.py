@@ -359,10 +359,23 @@ def test_exact_search_among_keys_follows_changed_vectors_and_skips_keys_without_
     assert [key for key, _ in idx.search_exact_among(q, np.append(among, 999), k=5)] == brute(among)  # 999: no vector
     assert [key for key, _ in idx.search_exact_among(q, among, k=5)] == brute(among)
     assert [key for key, _ in idx.search_exact_among(q, among, k=5)] == brute(among)  # the kept copy: same answer
+    fetched: list[list[int]] = []
+    get_many = idx._get_many
+    idx._get_many = lambda keys: fetched.append(keys.tolist()) or get_many(keys)  # type: ignore[method-assign]
     idx.upsert(np.array([10], dtype=np.uint64), 2 * q[None, :], seq=2)  # key 10 now points where the query does
     best = idx.search_exact_among(q, among, k=1)
     assert best[0][0] == 10 and best[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert fetched == [[10]]  # the rest came from the kept copy
+    wider = np.sort(np.append(among, 3))  # the set gains key 3, the query's own vector
+    assert [key for key, _ in idx.search_exact_among(q, wider, k=2)] == [3, 10]
+    assert fetched == [[10], [3]]
     assert len(idx.search_exact_among(q, among, k=100)) == len(among)
+    from forge.store.vectors import CHANGES_KEPT
+
+    for i in range(CHANGES_KEPT + 1):  # more changes than are kept: gathered again, whole
+        idx.upsert(np.array([12], dtype=np.uint64), (q if i == CHANGES_KEPT else -q)[None, :], seq=3 + i)
+    assert {key for key, _ in idx.search_exact_among(q, among, k=2)} == {10, 12}  # both point where q does
+    assert fetched[-1] == among.tolist()
     assert idx.search_exact_among(q, np.array([999], dtype=np.uint64), k=3) == []
 
 
