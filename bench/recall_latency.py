@@ -13,6 +13,7 @@ progress is printed). Modes, k=10, one query at a time:
   hybrid rrf      ... with reciprocal rank fusion
   hybrid+touch    ... touch=True: access statistics are batched, not one write per recall
   hybrid+filter   ... with Filter(kinds={rule}, tags_all={tag05})
+  hybrid+filter, varying  ... with one of 24 kind + tag filters, never the previous query's
   hybrid+agent    ... as Viewer.of("agent-7", groups=["g3"]) instead of the operator
   vector k=30 / keyword k=100  what hybrid asks each signal for (forge.recall's VECTOR_ / KEYWORD_CANDIDATES)
   keyword / hybrid / hybrid+filter fts5   the same on a second handle of the same file
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import cProfile
 import io
+import itertools
 import json
 import pstats
 import shutil
@@ -67,6 +69,9 @@ N_TAGS = 40
 TAG_P = 1.0 / np.arange(1, N_TAGS + 1)
 TAG_P /= TAG_P.sum()
 FILTER = Filter.make(kinds=["rule"], tags_all=["tag05"])
+# A different filter on every query (kind x tag, 0.3-3% of units each): nothing an earlier
+# query listed or gathered is reused, as for an agent whose every recall narrows differently.
+FILTERS = [Filter.make(kinds=[kind], tags_all=[f"tag{t:02d}"]) for t in range(3, 9) for kind in KINDS[:4]]
 AGENT = Viewer.of("agent-7", groups=["g3"])
 ADMIN = Viewer.admin()
 TARGET_P50_MS = {100_000: 5.0, 1_000_000: 10.0}
@@ -208,6 +213,7 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
         open_s = time.perf_counter() - t0
         log(f"{n:,}: opened in {opened_s * 1000:.0f} ms, first recall {first_ms:.0f} ms, index ready after "
             f"{open_s:.1f}s; timing {n_queries} queries per mode ...")
+        turn = itertools.count()  # the varying filter: consecutive queries never share one
         modes = {
             "vector": lambda q: store.vector_search(q[1], k=K, viewer=ADMIN),
             "keyword": lambda q: store.keyword_search(q[0], k=K, viewer=ADMIN),
@@ -219,6 +225,8 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
             "hybrid+touch": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K, touch=True),
             "hybrid+filter": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K,
                                               filter=FILTER, touch=False),
+            "hybrid+filter, varying": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=ADMIN, k=K,
+                                                       filter=FILTERS[next(turn) % len(FILTERS)], touch=False),
             "hybrid+agent": lambda q: recall(store, query=q[0], query_vector=q[1], viewer=AGENT, k=K, touch=False),
             "vector k=30": lambda q: store.vector_search(q[1], k=max(3 * K, VECTOR_CANDIDATES), viewer=ADMIN),
             "keyword k=100": lambda q: store.keyword_search(q[0], k=max(3 * K, KEYWORD_CANDIDATES), viewer=ADMIN),
@@ -234,10 +242,11 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
             lat[name] = percentiles_ms(times)
             if name == "vector":
                 found_vec = [[int(h.id[1:]) for h in hits] for hits in outs]
-            if name in ("hybrid+filter", "hybrid+agent"):
+            if name in ("hybrid+filter", "hybrid+filter, varying", "hybrid+agent"):
                 lat[name]["mean_results"] = round(float(np.mean([len(o) for o in outs])), 1)
             log(f"  {name:<14} p50 {lat[name]['p50_ms']:8.2f} ms  p95 {lat[name]['p95_ms']:8.2f} ms")
         selectivity = store.count(viewer=ADMIN, filter=FILTER) / n
+        varying = [store.count(viewer=ADMIN, filter=f) / n for f in FILTERS]
         agent_visible = store.count(viewer=AGENT) / n
         prof_rows = None
         if profile or (n >= 100_000 and lat["hybrid"]["p50_ms"] > TARGET_P50_MS.get(n, 10.0)):
@@ -260,6 +269,7 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
     return {"n": n, "build": build_info, "index_open_s": round(open_s, 2), "open_ms": round(opened_s * 1000, 1),
             "first_recall_ms": round(first_ms, 1), "latency": lat, "keyword_same_top10_as_fts5": round(same, 3),
             "ann_recall@10": ann, "filter_selectivity": round(selectivity, 5),
+            "varying_filter_share": [round(min(varying), 5), round(max(varying), 5)],
             "agent_visible_share": round(agent_visible, 4),
             "targets": targets, "profile": prof_rows}
 
@@ -293,10 +303,11 @@ def render(r: dict[str, Any]) -> str:
     facts = []
     for s in r["sizes"]:
         b = s["build"]
-        facts.append([f"{s['n']:,}", s["ann_recall@10"], s["keyword_same_top10_as_fts5"], s["filter_selectivity"], s["agent_visible_share"],
+        facts.append([f"{s['n']:,}", s["ann_recall@10"], s["keyword_same_top10_as_fts5"], s["filter_selectivity"],
+                      "-".join(map(str, s.get("varying_filter_share", []))), s["agent_visible_share"],
                       "cached" if b.get("cached") else b["build_s"], b["units_per_s"], round(b["bytes"] / 2**20),
                       s["open_ms"], s["first_recall_ms"], s["index_open_s"]])
-    out.append(table("per size", ["units", "ANN recall@10", "same keyword top 10 as FTS5", "filter share", "agent sees", "build s", "build u/s",
+    out.append(table("per size", ["units", "ANN recall@10", "same keyword top 10 as FTS5", "filter share", "varying filters' shares", "agent sees", "build s", "build u/s",
                                   "MiB", "open ms", "first recall ms", "index ready s"], facts))
     t = [f"  {s['n']:,}: " + ", ".join(f"{k} {'ok' if v else 'MISSED'}" for k, v in s["targets"].items() if v is not None)
          for s in r["sizes"]]

@@ -368,8 +368,9 @@ def test_exact_search_among_keys_follows_changed_vectors_and_skips_keys_without_
     assert fetched == [[10]]  # the rest came from the kept copy
     wider = np.sort(np.append(among, 3))  # the set gains key 3, the query's own vector
     assert [key for key, _ in idx.search_exact_among(q, wider, k=2)] == [3, 10]
-    assert fetched == [[10], [3]]
+    assert fetched == [[10], [3, 10]]  # what changed since the kept copy, and what it lacks
     assert len(idx.search_exact_among(q, among, k=100)) == len(among)
+    assert fetched[-1] == [10]
     from forge.store.vectors import CHANGES_KEPT
 
     for i in range(CHANGES_KEPT + 1):  # more changes than are kept: gathered again, whole

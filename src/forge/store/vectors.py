@@ -55,8 +55,8 @@ EXACT_MAX = 10_000
 # (bench/recall_latency.py) against ~1 ms for the search itself, and an agent recalls with
 # the same filter again, as the two halves of a hybrid recall do.
 GATHERED_MAX = 20_000
-# After a change the copy is brought up to date from the keys changed since (an agent's writes
-# between its recalls), not gathered again, while the last this many changes are known.
+# After a change only the keys changed since are fetched (an agent's writes between its
+# recalls), not the whole set again, while the last this many changes are known.
 CHANGES_KEPT = 256
 
 
@@ -180,45 +180,59 @@ class VectorIndex:
 
     def search_exact_among(self, query: np.ndarray, keys: list[int] | np.ndarray, k: int) -> list[tuple[int, float]]:
         """Exact cosine search restricted to ``keys`` (used when filters are selective)."""
-        keys = np.asarray(keys, dtype=np.uint64)
-        present, vecs, inv_norms = self._gather(keys)
+        q = np.asarray(query, dtype=np.float32)
+        present, sims = self._similarities(np.asarray(keys, dtype=np.uint64), q / (np.linalg.norm(q) or 1.0))
         if not len(present):
             return []
-        q = np.asarray(query, dtype=np.float32)
-        sims = (vecs @ (q / (np.linalg.norm(q) or 1.0))) * inv_norms
         k = min(k, len(sims))
         top = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
         top = top[np.argsort(-sims[top], kind="stable")]
         return [(int(present[i]), float(sims[i])) for i in top]
 
-    def _gather(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The keys of ``keys`` that have a vector, their vectors as one matrix and 1 / norm.
+    def _similarities(self, keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The keys of ``keys`` that have a vector (units without one are not in the index)
+        and their cosine similarity to the unit vector ``q``.
 
-        The last call's copy is reused: whole when it asked for the same keys of the same index,
-        else row by row for the keys it holds that no change since has touched, so a filter's
-        set that gained a few units, or lost some, fetches only what it lacks.
+        The vectors gathered by an earlier call are kept (with 1 / norm) and reused: whole
+        when the same keys are asked of the same index; else the keys no change since has
+        touched are scored from the kept copy and only the rest are fetched (an agent's
+        filter after a few writes), the copy itself being replaced once that rest grows past
+        an eighth of the set or the changes since are no longer known.
         """
-        version, last = self._version, self._gathered
-        if last is not None and last[0] == version and np.array_equal(last[1], keys):
-            return last[2], last[3], last[4]
+        version, base = self._version, self._gathered
+        if base is not None and base[0] == version and np.array_equal(base[1], keys):
+            return base[2], (base[3] @ q) * base[4]
         present = keys[np.asarray(self._index.contains(keys), dtype=bool)] if len(keys) else keys
+        reuse = np.zeros(len(present), dtype=bool)
+        at = np.zeros(len(present), dtype=np.intp)
+        changed = self._changed_since(base[0]) if base is not None and len(base[2]) else None
+        if changed is not None and base is not None and len(present):
+            at = np.minimum(np.searchsorted(base[2], present), len(base[2]) - 1)  # base[2] ascends: see below
+            reuse = (base[2][at] == present) & ~np.isin(present, changed)
+        fetch = present[~reuse]
+        got, got_inv = self._fetch(fetch)
+        if base is not None and len(fetch) * 8 <= len(present):
+            sims = np.empty(len(present), dtype=np.float32)
+            sims[reuse] = ((base[3] @ q) * base[4])[at[reuse]]
+            sims[~reuse] = (got @ q) * got_inv
+            return present, sims
         vecs = np.empty((len(present), self.dim), dtype=np.float32)
         inv_norms = np.empty(len(present), dtype=np.float32)
-        reuse = np.zeros(len(present), dtype=bool)
-        changed = self._changed_since(last[0]) if last is not None and len(last[2]) else None
-        if changed is not None and last is not None and len(present):
-            at = np.minimum(np.searchsorted(last[2], present), len(last[2]) - 1)  # last[2] ascends: see below
-            reuse = (last[2][at] == present) & ~np.isin(present, changed)
-            vecs[reuse], inv_norms[reuse] = last[3][at[reuse]], last[4][at[reuse]]
-        fetch = present[~reuse]
-        if len(fetch):  # concatenate, not stack: 9k rows in ~5 ms where np.stack took ~27 (its per-row checks)
-            got = np.concatenate(self._get_many(fetch)).astype(np.float32, copy=False).reshape(len(fetch), self.dim)
-            norms = np.sqrt(np.einsum("ij,ij->i", got, got))  # 6x faster than linalg.norm's temporary x * x
-            vecs[~reuse] = got
-            inv_norms[~reuse] = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
+        if base is not None and reuse.any():
+            vecs[reuse], inv_norms[reuse] = base[3][at[reuse]], base[4][at[reuse]]
+        vecs[~reuse], inv_norms[~reuse] = got, got_inv
         if len(keys) <= GATHERED_MAX and bool(np.all(present[1:] > present[:-1])):  # ascending keys only (row ids are)
             self._gathered = (version, keys.copy(), present, vecs, inv_norms)
-        return present, vecs, inv_norms
+        return present, (vecs @ q) * inv_norms
+
+    def _fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The vectors of ``keys`` (all present) as one matrix, and 1 / norm of each (0 for a zero vector)."""
+        if not len(keys):
+            return np.zeros((0, self.dim), dtype=np.float32), np.zeros(0, dtype=np.float32)
+        # concatenate, not stack: 9k rows in ~5 ms where np.stack took ~27 (its per-row checks)
+        vecs = np.concatenate(self._get_many(keys)).astype(np.float32, copy=False).reshape(len(keys), self.dim)
+        norms = np.sqrt(np.einsum("ij,ij->i", vecs, vecs))  # 6x faster than linalg.norm's temporary x * x
+        return vecs, np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
 
     def _changed_since(self, version: int) -> np.ndarray | None:
         """Every key changed after ``version``, or None when the changes kept do not reach back."""
