@@ -405,3 +405,16 @@ def test_a_selective_tag_filter_is_searched_exactly_among_its_units(tmp_path, mo
     s.add([Unit("new", id="new", context=Context(tags=("rare",)))], q[None, :])
     assert [h.id for h in s.vector_search(q, k=5, viewer=ADMIN, filter=rare)] == ["new", *want[:4]]
     s.close()
+
+
+def test_the_candidate_list_grows_with_the_index():
+    from forge.store.vectors import EXACT_MAX, VectorIndex, expansion_search
+
+    sizes = [1_000, 100_000, 300_000, 1_000_000, 10**7, 10**9]
+    efs = [expansion_search(n) for n in sizes]
+    assert efs == sorted(efs) and efs[0] == efs[1] == 64 and expansion_search(1_000_000) == 128 and efs[-1] == 256
+    idx = VectorIndex(dim=8, path=None)
+    v = _vecs(EXACT_MAX + 500, dim=8)
+    idx.upsert(np.arange(len(v), dtype=np.uint64), v, seq=1)
+    assert idx.search(v[5], 3)[0][0] == 5
+    assert idx._index.expansion_search == expansion_search(len(v))

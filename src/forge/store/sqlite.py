@@ -1012,7 +1012,7 @@ class SQLiteStore:
             if len(matching) <= EXACT_SEARCH_LIMIT:
                 return self._hits(index.search_exact_among(query, matching, k), facts)
         admit = self._admitter(viewer, filter, facts)
-        want = max(k * 4, 40)
+        want = max(k * 3 // 2, 40)  # room for what the viewer or filter turns away; widened below when short
         total = len(index)
         while True:
             cands = index.search(query, want)
