@@ -404,6 +404,7 @@ def test_a_selective_tag_filter_is_searched_exactly_among_its_units(tmp_path, mo
     assert [h.id for h in s.vector_search(q, k=5, viewer=ADMIN, filter=rare)] == want
     s.add([Unit("new", id="new", context=Context(tags=("rare",)))], q[None, :])
     assert [h.id for h in s.vector_search(q, k=5, viewer=ADMIN, filter=rare)] == ["new", *want[:4]]
+    assert s.vector_search(q, k=5, viewer=ADMIN, filter=Filter.make(tags_all=["no-such-tag"])) == []
     s.close()
 
 

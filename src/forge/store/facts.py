@@ -249,7 +249,7 @@ class Facts:
         ``tags_all`` tag's units, or None when it would test every unit. Lets a search list a
         selective filter's units first instead of probing the ANN index for them."""
         with self._lock:
-            if self._last is not None and self._last[0] == (viewer, f, self._version):
+            if self._kept(viewer, f) is not None:
                 return 0
             if not f.tags_all:
                 return None
@@ -264,9 +264,9 @@ class Facts:
         and keyword search), and an agent tends to recall with the same filter.
         """
         with self._lock:
-            key = (viewer, f, self._version)
-            if self._last is not None and self._last[0] == key:
-                return self._last[1]
+            kept = self._kept(viewer, f)
+            if kept is not None:
+                return kept
             tagged = self._tags(f.tags_all)
             if tagged:  # start from the rarest tag's units; no need to test them for it
                 base = skip = min(tagged, key=len)
@@ -276,8 +276,13 @@ class Facts:
                 base, skip = np.flatnonzero(self._present), None
             out = base[self._admits(base, viewer, f, skip, tagged)]
             out.flags.writeable = False  # shared by the callers that get it from the cache
-            self._last = (key, out)
+            self._last = ((viewer, f, self._version), out)
             return out
+
+    def _kept(self, viewer: Viewer, f: Filter) -> np.ndarray | None:
+        """The last :meth:`admitted` answer, if it was for this viewer and filter and nothing changed since."""
+        last = self._last
+        return last[1] if last is not None and last[0] == (viewer, f, self._version) else None
 
 
 def member(rows: np.ndarray, sorted_rows: np.ndarray) -> np.ndarray:
