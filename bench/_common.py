@@ -87,6 +87,11 @@ def _json_default(o: Any) -> Any:
 # -- timing -------------------------------------------------------------------------------
 
 
+def pg_url(base: str, schema: str) -> str:
+    """A postgresql:// URL for ``schema`` of the database at ``base`` (the store's ``schema=`` option)."""
+    return f"{base}{'&' if '?' in base else '?'}schema={schema}"
+
+
 def percentiles_ms(samples_s: Sequence[float]) -> dict[str, float]:
     """p50 / p95 / mean in milliseconds of per-call durations in seconds."""
     if not samples_s:

@@ -52,6 +52,7 @@ from _common import (
     log,
     parser,
     percentiles_ms,
+    pg_url,
     table,
     time_calls,
 )
@@ -104,10 +105,6 @@ def shared_buffers_mb() -> int:
     search then copies index pages in from the OS cache: 11 ms p50 against 2.2 ms at 1M."""
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return min(ram // 4, 8 << 30) >> 20
-
-
-def _pg_url(base: str, schema: str) -> str:
-    return f"{base}{'&' if '?' in base else '?'}schema={schema}"
 
 
 def _open(backend: str, where: str) -> Store:
@@ -236,7 +233,7 @@ def run(sizes: list[int], n_queries: int, writer_counts: list[int], per_writer: 
             for n in sizes:
                 log(f"{n:,} units ...")
                 sqlite = measure("sqlite", str(tmp / f"s{n}.db"), n, n_queries)
-                pg = measure("postgres", _pg_url(base, f"bench_{uuid.uuid4().hex[:8]}"), n, n_queries)
+                pg = measure("postgres", pg_url(base, f"bench_{uuid.uuid4().hex[:8]}"), n, n_queries)
                 results.append({"n": n, "sqlite": sqlite, "postgres": pg})
             concurrent = []
             for w in writer_counts:
@@ -244,7 +241,7 @@ def run(sizes: list[int], n_queries: int, writer_counts: list[int], per_writer: 
                 concurrent.append({
                     "writers": w,
                     "sqlite": writers("sqlite", str(tmp / f"w{w}.db"), w, per_writer),
-                    "postgres": writers("postgres", _pg_url(base, f"bench_w{w}_{uuid.uuid4().hex[:6]}"), w, per_writer),
+                    "postgres": writers("postgres", pg_url(base, f"bench_w{w}_{uuid.uuid4().hex[:6]}"), w, per_writer),
                 })
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -49,7 +49,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _common import CACHE_DIR, emit, log, parser, table
+from _common import CACHE_DIR, emit, log, parser, pg_url, table
 from forge import Memory
 from forge.embed import open_embedder
 from forge.errors import ForgeError
@@ -284,7 +284,7 @@ def _fresh_store(db: str | None) -> Store:
         return SQLiteStore(":memory:")
     from forge.store.postgres import PostgresStore
 
-    return PostgresStore(f"{db}{'&' if '?' in db else '?'}schema=locomo_{uuid.uuid4().hex[:8]}")
+    return PostgresStore(pg_url(db, f"locomo_{uuid.uuid4().hex[:8]}"))
 
 
 def _drop_store(db: str | None, store: Store) -> None:
@@ -294,7 +294,7 @@ def _drop_store(db: str | None, store: Store) -> None:
 
     from forge.store.postgres import parse_url
 
-    dsn, schema = parse_url(f"{db}{'&' if '?' in db else '?'}schema={store.info['schema']}")
+    dsn, schema = parse_url(pg_url(db, store.info["schema"]))
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")  # a name this bench made: [a-z0-9_]
 
