@@ -16,7 +16,7 @@ be in production. Measured per size, k=10, one query at a time:
                    of bulk writes); PostgreSQL then ANALYZE, as autovacuum would (not timed)
   vector           store.vector_search
   keyword          store.keyword_search (SQLite: BM25 in memory; PostgreSQL: impact-ordered postings, BM25 weights)
-  hybrid           forge.recall.recall, precomputed query vector, touch=False
+  hybrid           forge.engine.recall.recall, precomputed query vector, touch=False
   hybrid+filter    ... with Filter(kinds={rule}, tags_all={tag05})
   hybrid+agent     ... as Viewer.of("agent-7", groups=["g3"])
   ANN recall@10    store.vector_search against exact numpy search over the same vectors
@@ -57,7 +57,7 @@ from _common import (
     time_calls,
 )
 from forge.model import Viewer
-from forge.recall import recall
+from forge.engine.recall import recall
 from forge.store import Filter, SQLiteStore, Store
 from recall_latency import _units
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from forge.envs import make_env, oracle_action
 from forge.envs.cyborg import CybORGCage2Env
-from forge.recall import approx_tokens
+from forge.engine.recall import approx_tokens
 
 Policy = Callable[[CybORGCage2Env, str], str]
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import emit, log, parser, percentiles_ms, table  # noqa: E402
 from forge.curate import CurationPolicy, admit, curate  # noqa: E402
-from forge.memory import Memory  # noqa: E402
+from forge.engine.memory import Memory  # noqa: E402
 from forge.model import Unit, Viewer  # noqa: E402
 from forge.store.base import ANY_STATUS  # noqa: E402
 

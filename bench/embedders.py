@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from _common import emit, log, parser, percentiles_ms, table
-from forge.embed import DEFAULT_LOCAL, LOCAL_MODELS, open_embedder
+from forge.engine.embed import DEFAULT_LOCAL, LOCAL_MODELS, open_embedder
 from forge.errors import ConfigError
 
 QUESTIONS = [

@@ -24,7 +24,7 @@ import numpy as np
 
 from _common import Mixture, Vocabulary, emit, log, parser, table
 from forge import Memory, Unit, Viewer
-from forge.embed import open_embedder
+from forge.engine.embed import open_embedder
 from forge.model import Context
 from forge.store import SQLiteStore
 

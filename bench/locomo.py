@@ -19,7 +19,7 @@ a smoke test only -- it was written for this project and its figures must not tu
 
 Split: conversations sorted by sample id; the first half is the tuning split, the second the
 held-out test split (``--split tune|test|all``; default test on real data). Defaults in
-forge.recall were chosen on the tuning split only.
+forge.engine.recall were chosen on the tuning split only.
 
 Each conversation gets a fresh store; each turn becomes a unit of kind ``episode`` whose
 content is "Speaker: text" (``--context`` without ``speaker``: just the text), and whose
@@ -51,10 +51,10 @@ from typing import Any
 
 from _common import CACHE_DIR, emit, log, parser, pg_url, table
 from forge import Memory
-from forge.embed import open_embedder
+from forge.engine.embed import open_embedder
 from forge.errors import ForgeError
 from forge.model import Episode, Provenance, Step, Unit, Viewer
-from forge.recall import Weights, recall
+from forge.engine.recall import Weights, recall
 from forge.store import SEARCH_CONTEXT, SPEAKER, SQLiteStore, Store
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "locomo_sample.json"
@@ -305,7 +305,7 @@ def run(data: Path = DEFAULT_DATA, *, embedder: str = "local", limit: int | None
         only: Sequence[str] = (), rerank: Any = None, max_questions: int | None = None,
         db: str | None = None) -> dict[str, Any]:
     """``db`` (a postgresql:// URL) holds each conversation in a fresh schema of that database,
-    dropped after it, instead of an in-memory SQLite store. ``rerank`` (a :class:`forge.recall.Reranker`) adds a "hybrid+rerank" mode: the default
+    dropped after it, instead of an in-memory SQLite store. ``rerank`` (a :class:`forge.engine.recall.Reranker`) adds a "hybrid+rerank" mode: the default
     hybrid's 30 candidates reordered by it, then cut to the top k. ``max_questions`` stops
     after that many questions in all (a reranker on a local LLM costs seconds each)."""
     modes = MODES if modes is None else modes
@@ -519,7 +519,7 @@ def main() -> None:
     p.add_argument("--cache", action="store_true",
                    help="cache the stored turns' embeddings in .bench/ (sweeps always do); questions are always embedded")
     p.add_argument("--rerank", default=None, metavar="LLM",
-                   help="add hybrid+rerank: forge.rerank.LLMReranker on this LLM (local, openai:MODEL) grading the 30 candidates")
+                   help="add hybrid+rerank: forge.engine.rerank.LLMReranker on this LLM (local, openai:MODEL) grading the 30 candidates")
     p.add_argument("--questions", type=int, default=None, help="stop after this many questions in all (for --rerank)")
     p.add_argument("--db", default=None, metavar="URL",
                    help="a postgresql:// URL: each conversation in a fresh schema there, instead of SQLite in memory; "
@@ -555,7 +555,7 @@ def main() -> None:
     reranker = None
     if a.rerank:
         from forge.llm import open_llm
-        from forge.rerank import LLMReranker
+        from forge.engine.rerank import LLMReranker
 
         reranker = LLMReranker(open_llm(a.rerank), top_n=30)
     with contextlib.ExitStack() as stack:

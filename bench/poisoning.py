@@ -39,9 +39,9 @@ from pathlib import Path
 from forge.capsule import Capsule, Keyring
 from forge.conflicts import ConfidencePolicy, ContextSplit, RecencyPolicy
 from forge.consensus import Consensus
-from forge.embed import HashingEmbedder, open_embedder
+from forge.engine.embed import HashingEmbedder, open_embedder
 from forge.exchange import Exchange
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Status, Unit, Viewer
 from forge.screen import Screen
 from forge.store import ANY_STATUS, SQLiteStore

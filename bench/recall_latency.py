@@ -8,14 +8,14 @@ progress is printed). Modes, k=10, one query at a time:
 
   vector          store.vector_search
   keyword         store.keyword_search (BM25 over the in-memory index, forge.store.keywords)
-  hybrid          forge.recall.recall (score fusion, the default), precomputed query vector, touch=False
+  hybrid          forge.engine.recall.recall (score fusion, the default), precomputed query vector, touch=False
   hybrid, no boost ... without the attribution boost (what it costs)
   hybrid rrf      ... with reciprocal rank fusion
   hybrid+touch    ... touch=True: access statistics are batched, not one write per recall
   hybrid+filter   ... with Filter(kinds={rule}, tags_all={tag05})
   hybrid+filter, varying  ... with one of 24 kind + tag filters, never the previous query's
   hybrid+agent    ... as Viewer.of("agent-7", groups=["g3"]) instead of the operator
-  vector k=30 / keyword k=100  what hybrid asks each signal for (forge.recall's VECTOR_ / KEYWORD_CANDIDATES)
+  vector k=30 / keyword k=100  what hybrid asks each signal for (forge.engine.recall's VECTOR_ / KEYWORD_CANDIDATES)
   keyword / hybrid / hybrid+filter fts5   the same on a second handle of the same file
                   opened with keyword_index=False: FTS5 ranks, as before the in-memory index
 
@@ -57,7 +57,7 @@ from _common import (
     time_calls,
 )
 from forge.model import Context, Unit, Viewer
-from forge.recall import KEYWORD_CANDIDATES, VECTOR_CANDIDATES, Weights, recall
+from forge.engine.recall import KEYWORD_CANDIDATES, VECTOR_CANDIDATES, Weights, recall
 from forge.store import ANY_STATUS, Filter, SQLiteStore
 
 BUILD_VERSION = 1  # bump when the synthetic data changes, so cached stores are rebuilt

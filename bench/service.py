@@ -38,8 +38,8 @@ import numpy as np
 
 from _common import CACHE_DIR, ROOT, Vocabulary, log, parser, table
 from forge.client import Client
-from forge.embed import open_embedder
-from forge.memory import Memory
+from forge.engine.embed import open_embedder
+from forge.engine.memory import Memory
 from forge.model import Unit, Viewer
 from forge.server.keys import KeyStore
 from forge.store import SQLiteStore

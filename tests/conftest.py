@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import pg_support
-from forge.embed import HashingEmbedder
-from forge.memory import Memory
+from forge.engine.embed import HashingEmbedder
+from forge.engine.memory import Memory
 from forge.store import SQLiteStore, Store
 
 BACKENDS = ["sqlite-file", "sqlite-memory", "postgres"]

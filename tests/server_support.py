@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from forge.embed import HashingEmbedder  # noqa: E402
-from forge.memory import Memory  # noqa: E402
+from forge.engine.embed import HashingEmbedder  # noqa: E402
+from forge.engine.memory import Memory  # noqa: E402
 from forge.server.app import create_app  # noqa: E402
 from forge.server.keys import KeyStore  # noqa: E402
 from forge.store import SQLiteStore  # noqa: E402

@@ -180,7 +180,7 @@ def test_locomo_reads_both_public_layouts(tmp_path: Path) -> None:
 
 def test_locomo_context_goes_into_the_index_not_the_content(tmp_path: Path) -> None:
     from forge import Memory
-    from forge.embed import HashingEmbedder
+    from forge.engine.embed import HashingEmbedder
     from forge.model import Viewer
     from forge.store import SQLiteStore
 

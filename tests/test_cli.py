@@ -261,7 +261,7 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(capsys, db, monkeyp
     def bug(*_a, **_k):
         raise KeyError("oops")
 
-    monkeypatch.setattr("forge.memory.Memory.stats", bug)
+    monkeypatch.setattr("forge.engine.memory.Memory.stats", bug)
     code, _, err = run(capsys, "--db", db, "stats")
     assert_one_line_error(code, err, 1, "internal error", "KeyError")
     assert "Traceback" not in err
@@ -270,7 +270,7 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(capsys, db, monkeyp
 def test_show_as_an_agent_leaks_nothing_it_may_not_see(capsys, db):
     """Relations to another agent's private units and the private history of a unit that
     was shared later are not shown to an agent that may see only the shared unit."""
-    from forge.memory import Memory
+    from forge.engine.memory import Memory
     from forge.model import Viewer
 
     secret = add(capsys, db, "alice's private launch code is 0000", "--scope", "private", "--owner", "alice")

@@ -18,11 +18,11 @@ from forge.conflicts import (
     RecencyPolicy,
 )
 from forge.consensus import Consensus, Reputation
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.errors import LLMError, ValidationError
 from forge.ledger import Ledger, Ruling
 from forge.llm.testing import ScriptedLLM
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Context, Status, Unit, Viewer
 from forge.store import SQLiteStore
 

@@ -17,9 +17,9 @@ from forge.curate import (
     ValueChangeDetector,
     admit,
 )
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.errors import ConflictError
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Kind, Provenance, RelationType, Status, Unit, Viewer
 from forge.store import SQLiteStore
 

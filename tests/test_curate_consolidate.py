@@ -21,10 +21,10 @@ from forge.curate import (
     import_seed_pack,
     read_seed_pack,
 )
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.errors import ValidationError
 from forge.llm.testing import ScriptedLLM
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Kind, RelationType, Status, Unit, Viewer
 from forge.store import SQLiteStore
 from forge.store.base import ANY_STATUS as ADMIN_ALL

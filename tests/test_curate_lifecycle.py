@@ -10,9 +10,9 @@ import pytest
 
 from forge.curate import DAY, CurationPolicy, believed_at, curate, plan, restore, strength, timeline
 from forge.curate.lifecycle import HALF_LIFE_DAYS
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.errors import UserError, ValidationError
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Status, Unit, Viewer
 from forge.store import SQLiteStore
 

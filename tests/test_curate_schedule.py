@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from forge.curate import CurationSchedule
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.errors import ValidationError
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Status, Unit, Viewer
 from forge.store import SQLiteStore
 

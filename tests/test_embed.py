@@ -4,7 +4,7 @@ import httpx
 import numpy as np
 import pytest
 
-from forge.embed import HashingEmbedder, OpenAIEmbedder, open_embedder
+from forge.engine.embed import HashingEmbedder, OpenAIEmbedder, open_embedder
 from forge.errors import ConfigError, EmbedError
 
 
@@ -62,7 +62,7 @@ def test_local_embedder_is_offline_and_semantic():
 
 
 def test_demo_runs_on_hashing_embedder(tmp_path):
-    from forge.demo import run_demo
+    from forge.engine.demo import run_demo
 
     report = run_demo(tmp_path, embedder="hash")
     assert "why:" in report["text"]

@@ -12,10 +12,10 @@ from fakes import Clock
 from forge.capsule import Capsule, Keyring
 from forge.conflicts import RecencyPolicy
 from forge.consensus import Consensus
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.exchange import Exchange, HeuristicAssessor, Limits, LLMAssessor
 from forge.llm.testing import ScriptedLLM
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Context, Status, Unit, Viewer
 from forge.screen import Screen
 from forge.store import ANY_STATUS, Filter, SQLiteStore

@@ -30,11 +30,11 @@ import pytest
 
 from forge.bus import MemoryBus, Network
 from forge.capsule import Capsule, Keyring
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.errors import StoreError
 from forge.exchange import Exchange
 from forge.ledger import Ledger
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Unit, Viewer
 from forge.store import ANY_STATUS, SQLiteStore
 from forge.store.vectors import EXACT_MAX
@@ -74,8 +74,8 @@ def _kill(proc: subprocess.Popen) -> None:
 WRITER = textwrap.dedent(
     """
     import os, random, sys
-    from forge.embed import HashingEmbedder
-    from forge.memory import Memory
+    from forge.engine.embed import HashingEmbedder
+    from forge.engine.memory import Memory
     from forge.model import Unit
     from forge.store import SQLiteStore
     db, ack, tag, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

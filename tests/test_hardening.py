@@ -17,10 +17,10 @@ from fakes import Clock
 from forge.agent import Agent
 from forge.bus import MemoryBus, Network
 from forge.capsule import MAX_TTL_S, Capsule, Keyring
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.errors import StoreError, ValidationError
 from forge.exchange import Exchange
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Unit, Viewer
 from forge.store import ANY_STATUS, SQLiteStore
 from forge.topology import FullMesh
@@ -411,7 +411,7 @@ def test_a_database_on_a_read_only_file_system_can_be_read(tmp_path):
     mnt.mkdir()
     _filled(src / "ro.db", 10)
     script = (
-        "from forge.embed import HashingEmbedder\nfrom forge.memory import Memory\n"
+        "from forge.engine.embed import HashingEmbedder\nfrom forge.engine.memory import Memory\n"
         "from forge.store import SQLiteStore\nfrom forge.model import Viewer\n"
         f"m = Memory(SQLiteStore({str(mnt / 'ro.db')!r}), HashingEmbedder(16))\n"
         "hits = m.recall('unit number 3', viewer=Viewer.admin(), k=1)\n"

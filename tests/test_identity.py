@@ -18,11 +18,11 @@ import pytest
 from fakes import Clock
 from forge.bus import MemoryBus, Network
 from forge.capsule import Capsule, Keyring
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.errors import ConfigError, ValidationError
 from forge.exchange import Exchange
 from forge.identity import Identity
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Unit, Viewer
 from forge.store import SQLiteStore
 from forge.topology import FullMesh, Ring

@@ -109,8 +109,8 @@ def test_a_memory_opened_before_the_model_does_not_break_it(tmp_path):
     import subprocess
 
     script = (
-        "from forge.embed import HashingEmbedder\n"
-        "from forge.memory import Memory\n"
+        "from forge.engine.embed import HashingEmbedder\n"
+        "from forge.engine.memory import Memory\n"
         "from forge.model import Unit, Viewer\n"
         "from forge.store import open_store\n"
         "from forge.llm import open_llm\n"

@@ -15,8 +15,8 @@ pytest.importorskip("mcp")
 from mcp import ClientSession, StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.client import Client as MCPClient  # noqa: E402
 
-from forge.embed import HashingEmbedder  # noqa: E402
-from forge.memory import Memory  # noqa: E402
+from forge.engine.embed import HashingEmbedder  # noqa: E402
+from forge.engine.memory import Memory  # noqa: E402
 from forge.model import Viewer  # noqa: E402
 from forge.server.keys import Principal  # noqa: E402
 from forge.server.mcp import build_mcp  # noqa: E402

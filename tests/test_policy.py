@@ -5,7 +5,7 @@ from __future__ import annotations
 from forge.envs import make_env
 from forge.errors import ConfigError
 from forge.llm.testing import ScriptedLLM
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Kind, Unit, Viewer
 from forge.policy import FlatPolicy, make_policy, strip_map, summarize_observation
 from forge.prompt import recollect

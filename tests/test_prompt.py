@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Context, Kind, Unit, Viewer
 from forge.prompt import recollect
 

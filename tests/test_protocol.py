@@ -18,7 +18,7 @@ from forge.envs import make_env
 from forge.errors import ConfigError, NotFoundError, StoreError
 from forge.llm.base import forbid_real_llms
 from forge.loop import play_episode
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Viewer
 from forge.policy import FlatPolicy, HierarchicalPolicy
 from forge.protocols import ForgeConfig, evolve, resume

@@ -2,7 +2,7 @@ import pytest
 
 from forge.errors import ValidationError
 from forge.model import Kind, Unit, Viewer
-from forge.recall import Recalled, Weights, approx_tokens, pack
+from forge.engine.recall import Recalled, Weights, approx_tokens, pack
 from forge.store import SPEAKER, Filter
 
 ADMIN = Viewer.admin()
@@ -70,7 +70,7 @@ def test_a_unit_said_by_whom_the_query_names_ranks_higher(memory):
 
 
 def test_attribution_matches_whole_names_and_owners():
-    from forge.recall import _mentions
+    from forge.engine.recall import _mentions
 
     names = _mentions("What did Agent-3 and Mary Ann learn about the lake?")
     assert names("agent-3") and names("mary ann")
@@ -106,7 +106,7 @@ def test_recall_updates_access_statistics(memory):
 
 
 def test_bad_arguments():
-    from forge.recall import recall
+    from forge.engine.recall import recall
     from forge.store import SQLiteStore
 
     with pytest.raises(ValidationError):

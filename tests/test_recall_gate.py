@@ -8,7 +8,7 @@ import time
 import pytest
 
 from forge.errors import ValidationError
-from forge.memory import Memory, _Gate
+from forge.engine.memory import Memory, _Gate
 from forge.model import Unit, Viewer
 
 

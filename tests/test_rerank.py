@@ -2,7 +2,7 @@ import json
 
 from forge.llm.testing import ScriptedLLM
 from forge.model import Unit, Viewer
-from forge.rerank import LLMReranker
+from forge.engine.rerank import LLMReranker
 
 
 def test_llm_reranker_reorders_by_grade(memory):

@@ -12,8 +12,8 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from forge.capsule import Capsule, Keyring  # noqa: E402
-from forge.embed import HashingEmbedder  # noqa: E402
-from forge.memory import Memory  # noqa: E402
+from forge.engine.embed import HashingEmbedder  # noqa: E402
+from forge.engine.memory import Memory  # noqa: E402
 from forge.model import Unit  # noqa: E402
 from forge.server.app import create_app  # noqa: E402
 from forge.server.keys import KeyStore  # noqa: E402

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.errors import ConfigError, StoreError
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Viewer
 from forge.server.keys import Principal
 from forge.server.service import ReadLog, Service

@@ -16,8 +16,8 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 import pg_support  # noqa: E402
-from forge.embed import HashingEmbedder  # noqa: E402
-from forge.memory import Memory  # noqa: E402
+from forge.engine.embed import HashingEmbedder  # noqa: E402
+from forge.engine.memory import Memory  # noqa: E402
 from forge.server.app import create_app  # noqa: E402
 from server_support import make_setup  # noqa: E402
 

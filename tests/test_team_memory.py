@@ -13,10 +13,10 @@ import pytest
 
 from forge.errors import ConfigError, NotFoundError, ValidationError
 from forge.llm.testing import ScriptedLLM
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Context, Kind, Scope, Status, Unit, Viewer
 from forge.prompt import render_unit
-from forge.recall import approx_tokens
+from forge.engine.recall import approx_tokens
 from forge.reflect import Reflection, RuleEdit
 from forge.rules import parse as parse_rule
 from forge.rules import write as write_rule

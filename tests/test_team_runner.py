@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Kind, Viewer
 from forge.store import Filter
 from forge.team import TeamMemory

@@ -120,7 +120,7 @@ def test_similarity_picks_top_k_by_cosine_and_follows_profile_updates():
 
 
 def test_similarity_from_texts_uses_an_embedder():
-    from forge.embed import HashingEmbedder
+    from forge.engine.embed import HashingEmbedder
 
     t = Similarity.from_texts(
         {"net1": "network firewall ports", "net2": "network firewall rules", "db": "database index query"},

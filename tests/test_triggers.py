@@ -11,9 +11,9 @@ import test_bus_support as support
 from fakes import Clock as FakeClock
 from forge.bus import MemoryBus, Network
 from forge.capsule import Capsule, Keyring
-from forge.embed import HashingEmbedder
+from forge.engine.embed import HashingEmbedder
 from forge.errors import BusError, ValidationError
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Unit
 from forge.store import open_store
 from forge.topology import FullMesh, Ring

@@ -1,7 +1,7 @@
 """FORGE: self-improving, shareable memory for populations and teams of LLM agents."""
 
 from forge.errors import ForgeError
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import (
     Context,
     Episode,
@@ -15,7 +15,7 @@ from forge.model import (
     Unit,
     Viewer,
 )
-from forge.recall import Recalled, Weights, pack
+from forge.engine.recall import Recalled, Weights, pack
 from forge.store import Filter, open_store
 
 __all__ = [

@@ -8,7 +8,7 @@
     agent.pump()                               # peers' capsules: verify, screen, judge, store
     agent.record_outcome(used_ids, success=True)   # credit the agents whose units helped
 
-The parts are the library's own: a :class:`~forge.memory.Memory` for storage and recall,
+The parts are the library's own: a :class:`~forge.engine.memory.Memory` for storage and recall,
 :func:`~forge.reflect.reflect` for learning, a :class:`~forge.triggers.Broadcaster`
 (importance trigger, outbox, token bucket) over a :class:`~forge.bus.Network` for sending,
 an :class:`~forge.exchange.Exchange` for receiving and its
@@ -29,18 +29,18 @@ from typing import Any
 from forge.bus import Bus, CapsuleInbox, Network, open_bus
 from forge.capsule import Keyring
 from forge.curate.exposure import Exposure
-from forge.embed import Embedder, open_embedder
+from forge.engine.embed import Embedder, open_embedder
 from forge.envs.base import Env
 from forge.errors import ConfigError, NotFoundError
 from forge.exchange import Exchange, HeuristicAssessor
 from forge.ledger import Ruling
 from forge.llm.base import LLM
 from forge.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Context, Episode, Status, Unit, Viewer
 from forge.policy import Policy
 from forge.prompt import Recollection
-from forge.recall import Packed, Recalled
+from forge.engine.recall import Packed, Recalled
 from forge.reflect import apply_reflection
 from forge.store import Filter
 from forge.topology import Topology, open_topology

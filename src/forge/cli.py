@@ -51,7 +51,7 @@ class _Ctx:
         self.as_json = as_json
 
     def memory(self, *, must_exist: bool = False):  # -> Memory (imported lazily: keeps --help fast)
-        from forge.memory import Memory
+        from forge.engine.memory import Memory
 
         server = self.db.startswith(("postgresql://", "postgres://"))  # the server says what exists
         if must_exist and self.db != ":memory:" and not server and not Path(self.db).exists():
@@ -153,7 +153,7 @@ def recall(obj: _Ctx, query: str, k: int, kinds: tuple[str, ...], tags: tuple[st
            domain: str | None, task: str | None, role: str | None, statuses: tuple[str, ...], agent: str | None,
            groups: tuple[str, ...], hops: int, budget: int | None, no_touch: bool) -> None:
     """Recall the units that best match QUERY, with why each was returned."""
-    from forge.recall import pack
+    from forge.engine.recall import pack
     from forge.store import Filter
 
     flt = Filter.make(kinds=kinds, tags_all=tags, tags_any=any_tags, domain=domain, task=task, role=role,
@@ -261,7 +261,7 @@ def stats(obj: _Ctx) -> None:
 @pass_ctx
 def demo(obj: _Ctx, out_dir: str) -> None:
     """Load sample memories and recall them with explanations."""
-    from forge.demo import run_demo
+    from forge.engine.demo import run_demo
 
     report = run_demo(Path(out_dir), embedder=obj.embedder or "local")
     obj.emit(report["data"], report["text"])

@@ -34,7 +34,7 @@ from forge.errors import (
     ValidationError,
 )
 from forge.model import Episode, Relation, Status, Unit, Viewer
-from forge.recall import Packed, Recalled
+from forge.engine.recall import Packed, Recalled
 from forge.store import Filter
 from forge.store.base import Event
 

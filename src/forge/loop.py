@@ -6,7 +6,7 @@ so memory reaches prompts one way and failures become memory one way.
 
 Memory is recalled once per episode and role (:class:`Recaller`), so the prompt prefix is
 stable across steps; each step records which units were shown and which named its exact
-situation, and :attr:`Trajectory.used` hands them to :meth:`forge.memory.Memory.record_use`.
+situation, and :attr:`Trajectory.used` hands them to :meth:`forge.engine.memory.Memory.record_use`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from forge.llm.base import LLM
 from forge.model import Step, Viewer
 from forge.policy import ANALYST_TOOLS, Policy, situation_of
 from forge.prompt import PROMPT_SECTIONS, PROMPT_WEIGHTS, Recollection, empty, recollect
-from forge.recall import Weights
+from forge.engine.recall import Weights
 from forge.reflect import (
     Reflection,
     Snapshot,
@@ -68,7 +68,7 @@ class Trajectory:
 
 
 class Recaller:
-    """Recall from a :class:`~forge.memory.Memory` as one agent, for one policy's roles.
+    """Recall from a :class:`~forge.engine.memory.Memory` as one agent, for one policy's roles.
 
     ``exposure`` (:class:`~forge.curate.exposure.Exposure`: warm-up, gradual enablement,
     isolation) hides what the agent may not read yet given ``episodes``, its experience so

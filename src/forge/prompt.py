@@ -16,7 +16,7 @@ Two things make a small local model use its memory:
   A 1.5B model follows a rule next to the question far more often than one in a list.
 
 A :class:`Recollection` also says which units were shown, so every decision records the
-memories that drove it and outcomes flow back to them (:meth:`forge.memory.Memory.record_use`).
+memories that drove it and outcomes flow back to them (:meth:`forge.engine.memory.Memory.record_use`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 from forge import rules as rulebook
 from forge.model import Kind, Unit, Viewer
-from forge.recall import Packed, Recalled, Weights, approx_tokens, pack
+from forge.engine.recall import Packed, Recalled, Weights, approx_tokens, pack
 from forge.store.base import Filter
 
 __all__ = [
@@ -160,7 +160,7 @@ def recollect(
 ) -> Recollection:
     """Recall for ``query`` as ``viewer`` and write the memory block for ``role``.
 
-    ``memory`` is a :class:`~forge.memory.Memory` (or anything with its ``recall``). Units
+    ``memory`` is a :class:`~forge.engine.memory.Memory` (or anything with its ``recall``). Units
     whose context names another role are left out; units with no role serve every role.
     """
     recalled = memory.recall(query, viewer=viewer, k=k, filter=filter, weights=weights, touch=touch) if query.strip() else []

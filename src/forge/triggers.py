@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from forge.capsule import Capsule
 from forge.errors import BusError, ValidationError
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Context, Kind, Unit, Viewer
 from forge.store import Filter
 

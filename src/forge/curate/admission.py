@@ -296,7 +296,7 @@ def admit(
     policy: AdmissionPolicy | None = None,
     now: float | None = None,
 ) -> list[Admitted]:
-    """Admit ``units`` into ``memory`` (a :class:`~forge.memory.Memory`), one decision each."""
+    """Admit ``units`` into ``memory`` (a :class:`~forge.engine.memory.Memory`), one decision each."""
     if isinstance(units, Unit):
         units = [units]
     units = list(units)

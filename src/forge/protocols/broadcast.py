@@ -16,7 +16,7 @@ from forge.bus.base import Bus
 from forge.capsule import Capsule, Keyring
 from forge.errors import BusError
 from forge.exchange import Exchange
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Unit, new_id
 from forge.protocols.forge import champion_copy
 

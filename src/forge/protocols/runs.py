@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Episode, Scope, Status, Unit, Viewer
 from forge.protocols.config import ForgeConfig
 from forge.store import Filter

@@ -36,8 +36,8 @@ from forge.errors import (
     StoreError,
     UserError,
 )
-from forge.memory import Memory
-from forge.recall import Recalled
+from forge.engine.memory import Memory
+from forge.engine.recall import Recalled
 from forge.server import models as m
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
 from forge.server.keys import KeyStore, Principal

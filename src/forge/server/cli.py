@@ -115,7 +115,7 @@ def worker_app() -> Any:
     others, its share of each key's rate, and curation in exactly one of them (the first to
     take the database's curation lock)."""
     from forge.capsule import Keyring
-    from forge.memory import Memory
+    from forge.engine.memory import Memory
     from forge.server.app import create_app
     from forge.server.keys import KeyStore
 

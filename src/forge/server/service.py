@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from forge.errors import AccessError, ConfigError, NotFoundError, ValidationError
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Episode, Kind, Relation, Scope, Status, Unit, Viewer
-from forge.recall import Packed, Recalled
+from forge.engine.recall import Packed, Recalled
 from forge.server.keys import Principal
 from forge.store import Filter
 from forge.store.base import Event

@@ -65,7 +65,7 @@ SEARCH_CONTEXT = "search_context"
 
 #: ``Unit.meta`` key for who said or wrote what a unit records (a conversation's speaker),
 #: when that is not its owner: recall prefers units by someone the query names
-#: (:attr:`forge.recall.Weights.attribution`).
+#: (:attr:`forge.engine.recall.Weights.attribution`).
 SPEAKER = "speaker"
 
 

@@ -6,7 +6,7 @@
   (:mod:`forge.reflect`) wrote about a failure go into the same pools as :attr:`Kind.RULE` units;
 - **procedural**: :attr:`Kind.PROCEDURE` units (title, knowledge, success/failure counts,
   source episodes), written by consolidation (:mod:`forge.team.consolidate`); their counts,
-  hence ``rho`` and ``validation``, move only through :meth:`forge.memory.Memory.record_use`;
+  hence ``rho`` and ``validation``, move only through :meth:`forge.engine.memory.Memory.record_use`;
 - **transactive**: :attr:`Kind.PROFILE` units, "who knows what": one per agent (specialities by
   task type, per-partner collaboration success, reliability) and one per team pattern (task
   types it suits, average performance, communication overhead).
@@ -31,10 +31,10 @@ from typing import Any
 
 from forge.errors import ConfigError, NotFoundError, ValidationError
 from forge.llm.base import LLM
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Context, Episode, Kind, Provenance, Scope, Status, Step, Unit, Viewer
 from forge.prompt import PROMPT_WEIGHTS, Recollection, recollect
-from forge.recall import Weights
+from forge.engine.recall import Weights
 from forge.reflect import Reflection, RuleEdit, apply_reflection
 from forge.store.base import Filter
 
@@ -250,7 +250,7 @@ class Procedure:
     """A read-only view of a procedure unit's track record.
 
     The counts are the unit's ``meta.successes``/``failures``: seeded by consolidation and
-    then moved only by :meth:`forge.memory.Memory.record_use`, which also keeps ``validation``
+    then moved only by :meth:`forge.engine.memory.Memory.record_use`, which also keeps ``validation``
     (what recall boosts) in step with them. ``uses`` counts the tasks it was shown to.
     """
 

@@ -19,7 +19,7 @@ next is reallocated to someone else. A team of one plans without an LLM call.
 then the rules reflection wrote, then past tasks, within ``memory_tokens``; the block is kept
 for the agent's whole task (a stable prompt prefix), and the rules naming the current
 situation are repeated next to the question at each step. The units shown are recorded per
-agent and step, and credited with the task's outcome (:meth:`forge.memory.Memory.record_use`).
+agent and step, and credited with the task's outcome (:meth:`forge.engine.memory.Memory.record_use`).
 A failed task is reflected on by :func:`forge.loop.reflect_on` (the library's reflection,
 grounded by replaying the seeded episode); its rules become units of the episodic pools.
 
@@ -58,12 +58,12 @@ from forge.envs import Env, EnvSpec
 from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError, StructuredOutputError
 from forge.llm import LLM, Message, MeteredLLM, TokenLedger, choose, open_llm
 from forge.loop import Trajectory, failure_point, reflect_on
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Kind, Step, Viewer
 from forge.policy import summarize_observation
 from forge.prompt import Recollection
 from forge.protocols.runs import RunDir
-from forge.recall import approx_tokens
+from forge.engine.recall import approx_tokens
 from forge.store import Filter
 from forge.team.consolidate import Consolidator
 from forge.team.memories import (

@@ -1,4 +1,4 @@
-"""Rerankers for :func:`forge.recall.recall`'s ``rerank`` hook.
+"""Rerankers for :func:`forge.engine.recall.recall`'s ``rerank`` hook.
 
 Fusion ranks by agreement between cheap signals; a reranker reads the query and each
 candidate together. ``LLMReranker`` asks any LLM backend for a 0-10 relevance grade per
@@ -14,7 +14,7 @@ from dataclasses import replace
 from forge.errors import LLMError
 from forge.llm.base import LLM, Message
 from forge.llm.structured import complete_json
-from forge.recall import Recalled
+from forge.engine.recall import Recalled
 
 __all__ = ["LLMReranker"]
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from forge.embed import Embedder, open_embedder
+from forge.engine.embed import Embedder, open_embedder
 from forge.errors import ConfigError, DimensionError, ValidationError
 from forge.model import Episode, Relation, Status, Unit, Viewer
-from forge.recall import Packed, Recalled, Reranker, Weights, approx_tokens, pack, recall
+from forge.engine.recall import Packed, Recalled, Reranker, Weights, approx_tokens, pack, recall
 from forge.store import Filter, Store, indexed_text, open_store
 
 __all__ = ["MAX_HOPS", "MAX_QUERY_CHARS", "MAX_RECALL", "Memory"]

@@ -12,9 +12,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from forge.memory import Memory
+from forge.engine.memory import Memory
 from forge.model import Viewer
-from forge.recall import pack
+from forge.engine.recall import pack
 
 __all__ = ["QUERIES", "run_demo", "sample_records"]
 

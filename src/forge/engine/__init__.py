@@ -1,0 +1,1 @@
+"""The memory engine: `Memory` (the one write path), hybrid recall, fusion, rerank and embedders."""
