@@ -11,7 +11,7 @@ per task, and AIP / final AP_t against the no-memory baseline; then the team-siz
     python bench/lifelong.py --llm openai:gpt-4o-mini --tasks 30 --sizes 1,3,5,7
     python bench/lifelong.py --quick --json
 
-Every memory mode's prompts are written by :func:`forge.prompt.recollect` (the team's units,
+Every memory mode's prompts are written by :func:`forge.learn.prompt.recollect` (the team's units,
 as each agent's viewer). Figures, not assertions: with a small local model expect noise.
 """
 

@@ -236,7 +236,7 @@ VARIANTS = ("with", "without", "near")
 
 def _messages(s: Situation, variant: str, index: int) -> list[Message]:
     """``with``: the 4 rules in the system prompt; ``without``: none; ``near``: the 4 rules
-    and, as forge.prompt does at each step, the matching rule repeated before the question."""
+    and, as forge.learn.prompt does at each step, the matching rule repeated before the question."""
     system = Message("system", _system(s, variant != "without", index))
     if variant == "near":
         return [system, Message("user", f"Memory for this situation: {s.rule}\n\n{s.observation}")]

@@ -13,7 +13,7 @@ from forge.errors import ConfigError
 from forge.llm.base import Request
 from forge.llm.testing import ScriptedLLM
 from forge.model import Kind, Status, Unit, Viewer
-from forge.policy import FlatPolicy
+from forge.learn.policy import FlatPolicy
 from forge.store import Filter
 from forge.topology import Ring, Star
 from test_bus_support import REDIS_URL, cleanup, redis_bus
@@ -293,7 +293,7 @@ def test_a_dead_end_blames_the_step_that_entered_it(population):
 
 
 def test_the_walk_back_from_a_dead_end_is_bounded(population, monkeypatch):
-    monkeypatch.setattr("forge.loop.BLAME_BACK", 0)
+    monkeypatch.setattr("forge.learn.loop.BLAME_BACK", 0)
     short = make_env("frozenlake-4x4", max_steps=6)
     try:
         [rule] = fall(population["a1"], short, actions=("right", "right", "right", "left", "right", "left"))

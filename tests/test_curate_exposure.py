@@ -16,7 +16,7 @@ from forge.curate.seeds import own
 from forge.envs import make_env
 from forge.errors import ConfigError, UserError
 from forge.llm.base import forbid_real_llms
-from forge.loop import Recaller
+from forge.learn.loop import Recaller
 from forge.engine.memory import Memory
 from forge.model import Context, Provenance, Unit, Viewer
 from forge.protocols import ForgeConfig, evolve

@@ -7,8 +7,8 @@ from forge.errors import ConfigError
 from forge.llm.testing import ScriptedLLM
 from forge.engine.memory import Memory
 from forge.model import Kind, Unit, Viewer
-from forge.policy import FlatPolicy, make_policy, strip_map, summarize_observation
-from forge.prompt import recollect
+from forge.learn.policy import FlatPolicy, make_policy, strip_map, summarize_observation
+from forge.learn.prompt import recollect
 
 
 def test_summarize_observation_is_one_short_sentence():

@@ -1,7 +1,7 @@
 """A deterministic toy "model" for protocol tests, and checks that it behaves as designed.
 
 It plays FrozenLake greedily (down until the last row, then right) and obeys rules of the
-form "when <situation>, do not <action>" found in its prompt (parsed by forge.rules), so memory written by
+form "when <situation>, do not <action>" found in its prompt (parsed by forge.learn.rules), so memory written by
 reflection really changes its behaviour. Reflection requests get ``reflection`` (garbage by
 default, so the fallback path is exercised). Module-level and picklable: worker processes
 and subprocess runs import it by name.
@@ -13,10 +13,10 @@ import functools
 import json
 import re
 
-from forge import rules
+from forge.learn import rules
 from forge.llm.base import Request
 from forge.llm.testing import ScriptedLLM
-from forge.policy import summarize_observation
+from forge.learn.policy import summarize_observation
 
 MOVES = ("left", "down", "right", "up")
 

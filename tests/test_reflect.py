@@ -9,7 +9,7 @@ import pytest
 from forge.errors import ValidationError
 from forge.llm.testing import ScriptedLLM
 from forge.model import Kind, Step, Unit
-from forge.reflect import (
+from forge.learn.reflect import (
     Reflection,
     RuleEdit,
     Snapshot,
@@ -223,7 +223,7 @@ def test_without_a_return_the_last_step_is_blamed() -> None:
 def test_safe_alternatives_name_moves_that_change_the_situation_not_bumps():
     pytest.importorskip("gymnasium", reason="gymnasium is an optional extra: pip install '.[envs]'")
     from forge.envs import make_env
-    from forge.reflect import safe_alternatives
+    from forge.learn.reflect import safe_alternatives
 
     env = make_env("frozenlake-4x4")
     # down, down reaches row 2, col 0; down again falls into the hole at row 3, col 0.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from forge import rules
+from forge.learn import rules
 
 ACTIONS = ("left", "down", "right", "up")
 HERE = "You are at row 2, col 0, on a frozen tile"

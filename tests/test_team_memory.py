@@ -15,11 +15,11 @@ from forge.errors import ConfigError, NotFoundError, ValidationError
 from forge.llm.testing import ScriptedLLM
 from forge.engine.memory import Memory
 from forge.model import Context, Kind, Scope, Status, Unit, Viewer
-from forge.prompt import render_unit
+from forge.learn.prompt import render_unit
 from forge.engine.recall import approx_tokens
-from forge.reflect import Reflection, RuleEdit
-from forge.rules import parse as parse_rule
-from forge.rules import write as write_rule
+from forge.learn.reflect import Reflection, RuleEdit
+from forge.learn.rules import parse as parse_rule
+from forge.learn.rules import write as write_rule
 from forge.store import Filter
 from forge.team import (
     Action,
@@ -38,7 +38,7 @@ from forge.team import (
 LOCKS = "Check pg_locks for blocked sessions before blaming the disk."
 VACUUM = "Dead tuples pile up when autovacuum is off; run vacuum analyze on the table."
 AGENTS = ["planner", "dba", "analyst"]
-HOLE = write_rule("You are at row 1, col 0", "down", ["right"])  # a rule as forge.reflect writes it
+HOLE = write_rule("You are at row 1, col 0", "down", ["right"])  # a rule as forge.learn.reflect writes it
 MOVES = ["left", "down", "right", "up"]
 
 
@@ -145,7 +145,7 @@ def test_reflected_rules_become_units_that_name_their_situation(memory: Memory) 
     assert len(first.rule_units) == 2  # one per local pool, like the episode
     rule = memory.store.get(first.rule_units[0], viewer=Viewer.admin())
     assert rule.kind is Kind.RULE and rule.owner == "dba" and rule.context.role == "actor"
-    assert rule.meta["situation"] == parse_rule(HOLE).when  # as forge.reflect stores rules
+    assert rule.meta["situation"] == parse_rule(HOLE).when  # as forge.learn.reflect stores rules
     again = record(tm, "cross the lake again", HOLE, ok=False, members=["dba"], rules=[HOLE])
     assert again.rule_units == ()  # a pool never holds the same rule twice
     got = tm.recollect("dba", "cross the lake", valid_actions=MOVES)

@@ -157,7 +157,7 @@ def test_actor_prompts_carry_the_recollected_block(tmp_path: Path) -> None:
     res = run_team(cfg(memory="shared", tasks=4), tmp_path / "run", llm=llm)
     systems = [m.content for r in llm.requests for m in r.messages if m.role == "system" and "of a team of agents" in m.content]
     with_memory = [p for p in systems if "## Past tasks" in p or "## Procedures" in p]
-    assert with_memory  # written by forge.prompt.recollect, section headers and all
+    assert with_memory  # written by forge.learn.prompt.recollect, section headers and all
     shown = [i for r in res.results[1:] for ids in r["shown"].values() for i in ids]
     assert shown and set(shown) <= {i for r in res.results for i in r["used"]}
 

@@ -9,7 +9,7 @@
     agent.record_outcome(used_ids, success=True)   # credit the agents whose units helped
 
 The parts are the library's own: a :class:`~forge.engine.memory.Memory` for storage and recall,
-:func:`~forge.reflect.reflect` for learning, a :class:`~forge.triggers.Broadcaster`
+:func:`~forge.learn.reflect.reflect` for learning, a :class:`~forge.triggers.Broadcaster`
 (importance trigger, outbox, token bucket) over a :class:`~forge.bus.Network` for sending,
 an :class:`~forge.exchange.Exchange` for receiving and its
 :class:`~forge.consensus.Consensus` for reputation. The agent only wires them together so
@@ -35,13 +35,13 @@ from forge.errors import ConfigError, NotFoundError
 from forge.exchange import Exchange, HeuristicAssessor
 from forge.ledger import Ruling
 from forge.llm.base import LLM
-from forge.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
+from forge.learn.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
 from forge.engine.memory import Memory
 from forge.model import Context, Episode, Status, Unit, Viewer
-from forge.policy import Policy
-from forge.prompt import Recollection
+from forge.learn.policy import Policy
+from forge.learn.prompt import Recollection
 from forge.engine.recall import Packed, Recalled
-from forge.reflect import apply_reflection
+from forge.learn.reflect import apply_reflection
 from forge.store import Filter
 from forge.topology import Topology, open_topology
 from forge.triggers import Broadcaster, PeriodicSync, answer_help
@@ -53,7 +53,7 @@ __all__ = ["Agent", "TrajectoryLike"]
 _ARRIVALS = ("accepted", "merged", "corroborated", "quarantined", "rejected", "conflict")
 
 
-TrajectoryLike = Trajectory  # what Agent.learn reads: forge.loop's trajectory
+TrajectoryLike = Trajectory  # what Agent.learn reads: forge.learn.loop's trajectory
 
 
 class Agent:

@@ -158,7 +158,7 @@ def run_agent(spec: Mapping[str, Any], *, secret: str, stop: threading.Event | N
     from forge.agent import Agent
     from forge.envs import make_env
     from forge.llm import MeteredLLM, TokenLedger
-    from forge.policy import make_policy
+    from forge.learn.policy import make_policy
 
     aid, index = str(spec["agent"]), int(spec["index"])
     board = _Board(spec["bus"], spec["prefix"])
@@ -198,7 +198,7 @@ def run_agent(spec: Mapping[str, Any], *, secret: str, stop: threading.Event | N
             exposure=exposure_of(spec),
         )
         policy = make_policy("flat", llm=lambda role: metered.with_tags(role=role), spec=env.spec, rule_guard=bool(spec.get("rule_guard")))
-        from forge.policy import summarize_observation
+        from forge.learn.policy import summarize_observation
 
         publish(state="running")
         failures = 0

@@ -192,7 +192,7 @@ class WalkerLLM:
     """A deterministic stand-in model for agents and swarms: a seeded walk that obeys its rules.
 
     For an action choice it removes the actions that a rule in the prompt ("when <situation>,
-    do not <action>", parsed by :mod:`forge.rules`) forbids in the current situation, then
+    do not <action>", parsed by :mod:`forge.learn.rules`) forbids in the current situation, then
     picks among the rest at random, seeded by ``seed`` and the prompt (so the same agent in the
     same state with the same memory does the same thing). Reflection requests get a minimal
     schema answer, which makes reflection fall back to the rule derived from the trajectory.
@@ -216,8 +216,8 @@ class WalkerLLM:
         return Completion(text=text, prompt_tokens=prompt, completion_tokens=count_words(text), model=self.name)
 
     def _choose(self, request: Request) -> str:
-        from forge import rules
-        from forge.policy import summarize_observation
+        from forge.learn import rules
+        from forge.learn.policy import summarize_observation
 
         user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
         situation = summarize_observation(user)

@@ -77,7 +77,7 @@ class ForgeConfig:
     a population explores differently and its champion is not an accident of ordering.
     Checkpoints and final evaluations are always greedy. ``reflection`` is how rules are asked for:
     ``slots`` (the model fills in the failing situation's rule under a grammar; small models
-    manage it) or ``free`` (free-text rule edits, the paper's way; see :func:`forge.reflect.reflect`).
+    manage it) or ``free`` (free-text rule edits, the paper's way; see :func:`forge.learn.reflect.reflect`).
 
     Cold-start switches (issue 12; all off by default, see :mod:`forge.curate.exposure`):
     ``warmup_episodes`` hides received (broadcast) units from an instance's prompts until
@@ -148,7 +148,7 @@ class ForgeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 2.0:
                 raise ConfigError(f"{name} must be a number between 0 and 2, got {value!r}")
-        from forge.reflect import REFLECTION_STYLES
+        from forge.learn.reflect import REFLECTION_STYLES
 
         if self.reflection not in REFLECTION_STYLES:
             raise ConfigError(f"unknown reflection style {self.reflection!r}; expected one of: {', '.join(REFLECTION_STYLES)}")

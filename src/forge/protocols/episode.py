@@ -3,7 +3,7 @@ final evaluation, and report everything as plain JSON-ready data.
 
 The instance's memory arrives as unit records (its active units in the run's store, in its
 private scope). The worker loads them into a scratch in-memory :class:`~forge.engine.memory.Memory`,
-so every prompt is written by the engine's recall (:mod:`forge.prompt`) exactly as for any
+so every prompt is written by the engine's recall (:mod:`forge.learn.prompt`) exactly as for any
 other agent; what it learns comes back as store ops (new units, archived units, use counts)
 for the parent, the run store's single writer. Given the same task and a deterministic LLM a
 worker returns the same result, which is what makes ``resume`` equal an uninterrupted run.
@@ -18,13 +18,13 @@ from forge.engine.embed import open_embedder
 from forge.envs import Env, make_env
 from forge.llm.accounting import MeteredLLM, TokenLedger
 from forge.llm.base import LLM
-from forge.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
+from forge.learn.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
 from forge.engine.memory import Memory
 from forge.model import Context, Episode, Status, Unit, Viewer
-from forge.policy import make_policy
+from forge.learn.policy import make_policy
 from forge.protocols.config import ForgeConfig
 from forge.engine.recall import Weights
-from forge.reflect import apply_reflection
+from forge.learn.reflect import apply_reflection
 from forge.store import open_store
 
 __all__ = ["RUN_WEIGHTS", "build_env", "evaluate_instance", "play_stage", "scratch_memory"]

@@ -7,7 +7,7 @@ consolidation into procedures, hierarchical prompts, and the paper's metrics.
     tm = TeamMemory(Memory.open("team.db"), team="red", agents=["plan", "dba"], layout="hybrid", llm=llm)
     cons = Consolidator(tm, every=5)
     got = tm.recollect("dba", task)                       # procedures, rules, past tasks
-    prompt = got.block                                    # written by forge.prompt.recollect
+    prompt = got.block                                    # written by forge.learn.prompt.recollect
     who = tm.recollect("plan", task, layers=("transactive",)).block
     ...
     tm.record_task(task=task, outcome=Outcome(success=True, score=1.0), actions=[...], used=got.ids)

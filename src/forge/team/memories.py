@@ -3,7 +3,7 @@
 - **episodic**: one :attr:`Kind.EPISODE` unit per task and pool (team, actions, outcome with
   metrics and errors, the task's lessons, a root-cause diagnosis on failure), backed by an
   :class:`~forge.model.Episode` record holding the actions as steps; the rules reflection
-  (:mod:`forge.reflect`) wrote about a failure go into the same pools as :attr:`Kind.RULE` units;
+  (:mod:`forge.learn.reflect`) wrote about a failure go into the same pools as :attr:`Kind.RULE` units;
 - **procedural**: :attr:`Kind.PROCEDURE` units (title, knowledge, success/failure counts,
   source episodes), written by consolidation (:mod:`forge.team.consolidate`); their counts,
   hence ``rho`` and ``validation``, move only through :meth:`forge.engine.memory.Memory.record_use`;
@@ -15,7 +15,7 @@ Each layer has its own place (:class:`MemoryLayout`): ``local`` pools are privat
 by one agent, ``shared`` pools are ``group:<team>`` units, ``both`` writes and reads the two.
 Reads go through :class:`~forge.model.Viewer` objects and scope filters, so isolation is
 enforced inside the store's query, not by filtering results afterwards. Prompts are written
-by :meth:`TeamMemory.recollect`, i.e. by :func:`forge.prompt.recollect`, the one function that
+by :meth:`TeamMemory.recollect`, i.e. by :func:`forge.learn.prompt.recollect`, the one function that
 puts memory into any FORGE prompt.
 """
 
@@ -33,9 +33,9 @@ from forge.errors import ConfigError, NotFoundError, ValidationError
 from forge.llm.base import LLM
 from forge.engine.memory import Memory
 from forge.model import Context, Episode, Kind, Provenance, Scope, Status, Step, Unit, Viewer
-from forge.prompt import PROMPT_WEIGHTS, Recollection, recollect
+from forge.learn.prompt import PROMPT_WEIGHTS, Recollection, recollect
 from forge.engine.recall import Weights
-from forge.reflect import Reflection, RuleEdit, apply_reflection
+from forge.learn.reflect import Reflection, RuleEdit, apply_reflection
 from forge.store.base import Filter
 
 __all__ = [
@@ -202,7 +202,7 @@ class Outcome:
 class TaskLesson:
     """What a finished task taught, as stored in its episode: lessons, and on failure a
     root-cause diagnosis. ``source`` says who wrote them: ``llm`` or ``fallback`` (reflection
-    by :mod:`forge.reflect`) or ``record`` (a success, summarised from what was done)."""
+    by :mod:`forge.learn.reflect`) or ``record`` (a success, summarised from what was done)."""
 
     lessons: tuple[str, ...]
     diagnosis: str | None
@@ -231,7 +231,7 @@ def task_lesson(
     outcome: Outcome,
     diagnosis: str | None = None,
 ) -> TaskLesson:
-    """The lesson of a task: the rules :mod:`forge.reflect` wrote about its failure, or for a
+    """The lesson of a task: the rules :mod:`forge.learn.reflect` wrote about its failure, or for a
     success (no reflection) what was done, so consolidation has successes to generalise."""
     steps = "; ".join(a.text for a in actions[-6:]) or "no actions"
     if reflection is not None:
@@ -439,7 +439,7 @@ class TeamMemory:
         role: str = ACTOR_ROLE,
         valid_actions: Sequence[str] = (),
     ) -> Recollection:
-        """``agent``'s memory for ``query``, written by :func:`forge.prompt.recollect`.
+        """``agent``'s memory for ``query``, written by :func:`forge.learn.prompt.recollect`.
 
         Actors read procedures, rules and past tasks (the default ``layers``), the planner
         ``("transactive",)``. Recall ranks by relevance times what a unit has earned
@@ -563,7 +563,7 @@ class TeamMemory:
     def _rule_units(
         self, pool: _Pool, episode: Episode, index: int, env: str, task_type: str, rules: Sequence[str], lesson: TaskLesson
     ) -> list[Unit]:
-        """Reflection's rules as units of ``pool``, via :func:`forge.reflect.apply_reflection`."""
+        """Reflection's rules as units of ``pool``, via :func:`forge.learn.reflect.apply_reflection`."""
         have = {
             " ".join(u.content.lower().split())
             for u in self.memory.store.list(viewer=Viewer.admin(), filter=self.pool_filter(pool, Kind.RULE), limit=1_000_000)

@@ -14,13 +14,13 @@ acts with one constrained choice among the env's valid actions per step. A viola
 below the env's ``tau`` or an action the model could not produce) ends the subtask and the
 next is reallocated to someone else. A team of one plans without an LLM call.
 
-**Memory in prompts.** Every memory block is written by :func:`forge.prompt.recollect`
+**Memory in prompts.** Every memory block is written by :func:`forge.learn.prompt.recollect`
 (:meth:`~forge.team.TeamMemory.recollect`), as the reading agent's viewer: procedures first,
 then the rules reflection wrote, then past tasks, within ``memory_tokens``; the block is kept
 for the agent's whole task (a stable prompt prefix), and the rules naming the current
 situation are repeated next to the question at each step. The units shown are recorded per
 agent and step, and credited with the task's outcome (:meth:`forge.engine.memory.Memory.record_use`).
-A failed task is reflected on by :func:`forge.loop.reflect_on` (the library's reflection,
+A failed task is reflected on by :func:`forge.learn.loop.reflect_on` (the library's reflection,
 grounded by replaying the seeded episode); its rules become units of the episodic pools.
 
 **Memory modes, one code path** (:data:`MEMORY_MODES`): ``none`` (nothing read or written),
@@ -57,11 +57,11 @@ from typing import Any
 from forge.envs import Env, EnvSpec
 from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError, StructuredOutputError
 from forge.llm import LLM, Message, MeteredLLM, TokenLedger, choose, open_llm
-from forge.loop import Trajectory, failure_point, reflect_on
+from forge.learn.loop import Trajectory, failure_point, reflect_on
 from forge.engine.memory import Memory
 from forge.model import Kind, Step, Viewer
-from forge.policy import summarize_observation
-from forge.prompt import Recollection
+from forge.learn.policy import summarize_observation
+from forge.learn.prompt import Recollection
 from forge.protocols.runs import RunDir
 from forge.engine.recall import approx_tokens
 from forge.store import Filter
@@ -615,7 +615,7 @@ class _Run:
         self, task: TeamTask, env: Env, traj: Trajectory, result: Mapping[str, Any], contexts: Mapping[str, _Context], ledger: TokenLedger
     ) -> dict[str, Any]:
         """The task's lesson, written now so the result file can replay it: on failure the
-        library's reflection (:func:`forge.loop.reflect_on`) on the team's trajectory, seen
+        library's reflection (:func:`forge.learn.loop.reflect_on`) on the team's trajectory, seen
         as the agent whose step failed; on success, what was done."""
         if self.mode.tm is None:
             return {"lesson": None, "reflection": None}

@@ -7,8 +7,8 @@ a planner must copy one of them. Every role uses the same LLM and differs only i
 prompt and the memory injected for it. Actions are always picked by constrained choice among
 ``env.valid_actions()``, so even a 135M model emits a legal move.
 
-Memory reaches a policy only as :class:`~forge.prompt.Recollection` objects, one per role,
-written by :func:`forge.prompt.recollect` from engine units. The system prompt (role, task,
+Memory reaches a policy only as :class:`~forge.learn.prompt.Recollection` objects, one per role,
+written by :func:`forge.learn.prompt.recollect` from engine units. The system prompt (role, task,
 memory block) is identical at every step of an episode, so llama.cpp's prefix cache holds;
 what changes (the observation, the rules for this exact situation) comes after it.
 """
@@ -25,7 +25,7 @@ from forge.errors import ConfigError
 from forge.llm.base import LLM, Message, Request
 from forge.llm.structured import choose
 from forge.model import Step
-from forge.prompt import Recollection, empty
+from forge.learn.prompt import Recollection, empty
 
 __all__ = [
     "ANALYST_TOOLS",

@@ -20,10 +20,10 @@ from forge.envs.base import Env
 from forge.errors import ForgeError
 from forge.llm.base import LLM
 from forge.model import Step, Viewer
-from forge.policy import ANALYST_TOOLS, Policy, situation_of
-from forge.prompt import PROMPT_SECTIONS, PROMPT_WEIGHTS, Recollection, empty, recollect
+from forge.learn.policy import ANALYST_TOOLS, Policy, situation_of
+from forge.learn.prompt import PROMPT_SECTIONS, PROMPT_WEIGHTS, Recollection, empty, recollect
 from forge.engine.recall import Weights
-from forge.reflect import (
+from forge.learn.reflect import (
     Reflection,
     Snapshot,
     fallback_reflection,
@@ -170,7 +170,7 @@ def failure_point(
 ) -> tuple[int, bool] | None:
     """Where to reflect: ``(step, stalled)`` for the first step below tau, or, in an
     unsuccessful episode that never fell (a stall), for the first step back to a situation
-    already seen (:func:`~forge.reflect.stall_step`); None after a success."""
+    already seen (:func:`~forge.learn.reflect.stall_step`); None after a success."""
     if traj.failing is not None:
         return traj.failing, False
     if reflect_on_stall and traj.actions and traj.total < success_return:

@@ -14,7 +14,7 @@ own scope: rule deletions (by shown index) first, then additions, then per-role 
 the newest units; every removed unit is reported so the caller archives it, never deletes it.
 
 Every rule the model writes is held against the trajectory it came from
-(:func:`forge.rules.check`): a rule that recommends the action that failed is repaired into
+(:func:`forge.learn.rules.check`): a rule that recommends the action that failed is repaired into
 "when X, do not A; B was safe there", and one that names no situation the agent met is
 rejected. Both are recorded in the reflection (``repaired``, ``dropped``).
 """
@@ -26,13 +26,13 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge import rules as rulebook
+from forge.learn import rules as rulebook
 from forge.envs.base import Env
 from forge.errors import ForgeError, LLMError, ValidationError
 from forge.llm.base import LLM, Message
 from forge.llm.structured import complete_json
 from forge.model import Context, Kind, Provenance, Scope, Step, Unit
-from forge.policy import situation_of, summarize_observation
+from forge.learn.policy import situation_of, summarize_observation
 
 __all__ = [
     "safe_alternatives",
@@ -169,7 +169,7 @@ class Snapshot:
         return self.situation_of(self.failing_observation)
 
     def check(self, rule: str) -> tuple[str | None, str]:
-        """:func:`forge.rules.check` against this attempt: ``(rule to keep or None, why)``."""
+        """:func:`forge.learn.rules.check` against this attempt: ``(rule to keep or None, why)``."""
         return rulebook.check(
             rule,
             valid_actions=self.valid_actions,

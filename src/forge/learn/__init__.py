@@ -1,0 +1,1 @@
+"""Learning from experience: the one agent loop, prompts from recall, policies, reflection into rules and examples."""
