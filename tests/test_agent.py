@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from forge.agent import Agent
+from forge.population.agent import Agent
 from forge.bus import MemoryBus
 from forge.envs import make_env
 from forge.errors import ConfigError

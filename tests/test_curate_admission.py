@@ -164,7 +164,7 @@ def test_an_llm_can_score_importance_and_the_heuristic_covers_its_failures(mem: 
 
 
 def test_an_agent_can_remember_through_admission(tmp_path: Path) -> None:
-    from forge.agent import Agent
+    from forge.population.agent import Agent
 
     with Agent.open("solo", store=tmp_path / "solo.db", admission=AdmissionPolicy()) as a:
         [first] = a.remember(Unit("When the ice cracks, then step back.", kind="rule", importance=0.9))

@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from forge.agent import Agent
+from forge.population.agent import Agent
 from forge.bus import MemoryBus
 from forge.curate import WarmUp
 from forge.curate.exposure import Exposure
@@ -22,8 +22,8 @@ from forge.model import Context, Provenance, Unit, Viewer
 from forge.protocols import ForgeConfig, evolve
 from forge.protocols.cli import evolve_command
 from forge.protocols.episode import play_stage
-from forge.swarm import SwarmConfig, exposure_of
-from forge.swarm_cli import swarm_command
+from forge.population.swarm import SwarmConfig, exposure_of
+from forge.population.swarm_cli import swarm_command
 from test_protocol_toy import toy_factory, toy_llm
 
 MINE = "when you are at row 0, col 1, on a frozen tile, then do not down"

@@ -157,7 +157,7 @@ def test_killed_writers_lose_nothing_acknowledged(tmp_path):
 RECEIVER = textwrap.dedent(
     """
     import os, sys
-    from forge.agent import Agent
+    from forge.population.agent import Agent
     db, url, prefix, stop = sys.argv[1:5]
     agent = Agent.open("r", store=db, bus=url, prefix=prefix, agents=["r", "s1", "s2", "s3"],
                        secret="fault-secret", embedder="hash:64", groups=["blue"])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fakes import Clock
-from forge.agent import Agent
+from forge.population.agent import Agent
 from forge.bus import MemoryBus, Network
 from forge.capsule import MAX_TTL_S, Capsule, Keyring
 from forge.engine.embed import HashingEmbedder

@@ -220,7 +220,7 @@ def test_random_keyring_makes_keys_on_first_use_in_one_process() -> None:
 
 
 def test_agents_opened_with_their_own_keys_exchange_and_cannot_impersonate(population: Keyring) -> None:
-    from forge.agent import Agent
+    from forge.population.agent import Agent
 
     bus = MemoryBus()
     ids = ["alice", "bob", "mallory"]

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import forge.swarm as swarm
+import forge.population.swarm as swarm
 from forge.llm.base import Message, Request
 from forge.llm.structured import choose
 from forge.llm.testing import WalkerLLM
-from forge.swarm import SECRET_ENV, SwarmConfig
-from forge.swarm_cli import render_table, swarm_command
+from forge.population.swarm import SECRET_ENV, SwarmConfig
+from forge.population.swarm_cli import render_table, swarm_command
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -207,7 +207,7 @@ def test_a_crashing_agent_fails_the_run(tmp_path, redis_client, monkeypatch):
 
 def test_ctrl_c_stops_every_agent(tmp_path, redis_client):
     out = tmp_path / "swarm"
-    cmd = [sys.executable, "-c", "from forge.swarm_cli import swarm_command; swarm_command()",
+    cmd = [sys.executable, "-c", "from forge.population.swarm_cli import swarm_command; swarm_command()",
            "--llm", "test", "--agents", "2", "--episodes", "100000", "--dir", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from forge.swarm import SECRET_ENV
+from forge.population.swarm import SECRET_ENV
 from test_swarm import leftover_keys, redis_or_skip, run
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'forge-memory[ray]')")
@@ -40,7 +40,7 @@ def redis_client():
 @pytest.fixture(scope="module")
 def local_ray(redis_client):
     """One local Ray for the module (after Redis is known to be there); the swarm joins it."""
-    from forge.ray_support import start_ray
+    from forge.population.ray_support import start_ray
 
     ray, owned = start_ray("ray", 4)
     yield ray
@@ -124,7 +124,7 @@ def test_a_failing_actor_fails_the_run_with_its_error(tmp_path, redis_client, lo
 
 def test_ctrl_c_stops_every_actor(tmp_path, redis_client, local_ray):
     out = tmp_path / "swarm"
-    cmd = [sys.executable, "-c", "from forge.swarm_cli import swarm_command; swarm_command()",
+    cmd = [sys.executable, "-c", "from forge.population.swarm_cli import swarm_command; swarm_command()",
            "--llm", "test", "--executor", "ray", "--agents", "2", "--episodes", "100000", "--dir", str(out)]
     before = set(redis_client.scan_iter(match="forge-swarm:*:stats:*", count=500))  # other runs' keys
     # its own session, so the signal can go to the whole group, as a terminal's Ctrl-C does

@@ -340,7 +340,7 @@ def _write_atomically(target: Path, records: Any) -> int:
 from forge.curate.cli import curate_command, trace_command  # noqa: E402
 from forge.protocols.cli import evolve_command, report_command  # noqa: E402  (after cli is defined)
 from forge.server.cli import register as _register_service  # noqa: E402
-from forge.swarm_cli import swarm_command  # noqa: E402
+from forge.population.swarm_cli import swarm_command  # noqa: E402
 from forge.team.cli import team_command  # noqa: E402
 
 cli.add_command(evolve_command, "evolve")

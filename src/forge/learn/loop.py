@@ -1,6 +1,6 @@
 """The agent loop: observe, recall, act, record; and on failure, reflect into new units.
 
-Every place that plays episodes (the evolution protocols' workers, :class:`~forge.agent.Agent`
+Every place that plays episodes (the evolution protocols' workers, :class:`~forge.population.agent.Agent`
 and the swarm built on it, the team runner) uses :func:`play_episode` and :func:`reflect_on`,
 so memory reaches prompts one way and failures become memory one way.
 

@@ -1,6 +1,6 @@
 """One path from memory to a prompt: units the engine recalls, written into sections.
 
-Every prompt in every loop (the evolution protocols, :class:`~forge.agent.Agent` and the
+Every prompt in every loop (the evolution protocols, :class:`~forge.population.agent.Agent` and the
 swarm, the team runner) gets its memory from :func:`recollect`: the engine's hybrid recall
 for the situation, as the agent's viewer, scored by relevance *and* by what the memory has
 earned (validation from outcomes and corroboration, importance, recency), then packed into a

@@ -204,7 +204,7 @@ CREATE POLICY forge_viewer ON units
     USING (
         current_setting('forge.operator', true) = 'on'
         OR scope = 'global'
-        OR (scope = 'private' AND owner <> '' AND owner = current_setting('forge.agent', true))
+        OR (scope = 'private' AND owner <> '' AND owner = current_setting('forge.population.agent', true))
         OR scope = ANY (string_to_array(current_setting('forge.groups', true), chr(31)))
     )
     WITH CHECK (current_setting('forge.operator', true) = 'on');
@@ -519,7 +519,7 @@ class PostgresStore:
             gucs = ("off", viewer.agent or "", "\x1f".join(sorted(f"group:{g}" for g in viewer.groups)))
         if gucs != self._gucs:
             self._conn.execute(
-                "SELECT set_config('forge.operator', %s, false), set_config('forge.agent', %s, false), "
+                "SELECT set_config('forge.operator', %s, false), set_config('forge.population.agent', %s, false), "
                 "set_config('forge.groups', %s, false)",
                 gucs,
             )

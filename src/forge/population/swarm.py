@@ -2,8 +2,8 @@
 
     forge swarm --agents 4 --episodes 5 --llm test --topology ring --poison 1
 
-The parent starts one process per agent (``python -m forge.swarm``), or with ``--executor
-ray`` one Ray actor per agent running the same loop (:mod:`forge.swarm_ray`), and watches
+The parent starts one process per agent (``python -m forge.population.swarm``), or with ``--executor
+ray`` one Ray actor per agent running the same loop (:mod:`forge.population.swarm_ray`), and watches
 them. Each agent plays its own freshly seeded environment with the flat policy and the memory
 in its own SQLite store (or, with ``--db postgresql://...``, one PostgreSQL memory all share,
 each as its own viewer), reflects on failures into rules, broadcasts the worthy ones through the
@@ -155,7 +155,7 @@ def run_agent(spec: Mapping[str, Any], *, secret: str, stop: threading.Event | N
     pid). Counters go to the run's stats board after every episode. ``stop`` ends it cleanly
     between episodes (a Ray actor has no signal to do it; a process child gets SIGTERM).
     """
-    from forge.agent import Agent
+    from forge.population.agent import Agent
     from forge.envs import make_env
     from forge.llm import MeteredLLM, TokenLedger
     from forge.learn.policy import make_policy
@@ -281,10 +281,10 @@ def _linger(agent: Any, board: _Board, spec: Mapping[str, Any], publish: Callabl
 
 
 def _child_main(argv: Sequence[str] | None = None, *, early_stop: Sequence[object] = ()) -> int:
-    """Entry point of a child the parent started (``python -m forge.swarm SPEC_JSON`` works too)."""
+    """Entry point of a child the parent started (``python -m forge.population.swarm SPEC_JSON`` works too)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m forge.swarm SPEC_JSON (started by 'forge swarm')", file=sys.stderr)
+        print("usage: python -m forge.population.swarm SPEC_JSON (started by 'forge swarm')", file=sys.stderr)
         return 2
     secret = os.environ.get(SECRET_ENV)
     if not secret:
@@ -368,7 +368,7 @@ class SwarmConfig:
 
     def check(self) -> None:
         from forge.envs import available_envs
-        from forge.ray_support import check_executor
+        from forge.population.ray_support import check_executor
 
         check_executor(self.executor)
         if self.db:
@@ -450,7 +450,7 @@ _CHILD_BOOT = (
     "early = []\n"
     "signal.signal(signal.SIGTERM, lambda *a: early.append(1))\n"
     "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})\n"
-    "from forge.swarm import _child_main\n"
+    "from forge.population.swarm import _child_main\n"
     "sys.exit(0 if early else _child_main(sys.argv[1:], early_stop=early))\n"
 )
 
@@ -551,7 +551,7 @@ def run_swarm(
         if local:
             group = _Processes(out, secret)
         else:  # Ray first: ray.init installs its own SIGTERM handler, ours must win during the run
-            from forge.swarm_ray import RayActors
+            from forge.population.swarm_ray import RayActors
 
             group = RayActors(config.executor, secret, agents=config.agents, secret_env=SECRET_ENV)
     except ForgeError:

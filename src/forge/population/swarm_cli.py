@@ -1,7 +1,7 @@
-"""``forge swarm``: the terminal face of :mod:`forge.swarm` (a live table, a summary, exit codes).
+"""``forge swarm``: the terminal face of :mod:`forge.population.swarm` (a live table, a summary, exit codes).
 
 The swarm itself (agent processes, the stats board, the run's result) is library code in
-:mod:`forge.swarm`; this module only renders it and maps errors to one-line messages.
+:mod:`forge.population.swarm`; this module only renders it and maps errors to one-line messages.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from forge.errors import ForgeError, UserError
-from forge.swarm import (
+from forge.population.swarm import (
     SECRET_ENV,
     TOPOLOGIES,
     SwarmConfig,
