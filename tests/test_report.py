@@ -9,7 +9,7 @@ import pytest
 from forge.errors import ConfigError, NotFoundError
 from forge.llm.base import forbid_real_llms
 from forge.protocols import ForgeConfig, evolve
-from forge.report import build_report, memory_markdown
+from forge.protocols.report import build_report, memory_markdown
 from test_protocol_toy import toy_factory
 
 BASE = dict(env="frozenlake-4x4-slippery", llm="test", instances=3, stages=2, attempts=2, eval_episodes=2)

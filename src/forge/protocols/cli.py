@@ -1,5 +1,5 @@
 """``forge evolve`` and ``forge report``: thin commands over :func:`evolve`, :func:`resume` and
-:func:`forge.report.build_report`. The lead attaches them to the top-level ``forge`` group.
+:func:`forge.protocols.report.build_report`. The lead attaches them to the top-level ``forge`` group.
 
 Errors print one line (``error: ...``) and exit 2 for something the user can fix (unknown
 env or condition, existing run dir), 1 for a backend failure.
@@ -121,7 +121,7 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
             run_path = paths[-1]
         report_paths: dict[str, Any] = {}
         if with_report or (with_report is None and quick_demo):
-            from forge.report import build_report
+            from forge.protocols.report import build_report
 
             report_paths = {k: str(v) for k, v in build_report([p for p, _ in runs], Path(report_root) / "report").items()}
     except ForgeError as exc:
@@ -170,7 +170,7 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
 @click.option("--json", "as_json", is_flag=True, help="Print the written paths as JSON.")
 def report_command(runs: tuple[Path, ...], out_dir: Path, as_json: bool) -> None:
     """Compare finished runs side by side: learning curves, returns, failures, tokens, memory."""
-    from forge.report import build_report
+    from forge.protocols.report import build_report
 
     try:
         paths = build_report(list(runs), out_dir)

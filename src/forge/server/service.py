@@ -436,13 +436,13 @@ class Service:
         return out
 
     def run(self, who: Principal, name: str) -> dict[str, Any]:
-        from forge.report import _summary_row, load_run
+        from forge.protocols.report import _summary_row, load_run
 
         run = load_run(self._run_dir(name))
         return _summary_row(run)
 
     def run_report(self, who: Principal, name: str) -> str:
-        from forge.report import build_report
+        from forge.protocols.report import build_report
 
         with tempfile.TemporaryDirectory() as tmp:
             paths = build_report([self._run_dir(name)], tmp)

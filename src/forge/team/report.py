@@ -4,7 +4,7 @@
     summary, paths = build_team_report(["runs/size-1", "runs/size-3"], "report/")
 
 Figures (PNG embedded in one self-contained page, drawn with the helpers of
-:mod:`forge.report`): AP_t over the stream per run, AIP per team size (one line per memory
+:mod:`forge.protocols.report`): AP_t over the stream per run, AIP per team size (one line per memory
 mode and stream length), and tokens per task per team size.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.errors import ConfigError, NotFoundError, StoreError
-from forge.report import REPORT_CSS, figure_png
+from forge.protocols.report import REPORT_CSS, figure_png
 
 __all__ = ["build_team_report", "load_team_run"]
 

@@ -1,7 +1,7 @@
 """Reports over finished evolution runs: one JSON summary, one self-contained HTML page, and
 the final champion's memory as readable markdown.
 
-    from forge.report import build_report
+    from forge.protocols.report import build_report
     paths = build_report(["runs/zero", "runs/reflexion", "runs/forge"], "report/")
     paths["html"]     # figures embedded as base64 PNG: open it anywhere, no server, no network
 
