@@ -36,14 +36,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from forge.capsule import Capsule, Keyring
-from forge.conflicts import ConfidencePolicy, ContextSplit, RecencyPolicy
-from forge.consensus import Consensus
+from forge.share.capsule import Capsule, Keyring
+from forge.share.conflicts import ConfidencePolicy, ContextSplit, RecencyPolicy
+from forge.share.consensus import Consensus
 from forge.engine.embed import HashingEmbedder, open_embedder
-from forge.exchange import Exchange
+from forge.share.exchange import Exchange
 from forge.engine.memory import Memory
 from forge.model import Status, Unit, Viewer
-from forge.screen import Screen
+from forge.share.screen import Screen
 from forge.store import ANY_STATUS, SQLiteStore
 
 ADMIN = Viewer.admin()
@@ -431,7 +431,7 @@ def main() -> None:
     screen = Screen()
     if args.judge:
         from forge.llm import open_llm
-        from forge.screen import LLMJudge
+        from forge.share.screen import LLMJudge
 
         screen = Screen(judge=LLMJudge(open_llm(args.judge)))
     labelled = screen_set(screen)

@@ -33,10 +33,10 @@ import numpy as np
 
 from forge.bus import Network
 from forge.bus.redis import RedisBus
-from forge.capsule import Capsule, Keyring
+from forge.share.capsule import Capsule, Keyring
 from forge.errors import BusError
 from forge.model import Unit
-from forge.topology import FullMesh, Hierarchical, Ring, Similarity, Star, load
+from forge.share.topology import FullMesh, Hierarchical, Ring, Similarity, Star, load
 
 TOPOLOGIES = ["full", "star", "ring", "similarity", "hierarchical"]
 PAYLOAD_TEXT = "When the scanner reports an open SSH port on a user host, restore it before analysing."

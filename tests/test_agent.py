@@ -15,7 +15,7 @@ from forge.llm.testing import ScriptedLLM
 from forge.model import Kind, Status, Unit, Viewer
 from forge.learn.policy import FlatPolicy
 from forge.store import Filter
-from forge.topology import Ring, Star
+from forge.share.topology import Ring, Star
 from test_bus_support import REDIS_URL, cleanup, redis_bus
 
 IDS = ["a1", "a2", "a3"]

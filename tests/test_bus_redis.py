@@ -15,7 +15,7 @@ import time
 import pytest
 
 from forge.bus import open_bus
-from forge.capsule import Capsule
+from forge.share.capsule import Capsule
 from forge.errors import BusError, ConfigError
 from forge.model import Unit
 from test_bus_support import REDIS_URL, cleanup, redis_bus

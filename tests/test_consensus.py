@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.conflicts import (
+from forge.share.conflicts import (
     ArbiterLLM,
     ConfidencePolicy,
     Conflict,
@@ -17,10 +17,10 @@ from forge.conflicts import (
     LLMDetector,
     RecencyPolicy,
 )
-from forge.consensus import Consensus, Reputation
+from forge.share.consensus import Consensus, Reputation
 from forge.engine.embed import HashingEmbedder
 from forge.errors import LLMError, ValidationError
-from forge.ledger import Ledger, Ruling
+from forge.share.ledger import Ledger, Ruling
 from forge.llm.testing import ScriptedLLM
 from forge.engine.memory import Memory
 from forge.model import Context, Status, Unit, Viewer
@@ -325,7 +325,7 @@ def test_ledgers_are_decision_events_and_old_settings_ledgers_still_read(tmp_pat
 
 
 def test_two_prohibitions_never_contradict():
-    from forge.conflicts import HeuristicDetector
+    from forge.share.conflicts import HeuristicDetector
     from forge.model import Unit
 
     det = HeuristicDetector()

@@ -167,7 +167,7 @@ def test_trace_follows_sources_merges_and_conflicts_as_the_viewer_may_see_them(m
     assert [m["origin"] for m in t["corroborations"]["merged"]] == ["bob"]
     assert [e["op"] for e in t["history"]][:2] == ["add", "admit"]
     assert "merged" in render(t) and "episode " + ep in render(t)
-    from forge.consensus import Consensus
+    from forge.share.consensus import Consensus
 
     Consensus(mem, agent_id="ann").corroborate(d.unit_id, origin="carol")
     t = trace(mem, d.unit_id)

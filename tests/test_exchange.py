@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 from fakes import Clock
-from forge.capsule import Capsule, Keyring
-from forge.conflicts import RecencyPolicy
-from forge.consensus import Consensus
+from forge.share.capsule import Capsule, Keyring
+from forge.share.conflicts import RecencyPolicy
+from forge.share.consensus import Consensus
 from forge.engine.embed import HashingEmbedder
-from forge.exchange import Exchange, HeuristicAssessor, Limits, LLMAssessor
+from forge.share.exchange import Exchange, HeuristicAssessor, Limits, LLMAssessor
 from forge.llm.testing import ScriptedLLM
 from forge.engine.memory import Memory
 from forge.model import Context, Status, Unit, Viewer
-from forge.screen import Screen
+from forge.share.screen import Screen
 from forge.store import ANY_STATUS, Filter, SQLiteStore
 
 ADMIN = Viewer.admin()

@@ -29,16 +29,16 @@ from pathlib import Path
 import pytest
 
 from forge.bus import MemoryBus, Network
-from forge.capsule import Capsule, Keyring
+from forge.share.capsule import Capsule, Keyring
 from forge.engine.embed import HashingEmbedder
 from forge.errors import StoreError
-from forge.exchange import Exchange
-from forge.ledger import Ledger
+from forge.share.exchange import Exchange
+from forge.share.ledger import Ledger
 from forge.engine.memory import Memory
 from forge.model import Unit, Viewer
 from forge.store import ANY_STATUS, SQLiteStore
 from forge.store.vectors import EXACT_MAX
-from forge.topology import FullMesh
+from forge.share.topology import FullMesh
 from test_bus_support import REDIS_URL, cleanup, redis_bus
 
 ADMIN = Viewer.admin()

@@ -16,15 +16,15 @@ import pytest
 from fakes import Clock
 from forge.population.agent import Agent
 from forge.bus import MemoryBus, Network
-from forge.capsule import MAX_TTL_S, Capsule, Keyring
+from forge.share.capsule import MAX_TTL_S, Capsule, Keyring
 from forge.engine.embed import HashingEmbedder
 from forge.errors import StoreError, ValidationError
-from forge.exchange import Exchange
+from forge.share.exchange import Exchange
 from forge.engine.memory import Memory
 from forge.model import Unit, Viewer
 from forge.store import ANY_STATUS, SQLiteStore
-from forge.topology import FullMesh
-from forge.triggers import PeriodicSync
+from forge.share.topology import FullMesh
+from forge.share.triggers import PeriodicSync
 from test_bus_support import cleanup, redis_bus
 
 ADMIN = Viewer.admin()

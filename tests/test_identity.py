@@ -17,15 +17,15 @@ import pytest
 
 from fakes import Clock
 from forge.bus import MemoryBus, Network
-from forge.capsule import Capsule, Keyring
+from forge.share.capsule import Capsule, Keyring
 from forge.engine.embed import HashingEmbedder
 from forge.errors import ConfigError, ValidationError
-from forge.exchange import Exchange
-from forge.identity import Identity
+from forge.share.exchange import Exchange
+from forge.share.identity import Identity
 from forge.engine.memory import Memory
 from forge.model import Unit, Viewer
 from forge.store import SQLiteStore
-from forge.topology import FullMesh, Ring
+from forge.share.topology import FullMesh, Ring
 
 RULE = "When the door is locked, look for a key first."
 T0 = time.time()  # real time: inboxes check expiry against the wall clock

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from forge.bus import open_bus
-from forge.capsule import Keyring
+from forge.share.capsule import Keyring
 from forge.errors import BusError
 from forge.llm.base import forbid_real_llms
 from forge.model import Context, Kind, Unit

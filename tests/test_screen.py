@@ -10,7 +10,7 @@ import pytest
 from forge.errors import ValidationError
 from forge.llm.testing import ScriptedLLM
 from forge.model import Context, Unit
-from forge.screen import LLMJudge, Screen, luhn_ok, views
+from forge.share.screen import LLMJudge, Screen, luhn_ok, views
 
 SET = Path(__file__).resolve().parents[1] / "bench" / "data" / "screen_set.jsonl"
 

@@ -11,7 +11,7 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from forge.capsule import Capsule, Keyring  # noqa: E402
+from forge.share.capsule import Capsule, Keyring  # noqa: E402
 from forge.engine.embed import HashingEmbedder  # noqa: E402
 from forge.engine.memory import Memory  # noqa: E402
 from forge.model import Unit  # noqa: E402

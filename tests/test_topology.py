@@ -9,10 +9,10 @@ import pytest
 
 import test_bus_support as support
 from forge.bus import Network
-from forge.capsule import Capsule, Keyring
+from forge.share.capsule import Capsule, Keyring
 from forge.errors import ConfigError, NotFoundError, ValidationError
 from forge.model import Unit
-from forge.topology import (
+from forge.share.topology import (
     FullMesh,
     Hierarchical,
     Ring,

@@ -10,14 +10,14 @@ import pytest
 import test_bus_support as support
 from fakes import Clock as FakeClock
 from forge.bus import MemoryBus, Network
-from forge.capsule import Capsule, Keyring
+from forge.share.capsule import Capsule, Keyring
 from forge.engine.embed import HashingEmbedder
 from forge.errors import BusError, ValidationError
 from forge.engine.memory import Memory
 from forge.model import Unit
 from forge.store import open_store
-from forge.topology import FullMesh, Ring
-from forge.triggers import (
+from forge.share.topology import FullMesh, Ring
+from forge.share.triggers import (
     Broadcaster,
     ImportanceTrigger,
     Outbox,

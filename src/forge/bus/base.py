@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from forge.capsule import Capsule
+from forge.share.capsule import Capsule
 from forge.errors import ValidationError
 
 __all__ = ["Bus", "BusMessage", "Subscription", "encode", "check_name"]

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from forge.bus.base import BusMessage, check_name, check_start, encode
-from forge.capsule import Capsule
+from forge.share.capsule import Capsule
 from forge.errors import BusError, ValidationError
 
 __all__ = ["MemoryBus", "MemorySubscription"]

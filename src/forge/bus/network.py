@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from forge.bus.base import Bus, BusMessage, Subscription
-from forge.capsule import Capsule, Keyring
+from forge.share.capsule import Capsule, Keyring
 from forge.errors import BackendError, ValidationError
 from forge.model import Scope
-from forge.topology import Topology
+from forge.share.topology import Topology
 
 __all__ = ["CapsuleInbox", "Delivery", "Network", "Rejection"]
 

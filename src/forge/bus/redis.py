@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from forge.bus.base import BusMessage, check_name, check_start, encode
-from forge.capsule import Capsule
+from forge.share.capsule import Capsule
 from forge.errors import BusError, ConfigError, ValidationError
 
 __all__ = ["RedisBus", "RedisSubscription"]

@@ -41,8 +41,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from forge.capsule import content_hash
-from forge.conflicts import Conflict, Detector, HeuristicDetector
+from forge.share.capsule import content_hash
+from forge.share.conflicts import Conflict, Detector, HeuristicDetector
 from forge.errors import LLMError, ValidationError
 from forge.llm.structured import complete_json
 from forge.model import (

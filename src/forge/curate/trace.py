@@ -78,7 +78,7 @@ def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int
             recalls.append({"seq": e.seq, "ts": e.ts, "actor": e.actor, "query": str(e.data.get("query", ""))[:200], "reasons": hits[0].get("reasons")})
     decisions = []
     if admin.operator:  # the receivers' ledgers: exchange and consensus decisions about this unit
-        from forge.ledger import Ledger
+        from forge.share.ledger import Ledger
 
         for name in Ledger.names(store):
             for d in Ledger(store, name=name).list(unit_id=unit_id):

@@ -9,10 +9,10 @@
     agent.record_outcome(used_ids, success=True)   # credit the agents whose units helped
 
 The parts are the library's own: a :class:`~forge.engine.memory.Memory` for storage and recall,
-:func:`~forge.learn.reflect.reflect` for learning, a :class:`~forge.triggers.Broadcaster`
+:func:`~forge.learn.reflect.reflect` for learning, a :class:`~forge.share.triggers.Broadcaster`
 (importance trigger, outbox, token bucket) over a :class:`~forge.bus.Network` for sending,
-an :class:`~forge.exchange.Exchange` for receiving and its
-:class:`~forge.consensus.Consensus` for reputation. The agent only wires them together so
+an :class:`~forge.share.exchange.Exchange` for receiving and its
+:class:`~forge.share.consensus.Consensus` for reputation. The agent only wires them together so
 that one object answers "what does this agent know, and where did it come from".
 
 The agent does not play episodes (protocols do, one layer out); it takes their trajectories.
@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from forge.bus import Bus, CapsuleInbox, Network, open_bus
-from forge.capsule import Keyring
+from forge.share.capsule import Keyring
 from forge.curate.exposure import Exposure
 from forge.engine.embed import Embedder, open_embedder
 from forge.envs.base import Env
 from forge.errors import ConfigError, NotFoundError
-from forge.exchange import Exchange, HeuristicAssessor
-from forge.ledger import Ruling
+from forge.share.exchange import Exchange, HeuristicAssessor
+from forge.share.ledger import Ruling
 from forge.llm.base import LLM
 from forge.learn.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
 from forge.engine.memory import Memory
@@ -43,8 +43,8 @@ from forge.learn.prompt import Recollection
 from forge.engine.recall import Packed, Recalled
 from forge.learn.reflect import apply_reflection
 from forge.store import Filter
-from forge.topology import Topology, open_topology
-from forge.triggers import Broadcaster, PeriodicSync, answer_help
+from forge.share.topology import Topology, open_topology
+from forge.share.triggers import Broadcaster, PeriodicSync, answer_help
 
 __all__ = ["Agent", "TrajectoryLike"]
 

@@ -7,7 +7,7 @@ ray`` one Ray actor per agent running the same loop (:mod:`forge.population.swar
 them. Each agent plays its own freshly seeded environment with the flat policy and the memory
 in its own SQLite store (or, with ``--db postgresql://...``, one PostgreSQL memory all share,
 each as its own viewer), reflects on failures into rules, broadcasts the worthy ones through the
-topology, judges its peers' capsules (:class:`~forge.exchange.Exchange`) and credits or
+topology, judges its peers' capsules (:class:`~forge.share.exchange.Exchange`) and credits or
 blames their authors by how its episodes went. Agents publish their counters to a Redis
 hash; the parent shows them live and writes ``swarm.json`` at the end.
 

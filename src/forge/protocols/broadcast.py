@@ -3,7 +3,7 @@
 The in-process :class:`~forge.protocols.forge.DirectDelivery` copies the champion's units
 straight into each receiver. :class:`BusDelivery` sends the same units as signed capsules over
 any :class:`~forge.bus.base.Bus` (in-process or Redis Streams) to the receiver's topic; each
-capsule goes through the receiver's :class:`~forge.exchange.Exchange` (verify, screen, judge),
+capsule goes through the receiver's :class:`~forge.share.exchange.Exchange` (verify, screen, judge),
 and only the units it accepts replace the receiver's memory, so a population spread over
 processes or machines evolves like one in a single process, with the same defences.
 """
@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from forge.bus.base import Bus
-from forge.capsule import Capsule, Keyring
+from forge.share.capsule import Capsule, Keyring
 from forge.errors import BusError
-from forge.exchange import Exchange
+from forge.share.exchange import Exchange
 from forge.engine.memory import Memory
 from forge.model import Unit, new_id
 from forge.protocols.forge import champion_copy

@@ -80,7 +80,7 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
         raise ConfigError("--rate must be positive")
     keyring = None
     if capsule_keys:
-        from forge.capsule import Keyring
+        from forge.share.capsule import Keyring
 
         keyring = Keyring.load(capsule_keys)
     mem = obj.memory()
@@ -114,7 +114,7 @@ def worker_app() -> Any:
     """The app of one ``forge serve --workers N`` process: the same memory and keys as the
     others, its share of each key's rate, and curation in exactly one of them (the first to
     take the database's curation lock)."""
-    from forge.capsule import Keyring
+    from forge.share.capsule import Keyring
     from forge.engine.memory import Memory
     from forge.server.app import create_app
     from forge.server.keys import KeyStore

@@ -123,7 +123,7 @@ class Service:
         capsule_keyring: Any = None,
         read_audit_delay_s: float = 0.05,
     ) -> None:
-        """``capsule_keyring`` (a :class:`forge.capsule.Keyring` of senders' public keys) or the
+        """``capsule_keyring`` (a :class:`forge.share.capsule.Keyring` of senders' public keys) or the
         legacy shared ``capsule_secret`` lets agents receive capsules through the service.
         ``read_audit_delay_s`` is how long read records may wait to be written in a batch
         (0: each at once, none lost on a crash, a write transaction per read)."""
@@ -131,7 +131,7 @@ class Service:
         self.store = memory.store
         self.runs_dir = Path(runs_dir) if runs_dir else None
         if capsule_keyring is None and capsule_secret:
-            from forge.capsule import Keyring
+            from forge.share.capsule import Keyring
 
             capsule_keyring = Keyring.from_secret(capsule_secret)
         self.capsule_keyring = capsule_keyring
@@ -381,7 +381,7 @@ class Service:
     def exchange(self, agent: str, groups: Iterable[str] = ()) -> Any:
         if self.capsule_keyring is None:
             raise ConfigError("this server has no capsule keyring; start it with --capsule-keys FILE (or FORGE_CAPSULE_SECRET)")
-        from forge.exchange import Exchange
+        from forge.share.exchange import Exchange
 
         with self._lock:
             ex = self._exchanges.get(agent)
@@ -396,7 +396,7 @@ class Service:
     def decisions(self, who: Principal, *, outcomes: Iterable[str] = ("conflict", "resolved"), limit: int = 200) -> list[dict[str, Any]]:
         """Ledger decisions (conflicts and resolutions by default) across every agent's ledger."""
         _admin(who, "read every agent's decisions")
-        from forge.ledger import ledger_decisions
+        from forge.share.ledger import ledger_decisions
 
         wanted = set(outcomes)
         out = [d.to_dict() for d in ledger_decisions(self.store) if not wanted or d.outcome in wanted]
@@ -405,7 +405,7 @@ class Service:
     def reputations(self, who: Principal) -> dict[str, dict[str, float]]:
         """Reputation per book (the judging agent) and per judged agent."""
         _admin(who, "read reputations")
-        from forge.consensus import Reputation
+        from forge.share.consensus import Reputation
 
         books = sorted({k.split("/")[1] for k in self.store.settings() if k.startswith("reputation/")})
         return {b: Reputation(self.store, book=b).all() for b in books}

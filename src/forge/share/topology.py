@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from forge.capsule import Capsule
+from forge.share.capsule import Capsule
 from forge.errors import ConfigError, NotFoundError, ValidationError
 
 __all__ = [

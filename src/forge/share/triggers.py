@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from forge.capsule import Capsule
+from forge.share.capsule import Capsule
 from forge.errors import BusError, ValidationError
 from forge.engine.memory import Memory
 from forge.model import Context, Kind, Unit, Viewer

@@ -11,11 +11,11 @@ What a population believes should rest on independent evidence, not on who shout
 - **promotion** copies a unit that is validated enough and corroborated by at least ``m``
   independent origins into the group's consensus knowledge (scope ``group:<name>``, tag
   ``consensus``), linked ``derived_from`` the original;
-- **conflicts** between similar units are found by a :class:`~forge.conflicts.Detector`,
+- **conflicts** between similar units are found by a :class:`~forge.share.conflicts.Detector`,
   recorded as ``contradicts`` relations and settled by a
-  :class:`~forge.conflicts.ResolutionPolicy` (:mod:`forge.conflicts`).
+  :class:`~forge.share.conflicts.ResolutionPolicy` (:mod:`forge.share.conflicts`).
 
-Every decision is a :class:`~forge.ledger.Ruling` in a :class:`~forge.ledger.Ledger`.
+Every decision is a :class:`~forge.share.ledger.Ruling` in a :class:`~forge.share.ledger.Ledger`.
 Reputations are store settings (``reputation/<book>/<agent>``): they survive a restart and
 travel in an operator's export. They are not PROFILE units on purpose: a reputation is the
 receiver's private accounting, not a memory to recall into prompts or embed, and it changes
@@ -31,9 +31,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from forge.conflicts import Conflict, Detector, Resolution, ResolutionPolicy
+from forge.share.conflicts import Conflict, Detector, Resolution, ResolutionPolicy
 from forge.errors import NotFoundError, ValidationError
-from forge.ledger import Ledger, Ruling
+from forge.share.ledger import Ledger, Ruling
 from forge.model import Context, Provenance, Status, Unit, Viewer, origin_of
 from forge.store.base import Filter
 

@@ -16,7 +16,7 @@ looking at the content (:class:`Keyring.verify`, then the exchange's replay/expi
 Two signing schemes, chosen per keyring:
 
 - **Ed25519, per agent (the default)**: each agent holds its own private key
-  (:class:`forge.identity.Identity`) and everyone's public keys. No agent can sign as
+  (:class:`forge.share.identity.Identity`) and everyone's public keys. No agent can sign as
   another, because no agent holds another's private key. :meth:`Keyring.random` and
   :meth:`Keyring.generate` make Ed25519 keyrings; :meth:`Keyring.load` reads key files.
 - **HMAC-SHA256 from one master secret (legacy, simple)**: :meth:`Keyring.from_secret`
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.errors import ValidationError
-from forge.identity import (
+from forge.share.identity import (
     Identity,
     load_public_keys,
     public_key,

@@ -12,7 +12,7 @@ The pipeline, cheapest and most decisive checks first:
    seen, remembered across restarts through the ledger), expiry (``ttl``), clock skew, hop
    limit, the agent's own units coming back (echo) and per-sender floods;
 2. **screen**: prompt injection, secrets, personal data, oversized or malformed text
-   (:mod:`forge.screen`); such capsules are stored *quarantined* with their findings, with
+   (:mod:`forge.share.screen`); such capsules are stored *quarantined* with their findings, with
    secrets redacted, never silently dropped;
 3. **novelty**: the closest active units in local memory; a contradiction goes to
    reconciliation, a near-duplicate becomes a corroboration of the existing unit from that
@@ -21,9 +21,9 @@ The pipeline, cheapest and most decisive checks first:
    reputation;
 5. **integrate** with provenance (``broadcast:<sender>``, origin, received scope in meta),
    or reject with the reason. Conflicts found in step 3 are recorded as ``contradicts`` and
-   settled by the resolution policy (:mod:`forge.consensus`).
+   settled by the resolution policy (:mod:`forge.share.consensus`).
 
-Every capsule yields exactly one :class:`~forge.ledger.Ruling` in the ledger, listable
+Every capsule yields exactly one :class:`~forge.share.ledger.Ruling` in the ledger, listable
 with :meth:`Exchange.decisions` and countable per reason with :meth:`Exchange.counts`.
 Nothing here knows about a transport.
 """
@@ -39,21 +39,21 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from forge.capsule import Capsule, Keyring, content_hash
-from forge.conflicts import (
+from forge.share.capsule import Capsule, Keyring, content_hash
+from forge.share.conflicts import (
     ConfidencePolicy,
     Conflict,
     Detector,
     HeuristicDetector,
     ResolutionPolicy,
 )
-from forge.consensus import Consensus
+from forge.share.consensus import Consensus
 from forge.errors import BackendError, ForgeError, LLMError, NotFoundError, ValidationError
-from forge.ledger import Ledger, Ruling
+from forge.share.ledger import Ledger, Ruling
 from forge.llm.base import LLM
 from forge.llm.structured import complete_json
 from forge.model import Context, Provenance, Status, Unit, Viewer
-from forge.screen import BLOCKING, Screen
+from forge.share.screen import BLOCKING, Screen
 from forge.store.base import Filter
 
 __all__ = [

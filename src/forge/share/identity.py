@@ -1,14 +1,14 @@
 """Per-agent identities: one Ed25519 key pair per agent, and files to keep them in.
 
 An agent signs what it sends with its own private key; everyone else holds only its public
-key, in a keyring (:class:`forge.capsule.Keyring`). Holding the keyring lets an agent check
+key, in a keyring (:class:`forge.share.capsule.Keyring`). Holding the keyring lets an agent check
 who wrote and who sent a capsule; it does not let it speak for anyone but itself, which a
 shared master secret cannot promise (every holder of the secret can sign as every agent).
 
     alice = Identity.generate("alice")
     alice.save("alice.key")                       # private: mode 0600, never share it
     save_public_keys("keyring.json", {"alice": alice.public_b64, "bob": bob.public_b64})
-    keyring = Keyring.load("keyring.json", identity="alice.key")   # forge.capsule
+    keyring = Keyring.load("keyring.json", identity="alice.key")   # forge.share.capsule
 
 Keys are raw 32-byte Ed25519 keys, base64 in the files; signatures are 64 bytes. The
 primitives are the ``cryptography`` package's (OpenSSL underneath): nothing hand-rolled.

@@ -3,7 +3,7 @@
 A pluggable :class:`Detector` finds why two similar units cannot both hold (negation,
 antonyms, different actions for one situation, or an LLM's judgement); a pluggable
 :class:`ResolutionPolicy` settles the pair (recency, confidence, a context split, an arbiter
-LLM, or a short debate). :class:`forge.consensus.Consensus` records both and applies the
+LLM, or a short debate). :class:`forge.share.consensus.Consensus` records both and applies the
 :class:`Resolution`.
 """
 
@@ -21,7 +21,7 @@ from forge.llm.structured import complete_json
 from forge.model import Context, Unit, origin_of
 
 if TYPE_CHECKING:
-    from forge.consensus import Consensus
+    from forge.share.consensus import Consensus
 
 __all__ = [
     "ArbiterLLM",
