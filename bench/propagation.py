@@ -31,8 +31,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from forge.bus import Network
-from forge.bus.redis import RedisBus
+from forge.share.bus import Network
+from forge.share.bus.redis import RedisBus
 from forge.share.capsule import Capsule, Keyring
 from forge.errors import BusError
 from forge.model import Unit

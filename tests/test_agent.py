@@ -7,7 +7,7 @@ import json
 import pytest
 
 from forge.population.agent import Agent
-from forge.bus import MemoryBus
+from forge.share.bus import MemoryBus
 from forge.envs import make_env
 from forge.errors import ConfigError
 from forge.llm.base import Request

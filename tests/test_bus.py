@@ -8,7 +8,7 @@ import time
 import pytest
 
 import test_bus_support as support
-from forge.bus import Bus, BusMessage, MemoryBus, Subscription, open_bus
+from forge.share.bus import Bus, BusMessage, MemoryBus, Subscription, open_bus
 from forge.share.capsule import Capsule
 from forge.errors import BusError, ConfigError, ValidationError
 from forge.model import Unit

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from forge.bus import open_bus
+from forge.share.bus import open_bus
 from forge.share.capsule import Capsule
 from forge.errors import BusError, ConfigError
 from forge.model import Unit
@@ -22,7 +22,7 @@ from test_bus_support import REDIS_URL, cleanup, redis_bus
 
 pytest.importorskip("redis", reason="redis-py is not installed (pip install 'forge-memory[redis]')")
 
-from forge.bus.redis import RedisBus  # noqa: E402
+from forge.share.bus.redis import RedisBus  # noqa: E402
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_two_bus_instances_share_topics_like_two_processes(rbus):
 WORKER = textwrap.dedent(
     """
     import json, os, signal, sys
-    from forge.bus.redis import RedisBus
+    from forge.share.bus.redis import RedisBus
 
     url, prefix, topic, done_path, log_path, total, die_after = sys.argv[1:8]
     total, die_after = int(total), int(die_after)

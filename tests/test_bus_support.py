@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from forge.bus import MemoryBus
+from forge.share.bus import MemoryBus
 from forge.errors import BusError
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -19,7 +19,7 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 def redis_bus(url: str = REDIS_URL, **kw):
     """A RedisBus under a fresh prefix, or skip the test with the reason."""
     pytest.importorskip("redis", reason="redis-py is not installed (pip install 'forge-memory[redis]')")
-    from forge.bus.redis import RedisBus
+    from forge.share.bus.redis import RedisBus
 
     prefix = f"forge-test:{os.getpid()}:{os.urandom(4).hex()}:"
     bus = RedisBus.from_url(url, prefix=prefix, socket_timeout=0.5, retries=0, **kw)
@@ -49,7 +49,7 @@ def make_bus(backend: str):
 
 def cleanup(bus) -> None:
     """Delete the test's keys, even if the test closed its bus."""
-    from forge.bus.redis import RedisBus
+    from forge.share.bus.redis import RedisBus
 
     with RedisBus.from_url(REDIS_URL, prefix=bus.prefix, socket_timeout=0.5) as fresh:
         fresh.purge()

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from forge.population.agent import Agent
-from forge.bus import MemoryBus
+from forge.share.bus import MemoryBus
 from forge.curate import WarmUp
 from forge.curate.exposure import Exposure
 from forge.curate.seeds import own

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from forge.bus import MemoryBus, Network
+from forge.share.bus import MemoryBus, Network
 from forge.share.capsule import Capsule, Keyring
 from forge.engine.embed import HashingEmbedder
 from forge.errors import StoreError

@@ -15,7 +15,7 @@ import pytest
 
 from fakes import Clock
 from forge.population.agent import Agent
-from forge.bus import MemoryBus, Network
+from forge.share.bus import MemoryBus, Network
 from forge.share.capsule import MAX_TTL_S, Capsule, Keyring
 from forge.engine.embed import HashingEmbedder
 from forge.errors import StoreError, ValidationError

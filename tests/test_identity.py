@@ -16,7 +16,7 @@ import time
 import pytest
 
 from fakes import Clock
-from forge.bus import MemoryBus, Network
+from forge.share.bus import MemoryBus, Network
 from forge.share.capsule import Capsule, Keyring
 from forge.engine.embed import HashingEmbedder
 from forge.errors import ConfigError, ValidationError

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from forge.bus import open_bus
+from forge.share.bus import open_bus
 from forge.share.capsule import Keyring
 from forge.errors import BusError
 from forge.llm.base import forbid_real_llms

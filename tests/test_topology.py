@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import test_bus_support as support
-from forge.bus import Network
+from forge.share.bus import Network
 from forge.share.capsule import Capsule, Keyring
 from forge.errors import ConfigError, NotFoundError, ValidationError
 from forge.model import Unit

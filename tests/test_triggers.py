@@ -9,7 +9,7 @@ import pytest
 
 import test_bus_support as support
 from fakes import Clock as FakeClock
-from forge.bus import MemoryBus, Network
+from forge.share.bus import MemoryBus, Network
 from forge.share.capsule import Capsule, Keyring
 from forge.engine.embed import HashingEmbedder
 from forge.errors import BusError, ValidationError

@@ -10,7 +10,7 @@
 
 The parts are the library's own: a :class:`~forge.engine.memory.Memory` for storage and recall,
 :func:`~forge.learn.reflect.reflect` for learning, a :class:`~forge.share.triggers.Broadcaster`
-(importance trigger, outbox, token bucket) over a :class:`~forge.bus.Network` for sending,
+(importance trigger, outbox, token bucket) over a :class:`~forge.share.bus.Network` for sending,
 an :class:`~forge.share.exchange.Exchange` for receiving and its
 :class:`~forge.share.consensus.Consensus` for reputation. The agent only wires them together so
 that one object answers "what does this agent know, and where did it come from".
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from forge.bus import Bus, CapsuleInbox, Network, open_bus
+from forge.share.bus import Bus, CapsuleInbox, Network, open_bus
 from forge.share.capsule import Keyring
 from forge.curate.exposure import Exposure
 from forge.engine.embed import Embedder, open_embedder

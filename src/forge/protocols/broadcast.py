@@ -1,8 +1,8 @@
-"""Champion broadcast over the bus: the FORGE protocol's delivery through ``forge.bus``.
+"""Champion broadcast over the bus: the FORGE protocol's delivery through ``forge.share.bus``.
 
 The in-process :class:`~forge.protocols.forge.DirectDelivery` copies the champion's units
 straight into each receiver. :class:`BusDelivery` sends the same units as signed capsules over
-any :class:`~forge.bus.base.Bus` (in-process or Redis Streams) to the receiver's topic; each
+any :class:`~forge.share.bus.base.Bus` (in-process or Redis Streams) to the receiver's topic; each
 capsule goes through the receiver's :class:`~forge.share.exchange.Exchange` (verify, screen, judge),
 and only the units it accepts replace the receiver's memory, so a population spread over
 processes or machines evolves like one in a single process, with the same defences.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from forge.bus.base import Bus
+from forge.share.bus.base import Bus
 from forge.share.capsule import Capsule, Keyring
 from forge.errors import BusError
 from forge.share.exchange import Exchange

@@ -90,7 +90,7 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
     try:
         delivery = None
         if bus_url is not None:
-            from forge.bus import open_bus
+            from forge.share.bus import open_bus
             from forge.protocols.broadcast import BusDelivery
 
             bus = open_bus(bus_url)

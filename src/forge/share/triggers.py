@@ -274,7 +274,7 @@ class Broadcaster:
     """One agent's sending side: trigger -> outbox -> token bucket -> network.
 
     ``network`` is anything with ``send(capsule)`` and ``send_to(capsule, recipients)``
-    (see :class:`forge.bus.Network`).
+    (see :class:`forge.share.bus.Network`).
     """
 
     def __init__(

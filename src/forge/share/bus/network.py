@@ -27,7 +27,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from forge.bus.base import Bus, BusMessage, Subscription
+from forge.share.bus.base import Bus, BusMessage, Subscription
 from forge.share.capsule import Capsule, Keyring
 from forge.errors import BackendError, ValidationError
 from forge.model import Scope

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from forge.bus.base import BusMessage, check_name, check_start, encode
+from forge.share.bus.base import BusMessage, check_name, check_start, encode
 from forge.share.capsule import Capsule
 from forge.errors import BusError, ValidationError
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from forge.bus.base import BusMessage, check_name, check_start, encode
+from forge.share.bus.base import BusMessage, check_name, check_start, encode
 from forge.share.capsule import Capsule
 from forge.errors import BusError, ConfigError, ValidationError
 

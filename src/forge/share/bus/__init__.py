@@ -1,15 +1,15 @@
 """Broadcast transport: the ``Bus`` port, its in-process default and Redis Streams.
 
-    from forge.bus import open_bus
+    from forge.share.bus import open_bus
     bus = open_bus("memory://")                          # in-process, no server
     bus = open_bus("redis://127.0.0.1:6379/0")           # needs forge-memory[redis]
 
 The Redis backend is imported only when a ``redis://`` URL is opened.
 """
 
-from forge.bus.base import Bus, BusMessage, Subscription, encode
-from forge.bus.memory import MemoryBus, MemorySubscription
-from forge.bus.network import CapsuleInbox, Delivery, Network, Rejection
+from forge.share.bus.base import Bus, BusMessage, Subscription, encode
+from forge.share.bus.memory import MemoryBus, MemorySubscription
+from forge.share.bus.network import CapsuleInbox, Delivery, Network, Rejection
 from forge.errors import ConfigError
 
 __all__ = [
@@ -45,7 +45,7 @@ def open_bus(
     if scheme == "memory":
         return MemoryBus(maxlen=maxlen)
     if scheme in ("redis", "rediss", "unix"):
-        from forge.bus.redis import RedisBus
+        from forge.share.bus.redis import RedisBus
 
         return RedisBus.from_url(url, prefix=prefix, maxlen=maxlen, socket_timeout=socket_timeout)
     raise ConfigError(f"unknown bus URL scheme {scheme!r}; expected memory:// or redis://")
