@@ -22,7 +22,8 @@ from forge.model import Context, Provenance, Unit, Viewer
 from forge.protocols import ForgeConfig, evolve
 from forge.protocols.cli import evolve_command
 from forge.protocols.episode import play_stage
-from forge.population.swarm import SwarmConfig, exposure_of
+from forge.population.member import exposure_of
+from forge.population.swarm import SwarmConfig
 from forge.population.swarm_cli import swarm_command
 from test_protocol_toy import toy_factory, toy_llm
 

@@ -179,7 +179,7 @@ def test_trace_follows_sources_merges_and_conflicts_as_the_viewer_may_see_them(m
 
 
 def test_a_pass_reads_every_unit_whatever_the_store_s_page_limit(mem: Memory) -> None:
-    from forge.curate.lifecycle import all_units
+    from forge.curate.changes import all_units
 
     units = [unit(f"fact number {i}", at=T0 + i) for i in range(5)]
     mem.add(units)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import forge.population.member as member
 import forge.population.swarm as swarm
 from forge.llm.base import Message, Request
 from forge.llm.structured import choose
@@ -133,11 +134,11 @@ def test_a_child_stopped_while_its_interpreter_starts_exits_cleanly(tmp_path):
 
 def child_exit(monkeypatch, agent) -> int:
     """A child's exit code with ``agent`` as its run_agent; the test's signal handlers restored."""
-    monkeypatch.setattr(swarm, "run_agent", agent)
+    monkeypatch.setattr(member, "run_agent", agent)
     monkeypatch.setenv(SECRET_ENV, "s")
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return swarm._child_main(["{}"])
+        return member._child_main(["{}"])
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
@@ -155,7 +156,7 @@ def test_a_stop_swallowed_by_a_library_still_stops_the_child(monkeypatch):
         except BaseException:
             seen["swallowed"] = 1  # ...and a library turns it into something it handles
         for n in range(1000):  # the episode loop
-            swarm._check_parent(spec, stop)
+            member._check_parent(spec, stop)
             seen["episodes"] = n + 1
         return {}
 

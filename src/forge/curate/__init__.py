@@ -33,6 +33,7 @@ from forge.curate.admission import (
     ValueChangeDetector,
     admit,
 )
+from forge.curate.changes import Change
 from forge.curate.consolidate import (
     Cluster,
     Consolidation,
@@ -47,7 +48,6 @@ from forge.curate.lifecycle import (
     EVICTION_ORDER,
     HALF_LIFE_DAYS,
     Belief,
-    Change,
     CurationPolicy,
     Plan,
     apply,

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from forge.curate.lifecycle import Change, all_units
+from forge.curate.changes import Change, all_units
 from forge.errors import LLMError, ValidationError
 from forge.llm.structured import complete_json
 from forge.model import (

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge.curate.changes import Change, all_units
 from forge.errors import UserError, ValidationError
 from forge.model import Kind, Relation, RelationType, Status, Unit, Viewer, new_id
 from forge.store.base import Filter
@@ -40,7 +41,6 @@ __all__ = [
     "EVICTION_ORDER",
     "HALF_LIFE_DAYS",
     "Belief",
-    "Change",
     "CurationPolicy",
     "Plan",
     "Strength",
@@ -171,20 +171,6 @@ class CurationPolicy:
                 raise ValidationError(f"cap {name} must be a non-negative integer, got {cap!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
-    """One thing a pass does to one unit, and why: ``op`` is archive or supersede."""
-
-    op: str
-    unit_id: str
-    cause: str  # ttl | decay | cap | conflict | subsumed
-    reason: str
-    by: str | None = None  # the winning unit of a conflict, the generalisation that subsumes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "unit_id": self.unit_id, "cause": self.cause, "reason": self.reason, "by": self.by}
-
-
 @dataclass(slots=True)
 class Plan:
     """What a pass would change (in order), over how many units, at which ``now``."""
@@ -219,16 +205,6 @@ class Plan:
         if self.consolidation is not None:
             d["consolidation"] = self.consolidation.to_dict()
         return d
-
-
-def all_units(store: Any, filter: Filter = Filter(), *, page: int = 50_000) -> list[Unit]:
-    """Every unit ``filter`` admits (active ones by default), read in pages: no size limit."""
-    out: list[Unit] = []
-    while True:
-        got = store.list(viewer=Viewer.admin(), filter=filter, limit=page, offset=len(out))
-        out += got
-        if len(got) < page:
-            return out
 
 
 def _active(store: Any) -> list[Unit]:

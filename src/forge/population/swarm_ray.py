@@ -1,4 +1,4 @@
-"""``forge swarm --executor ray``: each agent a Ray actor running :func:`forge.population.swarm.run_agent`.
+"""``forge swarm --executor ray``: each agent a Ray actor running :func:`forge.population.member.run_agent`.
 
 The actors run the very loop the process children run; only how they are started, watched
 and stopped differs, behind the same four calls (start, poll, reason, stop) as the
@@ -39,7 +39,7 @@ class _AgentActor:
         self._stop = threading.Event()
 
     def run(self, spec: Mapping[str, Any]) -> dict[str, Any]:
-        from forge.population.swarm import run_agent
+        from forge.population.member import run_agent
 
         if not spec.get("db"):  # on another node of a cluster the run directory is not there yet
             Path(spec["dir"]).mkdir(parents=True, exist_ok=True)

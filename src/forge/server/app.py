@@ -26,50 +26,17 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from forge.errors import (
-    AccessError,
-    BackendError,
-    ConflictError,
-    DimensionError,
-    ForgeError,
-    NotFoundError,
-    StoreError,
-    UserError,
-)
+from forge.errors import ForgeError
 from forge.engine.memory import Memory
 from forge.engine.recall import Recalled
 from forge.server import models as m
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
+from forge.server.errors import error_response, status_of
 from forge.server.keys import KeyStore, Principal
 from forge.server.service import Service, event_dict
 from forge.store import Filter
 
-__all__ = ["create_app", "error_response", "status_of"]
-
-
-def status_of(exc: BaseException) -> tuple[int, str]:
-    """HTTP status and error code for an exception (the CLI's blame split, in HTTP)."""
-    if isinstance(exc, Unauthorized):
-        return 401, "unauthorized"
-    if isinstance(exc, RateLimited):
-        return 429, "rate_limited"
-    if isinstance(exc, AccessError):
-        return 403, "forbidden"
-    if isinstance(exc, NotFoundError):
-        return 404, "not_found"
-    if isinstance(exc, ConflictError):
-        return 409, "conflict"
-    if isinstance(exc, DimensionError | UserError):
-        return 422, "invalid"
-    if isinstance(exc, StoreError):
-        return 503, "backend_unavailable"
-    if isinstance(exc, BackendError):
-        return 502, "backend_failed"
-    return 500, "internal"
-
-
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"status": status, "code": code, "message": message}}, status_code=status, headers=headers)
+__all__ = ["create_app"]
 
 
 def _allowed(app: FastAPI, request: Request) -> list[str]:

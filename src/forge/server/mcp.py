@@ -22,6 +22,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from forge.errors import ForgeError
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
+from forge.server.errors import error_response, status_of
 from forge.server.keys import Principal
 from forge.server.service import Service
 from forge.store import Filter
@@ -120,7 +121,6 @@ def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except (ForgeError, Unauthorized, RateLimited) as exc:
-            from forge.server.app import status_of
 
             raise ToolError(f"{status_of(exc)[1]}: {exc}") from None
 
@@ -144,7 +144,6 @@ def http_principal(auth: Authenticator, ctx: Context) -> Principal:
 
 def guard(app: Any, auth: Authenticator) -> Any:
     """ASGI wrapper: MCP over HTTP needs the same key (and obeys the same rate limit) as REST."""
-    from forge.server.app import error_response
 
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and not scope.get("path", "").startswith("/mcp"):

@@ -13,15 +13,12 @@ import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from forge.errors import LLMError, ValidationError
 from forge.llm.base import LLM, Message, Request
 from forge.llm.structured import complete_json
 from forge.model import Context, Unit, origin_of
-
-if TYPE_CHECKING:
-    from forge.share.consensus import Consensus
 
 __all__ = [
     "ArbiterLLM",
@@ -35,7 +32,21 @@ __all__ = [
     "RecencyPolicy",
     "Resolution",
     "ResolutionPolicy",
+    "Trust",
 ]
+
+
+class _Reputations(Protocol):
+    def get(self, agent: str) -> float: ...
+
+
+class Trust(Protocol):
+    """What a resolution policy reads of the memory's owner: whose memory it is (``agent_id``)
+    and how far each origin is trusted (``reputation.get(agent)``). :class:`forge.share.consensus.Consensus`
+    is one; the policies need nothing else of it, so they do not import it."""
+
+    agent_id: str
+    reputation: _Reputations
 
 @dataclass(frozen=True, slots=True)
 class Conflict:
@@ -238,7 +249,7 @@ class ResolutionPolicy(Protocol):
 
     name: str
 
-    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Consensus) -> Resolution: ...
+    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Trust) -> Resolution: ...
 
 
 def _authored(u: Unit) -> float:
@@ -255,7 +266,7 @@ class RecencyPolicy:
 
     name = "recency"
 
-    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Consensus) -> Resolution:
+    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Trust) -> Resolution:
         winner, loser = (b, a) if _authored(b) >= _authored(a) else (a, b)
         return Resolution("supersede", f"recency: {winner.id} is newer than {loser.id}", winner=winner.id)
 
@@ -271,12 +282,12 @@ class ConfidencePolicy:
         self.margin = margin
         self.weights = weights
 
-    def strength(self, unit: Unit, *, consensus: Consensus) -> float:
+    def strength(self, unit: Unit, *, consensus: Trust) -> float:
         wc, wv, wr = self.weights
         rep = consensus.reputation.get(origin_of(unit, default=consensus.agent_id))
         return wc * unit.confidence + wv * unit.validation + wr * rep
 
-    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Consensus) -> Resolution:
+    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Trust) -> Resolution:
         sa, sb = self.strength(a, consensus=consensus), self.strength(b, consensus=consensus)
         winner = b if sb > sa + self.margin else a
         return Resolution(
@@ -321,7 +332,7 @@ class ContextSplit:
     def __init__(self, *, llm: LLM | None = None) -> None:
         self.llm = llm
 
-    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Consensus) -> Resolution:
+    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Trust) -> Resolution:
         conds: dict[str, str] | None = None
         how = "contexts"
         if self.llm is not None:
@@ -371,7 +382,7 @@ class ArbiterLLM:
         self.llm = llm
         self.fallback = fallback if fallback is not None else ConfidencePolicy()
 
-    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Consensus) -> Resolution:
+    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Trust) -> Resolution:
         prompt = (
             f"{_pair_prompt(a, b)}\n\nThey conflict: {conflict.reason}. Which one should an agent "
             "keep following? Answer A, B, or both if they can coexist, with a one-sentence reason."
@@ -404,7 +415,7 @@ class Debate:
         messages = [Message("system", "You are a debater in a review of shared agent memories."), Message("user", ask)]
         return self.llm.complete(Request(messages=messages, max_tokens=self.max_tokens)).text.strip()
 
-    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Consensus) -> Resolution:
+    def resolve(self, a: Unit, b: Unit, *, conflict: Conflict, consensus: Trust) -> Resolution:
         pair = _pair_prompt(a, b)
         try:
             for_a = self._argue("A", pair, "")
