@@ -41,7 +41,16 @@ class EnvSpec:
     ``situation``, when an env sets it, maps one of its observations to a one-line state (no
     step counter, stable word order) for a rule's "when" clause; None means the caller's
     generic summary will do. It must be a pure function of the observation text, because
-    reflection calls it on recorded observations long after the episode.
+    reflection calls it on recorded observations long after the episode. It names only what
+    an agent can recognise in another task of the same family (what lies around it, the kind
+    of an object or host, the objective), never coordinates, generated names or seeds: that
+    is what lets a rule learned on one map or game apply on the next.
+
+    ``abstract`` rewrites instance-only names in a text into their kinds (CAGE-2: "User2" ->
+    "a User host"), and ``instance_terms`` lists the instance-only tokens a text still names
+    (a coordinate, a generated object name, a seed). The rule check repairs a learned rule with
+    the first and refuses it, saying why, when the second still finds something. None means
+    the env has no such names.
     """
 
     name: str
@@ -53,6 +62,8 @@ class EnvSpec:
     major_failure_return: float
     situation: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
     actions_in_description: bool = False
+    abstract: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
+    instance_terms: Callable[[str], Sequence[str]] | None = field(default=None, compare=False, repr=False)
 
 
 @runtime_checkable
