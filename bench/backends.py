@@ -56,8 +56,8 @@ from _common import (
     table,
     time_calls,
 )
-from forge.model import Viewer
 from forge.engine.recall import recall
+from forge.model import Viewer
 from forge.store import Filter, SQLiteStore, Store
 from recall_latency import _units
 

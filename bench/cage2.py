@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from forge.engine.recall import approx_tokens
 from forge.envs import make_env, oracle_action
 from forge.envs.cyborg import CybORGCage2Env
-from forge.engine.recall import approx_tokens
 
 Policy = Callable[[CybORGCage2Env, str], str]
 

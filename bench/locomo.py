@@ -52,9 +52,9 @@ from typing import Any
 from _common import CACHE_DIR, emit, log, parser, pg_url, table
 from forge import Memory
 from forge.engine.embed import open_embedder
+from forge.engine.recall import Weights, recall
 from forge.errors import ForgeError
 from forge.model import Episode, Provenance, Step, Unit, Viewer
-from forge.engine.recall import Weights, recall
 from forge.store import SEARCH_CONTEXT, SPEAKER, SQLiteStore, Store
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "locomo_sample.json"
@@ -554,8 +554,8 @@ def main() -> None:
         return
     reranker = None
     if a.rerank:
-        from forge.llm import open_llm
         from forge.engine.rerank import LLMReranker
+        from forge.llm import open_llm
 
         reranker = LLMReranker(open_llm(a.rerank), top_n=30)
     with contextlib.ExitStack() as stack:

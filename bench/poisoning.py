@@ -36,13 +36,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from forge.engine.embed import HashingEmbedder, open_embedder
+from forge.engine.memory import Memory
+from forge.model import Status, Unit, Viewer
 from forge.share.capsule import Capsule, Keyring
 from forge.share.conflicts import ConfidencePolicy, ContextSplit, RecencyPolicy
 from forge.share.consensus import Consensus
-from forge.engine.embed import HashingEmbedder, open_embedder
 from forge.share.exchange import Exchange
-from forge.engine.memory import Memory
-from forge.model import Status, Unit, Viewer
 from forge.share.screen import Screen
 from forge.store import ANY_STATUS, SQLiteStore
 

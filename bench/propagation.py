@@ -31,11 +31,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from forge.errors import BusError
+from forge.model import Unit
 from forge.share.bus import Network
 from forge.share.bus.redis import RedisBus
 from forge.share.capsule import Capsule, Keyring
-from forge.errors import BusError
-from forge.model import Unit
 from forge.share.topology import FullMesh, Hierarchical, Ring, Similarity, Star, load
 
 TOPOLOGIES = ["full", "star", "ring", "similarity", "hierarchical"]

@@ -56,8 +56,8 @@ from _common import (
     table,
     time_calls,
 )
-from forge.model import Context, Unit, Viewer
 from forge.engine.recall import KEYWORD_CANDIDATES, VECTOR_CANDIDATES, Weights, recall
+from forge.model import Context, Unit, Viewer
 from forge.store import ANY_STATUS, Filter, SQLiteStore
 
 BUILD_VERSION = 1  # bump when the synthetic data changes, so cached stores are rebuilt

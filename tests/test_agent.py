@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from forge.population.agent import Agent
-from forge.share.bus import MemoryBus
 from forge.envs import make_env
 from forge.errors import ConfigError
+from forge.learn.policy import FlatPolicy
 from forge.llm.base import Request
 from forge.llm.testing import ScriptedLLM
 from forge.model import Kind, Status, Unit, Viewer
-from forge.learn.policy import FlatPolicy
-from forge.store import Filter
+from forge.population.agent import Agent
+from forge.share.bus import MemoryBus
 from forge.share.topology import Ring, Star
+from forge.store import Filter
 from test_bus_support import REDIS_URL, cleanup, redis_bus
 
 IDS = ["a1", "a2", "a3"]

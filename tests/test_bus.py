@@ -8,10 +8,10 @@ import time
 import pytest
 
 import test_bus_support as support
-from forge.share.bus import Bus, BusMessage, MemoryBus, Subscription, open_bus
-from forge.share.capsule import Capsule
 from forge.errors import BusError, ConfigError, ValidationError
 from forge.model import Unit
+from forge.share.bus import Bus, BusMessage, MemoryBus, Subscription, open_bus
+from forge.share.capsule import Capsule
 
 
 @pytest.fixture(params=support.BACKENDS)

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from forge.share.bus import open_bus
-from forge.share.capsule import Capsule
 from forge.errors import BusError, ConfigError
 from forge.model import Unit
+from forge.share.bus import open_bus
+from forge.share.capsule import Capsule
 from test_bus_support import REDIS_URL, cleanup, redis_bus
 
 pytest.importorskip("redis", reason="redis-py is not installed (pip install 'forge-memory[redis]')")

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from forge.share.bus import MemoryBus
 from forge.errors import BusError
+from forge.share.bus import MemoryBus
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("fastapi")
 
 from forge.client import AsyncClient, Client  # noqa: E402
+from forge.engine.recall import Packed, Recalled  # noqa: E402
 from forge.errors import AccessError, ConflictError, NotFoundError, ValidationError  # noqa: E402
 from forge.model import Episode, Step, Unit, Viewer  # noqa: E402
-from forge.engine.recall import Packed, Recalled  # noqa: E402
 from forge.server.testing import running  # noqa: E402
 from forge.store import Filter  # noqa: E402
 from server_support import make_setup  # noqa: E402

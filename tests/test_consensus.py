@@ -7,6 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from forge.engine.embed import HashingEmbedder
+from forge.engine.memory import Memory
+from forge.errors import LLMError, ValidationError
+from forge.llm.testing import ScriptedLLM
+from forge.model import Context, Status, Unit, Viewer
 from forge.share.conflicts import (
     ArbiterLLM,
     ConfidencePolicy,
@@ -18,12 +23,7 @@ from forge.share.conflicts import (
     RecencyPolicy,
 )
 from forge.share.consensus import Consensus, Reputation
-from forge.engine.embed import HashingEmbedder
-from forge.errors import LLMError, ValidationError
 from forge.share.ledger import Ledger, Ruling
-from forge.llm.testing import ScriptedLLM
-from forge.engine.memory import Memory
-from forge.model import Context, Status, Unit, Viewer
 from forge.store import SQLiteStore
 
 ADMIN = Viewer.admin()
@@ -325,8 +325,8 @@ def test_ledgers_are_decision_events_and_old_settings_ledgers_still_read(tmp_pat
 
 
 def test_two_prohibitions_never_contradict():
-    from forge.share.conflicts import HeuristicDetector
     from forge.model import Unit
+    from forge.share.conflicts import HeuristicDetector
 
     det = HeuristicDetector()
     a = Unit("when you are at row 1, col 2 on a frozen tile, then do not left", kind="rule")

@@ -18,8 +18,8 @@ from forge.curate import (
     admit,
 )
 from forge.engine.embed import HashingEmbedder
-from forge.errors import ConflictError
 from forge.engine.memory import Memory
+from forge.errors import ConflictError
 from forge.model import Kind, Provenance, RelationType, Status, Unit, Viewer
 from forge.store import SQLiteStore
 
@@ -139,7 +139,7 @@ def test_value_change_detector_tells_values_from_paraphrases() -> None:
 
 
 def test_memory_admit_is_the_same_gate(mem: Memory) -> None:
-    assert [d.action for d in mem.admit([fact("Tea is at four."), fact("Tea is at four.")])] == [ADD, NOOP]
+    assert [d.action for d in admit(mem, [fact("Tea is at four."), fact("Tea is at four.")])] == [ADD, NOOP]
     assert isinstance(mem.embed(["x"]), np.ndarray)
 
 

@@ -22,9 +22,9 @@ from forge.curate import (
     read_seed_pack,
 )
 from forge.engine.embed import HashingEmbedder
+from forge.engine.memory import Memory
 from forge.errors import ValidationError
 from forge.llm.testing import ScriptedLLM
-from forge.engine.memory import Memory
 from forge.model import Kind, RelationType, Status, Unit, Viewer
 from forge.store import SQLiteStore
 from forge.store.base import ANY_STATUS as ADMIN_ALL

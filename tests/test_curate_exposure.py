@@ -8,23 +8,23 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from forge.population.agent import Agent
-from forge.share.bus import MemoryBus
 from forge.curate import WarmUp
 from forge.curate.exposure import Exposure
 from forge.curate.seeds import own
+from forge.engine.memory import Memory
 from forge.envs import make_env
 from forge.errors import ConfigError, UserError
-from forge.llm.base import forbid_real_llms
 from forge.learn.loop import Recaller
-from forge.engine.memory import Memory
+from forge.llm.base import forbid_real_llms
 from forge.model import Context, Provenance, Unit, Viewer
-from forge.protocols import ForgeConfig, evolve
-from forge.protocols.cli import evolve_command
-from forge.protocols.episode import play_stage
+from forge.population.agent import Agent
 from forge.population.member import exposure_of
 from forge.population.swarm import SwarmConfig
 from forge.population.swarm_cli import swarm_command
+from forge.protocols import ForgeConfig, evolve
+from forge.protocols.cli import evolve_command
+from forge.protocols.episode import play_stage
+from forge.share.bus import MemoryBus
 from test_protocol_toy import toy_factory, toy_llm
 
 MINE = "when you are at row 0, col 1, on a frozen tile, then do not down"

@@ -11,8 +11,8 @@ import pytest
 from forge.curate import DAY, CurationPolicy, believed_at, curate, plan, restore, strength, timeline
 from forge.curate.lifecycle import HALF_LIFE_DAYS
 from forge.engine.embed import HashingEmbedder
-from forge.errors import UserError, ValidationError
 from forge.engine.memory import Memory
+from forge.errors import UserError, ValidationError
 from forge.model import Status, Unit, Viewer
 from forge.store import SQLiteStore
 

@@ -8,8 +8,8 @@ import pytest
 
 from forge.curate import CurationSchedule
 from forge.engine.embed import HashingEmbedder
-from forge.errors import ValidationError
 from forge.engine.memory import Memory
+from forge.errors import ValidationError
 from forge.model import Status, Unit, Viewer
 from forge.store import SQLiteStore
 

@@ -117,7 +117,7 @@ def test_a_rule_names_the_position_not_the_move_counter() -> None:
     """Rules are keyed by the situation: two positions at the same move must differ, and the
     same position must read the same at any move (the first 1.5B run wrote "when move 2 of
     14, do not A to C" for two different positions)."""
-    from forge.learn.policy import situation_of
+    from forge.envs.situation import situation_of
 
     env = make_env("textarena:TowerOfHanoi-v0")
     start = env.reset(seed=0)
@@ -139,7 +139,7 @@ def test_a_rule_names_the_position_not_the_move_counter() -> None:
 
 
 def test_the_generic_summary_drops_a_move_counter_too() -> None:
-    from forge.learn.policy import summarize_observation
+    from forge.envs.situation import summarize_observation
 
     assert summarize_observation("Move 2 of 14.\nYou stand by the door.") == "You stand by the door"
     assert summarize_observation("Turn 3 of 9. The game is over.\nNothing left.") == "Nothing left"

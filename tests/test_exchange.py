@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from fakes import Clock
+from forge.engine.embed import HashingEmbedder
+from forge.engine.memory import Memory
+from forge.llm.testing import ScriptedLLM
+from forge.model import Context, Status, Unit, Viewer
 from forge.share.capsule import Capsule, Keyring
 from forge.share.conflicts import RecencyPolicy
 from forge.share.consensus import Consensus
-from forge.engine.embed import HashingEmbedder
 from forge.share.exchange import Exchange, HeuristicAssessor, Limits, LLMAssessor
-from forge.llm.testing import ScriptedLLM
-from forge.engine.memory import Memory
-from forge.model import Context, Status, Unit, Viewer
 from forge.share.screen import Screen
 from forge.store import ANY_STATUS, Filter, SQLiteStore
 

@@ -28,17 +28,17 @@ from pathlib import Path
 
 import pytest
 
+from forge.engine.embed import HashingEmbedder
+from forge.engine.memory import Memory
+from forge.errors import StoreError
+from forge.model import Unit, Viewer
 from forge.share.bus import MemoryBus, Network
 from forge.share.capsule import Capsule, Keyring
-from forge.engine.embed import HashingEmbedder
-from forge.errors import StoreError
 from forge.share.exchange import Exchange
 from forge.share.ledger import Ledger
-from forge.engine.memory import Memory
-from forge.model import Unit, Viewer
+from forge.share.topology import FullMesh
 from forge.store import ANY_STATUS, SQLiteStore
 from forge.store.vectors import EXACT_MAX
-from forge.share.topology import FullMesh
 from test_bus_support import REDIS_URL, cleanup, redis_bus
 
 ADMIN = Viewer.admin()

@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 
 from fakes import Clock
+from forge.engine.embed import HashingEmbedder
+from forge.engine.memory import Memory
+from forge.errors import StoreError, ValidationError
+from forge.model import Unit, Viewer
 from forge.population.agent import Agent
 from forge.share.bus import MemoryBus, Network
 from forge.share.capsule import MAX_TTL_S, Capsule, Keyring
-from forge.engine.embed import HashingEmbedder
-from forge.errors import StoreError, ValidationError
 from forge.share.exchange import Exchange
-from forge.engine.memory import Memory
-from forge.model import Unit, Viewer
-from forge.store import ANY_STATUS, SQLiteStore
 from forge.share.topology import FullMesh
 from forge.share.triggers import PeriodicSync
+from forge.store import ANY_STATUS, SQLiteStore
 from test_bus_support import cleanup, redis_bus
 
 ADMIN = Viewer.admin()

@@ -16,16 +16,16 @@ import time
 import pytest
 
 from fakes import Clock
+from forge.engine.embed import HashingEmbedder
+from forge.engine.memory import Memory
+from forge.errors import ConfigError, ValidationError
+from forge.model import Unit, Viewer
 from forge.share.bus import MemoryBus, Network
 from forge.share.capsule import Capsule, Keyring
-from forge.engine.embed import HashingEmbedder
-from forge.errors import ConfigError, ValidationError
 from forge.share.exchange import Exchange
 from forge.share.identity import Identity
-from forge.engine.memory import Memory
-from forge.model import Unit, Viewer
-from forge.store import SQLiteStore
 from forge.share.topology import FullMesh, Ring
+from forge.store import SQLiteStore
 
 RULE = "When the door is locked, look for a key first."
 T0 = time.time()  # real time: inboxes check expiry against the wall clock

@@ -14,8 +14,8 @@ pytest.importorskip("langgraph")
 from langgraph.store.base import InvalidNamespaceError, PutOp  # noqa: E402
 
 from forge.engine.embed import HashingEmbedder  # noqa: E402
-from forge.integrations.langgraph import ForgeStore  # noqa: E402
 from forge.engine.memory import Memory  # noqa: E402
+from forge.integrations.langgraph import ForgeStore  # noqa: E402
 from forge.model import Viewer  # noqa: E402
 from forge.store import SQLiteStore  # noqa: E402
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from forge.envs import make_env
-from forge.errors import ConfigError
-from forge.llm.testing import ScriptedLLM
 from forge.engine.memory import Memory
-from forge.model import Kind, Unit, Viewer
-from forge.learn.policy import FlatPolicy, make_policy, strip_map, summarize_observation
+from forge.envs import make_env
+from forge.envs.situation import summarize_observation
+from forge.errors import ConfigError
+from forge.learn.policy import FlatPolicy, make_policy, strip_map
 from forge.learn.prompt import recollect
+from forge.llm.testing import ScriptedLLM
+from forge.model import Kind, Unit, Viewer
 
 
 def test_summarize_observation_is_one_short_sentence():

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from forge.engine.memory import Memory
-from forge.model import Context, Kind, Unit, Viewer
 from forge.learn.prompt import recollect
+from forge.model import Context, Kind, Unit, Viewer
 
 Q = "You are at row 2, col 0, on a frozen tile. Walk to the goal."
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from forge.engine.memory import Memory
 from forge.envs import make_env
 from forge.errors import ConfigError, NotFoundError, StoreError
-from forge.llm.base import forbid_real_llms
 from forge.learn.loop import play_episode
-from forge.engine.memory import Memory
-from forge.model import Viewer
 from forge.learn.policy import FlatPolicy, HierarchicalPolicy
+from forge.llm.base import forbid_real_llms
+from forge.model import Viewer
 from forge.protocols import ForgeConfig, evolve, resume
 from forge.protocols.cli import evolve_command, report_command
 from forge.store import ANY_STATUS, Filter

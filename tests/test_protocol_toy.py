@@ -13,10 +13,10 @@ import functools
 import json
 import re
 
+from forge.envs.situation import summarize_observation
 from forge.learn import rules
 from forge.llm.base import Request
 from forge.llm.testing import ScriptedLLM
-from forge.learn.policy import summarize_observation
 
 MOVES = ("left", "down", "right", "up")
 

@@ -1,8 +1,8 @@
 import pytest
 
+from forge.engine.recall import Recalled, Weights, approx_tokens, pack
 from forge.errors import ValidationError
 from forge.model import Kind, Unit, Viewer
-from forge.engine.recall import Recalled, Weights, approx_tokens, pack
 from forge.store import SPEAKER, Filter
 
 ADMIN = Viewer.admin()

@@ -5,9 +5,9 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
+from forge.engine.recall import Weights, _minmax, event_time, recall, time_window
 from forge.errors import ValidationError
 from forge.model import Relation, RelationType, Unit, Viewer
-from forge.engine.recall import Weights, _minmax, event_time, recall, time_window
 from forge.store import SEARCH_CONTEXT, SPEAKER, Hit, SQLiteStore, indexed_text
 
 ADMIN = Viewer.admin()

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from forge.errors import ValidationError
 from forge.engine.memory import Memory, _Gate
+from forge.errors import ValidationError
 from forge.model import Unit, Viewer
 
 

@@ -7,8 +7,6 @@ import json
 import pytest
 
 from forge.errors import ValidationError
-from forge.llm.testing import ScriptedLLM
-from forge.model import Kind, Step, Unit
 from forge.learn.reflect import (
     Reflection,
     RuleEdit,
@@ -19,6 +17,8 @@ from forge.learn.reflect import (
     stall_step,
     validate_rule,
 )
+from forge.llm.testing import ScriptedLLM
+from forge.model import Kind, Step, Unit
 
 ACTIONS = ("left", "down", "right", "up")
 OBS = "Step 2 of 20.\nYou are at row 2, col 0 (rows 0-3), on a frozen (safe) tile. The goal is at row 3, col 3."

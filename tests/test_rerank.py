@@ -1,8 +1,8 @@
 import json
 
+from forge.engine.rerank import LLMReranker
 from forge.llm.testing import ScriptedLLM
 from forge.model import Unit, Viewer
-from forge.engine.rerank import LLMReranker
 
 
 def test_llm_reranker_reorders_by_grade(memory):

@@ -11,12 +11,12 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from forge.share.capsule import Capsule, Keyring  # noqa: E402
 from forge.engine.embed import HashingEmbedder  # noqa: E402
 from forge.engine.memory import Memory  # noqa: E402
 from forge.model import Unit  # noqa: E402
 from forge.server.app import create_app  # noqa: E402
 from forge.server.keys import KeyStore  # noqa: E402
+from forge.share.capsule import Capsule, Keyring  # noqa: E402
 from forge.store import SQLiteStore  # noqa: E402
 from server_support import make_setup  # noqa: E402
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from forge.engine.embed import HashingEmbedder
-from forge.errors import ConfigError, StoreError
 from forge.engine.memory import Memory
+from forge.errors import ConfigError, StoreError
 from forge.model import Viewer
 from forge.server.keys import Principal
 from forge.server.service import ReadLog, Service

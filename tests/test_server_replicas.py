@@ -63,9 +63,9 @@ def test_two_replicas_of_one_receiver_act_on_a_capsule_once(pg_server):
     first delivery): exactly one stores it, the other records a replay."""
     import threading
 
+    from forge.model import Unit, Viewer
     from forge.share.capsule import Capsule, Keyring
     from forge.share.exchange import Exchange
-    from forge.model import Unit, Viewer
     from forge.store import ANY_STATUS
     from forge.store.postgres import PostgresStore
 

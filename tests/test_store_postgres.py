@@ -142,8 +142,8 @@ def test_many_writer_processes_at_once_lose_nothing(url):
 
 def test_memory_and_ledger_over_postgres(url):
     from forge.engine.embed import HashingEmbedder
-    from forge.share.ledger import Ledger, Ruling
     from forge.engine.memory import Memory
+    from forge.share.ledger import Ledger, Ruling
 
     mem = Memory.open(url, embedder=HashingEmbedder(32))
     try:

@@ -95,8 +95,8 @@ def test_actors_share_one_postgresql_memory(tmp_path, redis_client, local_ray, p
         # in the memory, so receiving it merges a corroboration instead of storing a copy
         assert {a for a, s in data["agents"].items() if s["received"]} <= ledgers
         # each agent reads the shared memory as its own viewer: a private unit is its owner's alone
-        from forge.errors import NotFoundError
         from forge.engine.memory import Memory
+        from forge.errors import NotFoundError
         from forge.model import Unit, Viewer
 
         with Memory.open(pg_server.url(schema), embedder="hash") as mem:

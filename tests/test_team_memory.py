@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forge.errors import ConfigError, NotFoundError, ValidationError
-from forge.llm.testing import ScriptedLLM
 from forge.engine.memory import Memory
-from forge.model import Context, Kind, Scope, Status, Unit, Viewer
-from forge.learn.prompt import render_unit
 from forge.engine.recall import approx_tokens
+from forge.errors import ConfigError, NotFoundError, ValidationError
+from forge.learn.prompt import render_unit
 from forge.learn.reflect import Reflection, RuleEdit
 from forge.learn.rules import parse as parse_rule
 from forge.learn.rules import write as write_rule
+from forge.llm.testing import ScriptedLLM
+from forge.model import Context, Kind, Scope, Status, Unit, Viewer
 from forge.store import Filter
 from forge.team import (
     Action,

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
 from forge.engine.memory import Memory
+from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
 from forge.model import Kind, Viewer
 from forge.store import Filter
 from forge.team import TeamMemory

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import test_bus_support as support
-from forge.share.bus import Network
-from forge.share.capsule import Capsule, Keyring
 from forge.errors import ConfigError, NotFoundError, ValidationError
 from forge.model import Unit
+from forge.share.bus import Network
+from forge.share.capsule import Capsule, Keyring
 from forge.share.topology import (
     FullMesh,
     Hierarchical,

@@ -9,13 +9,12 @@ import pytest
 
 import test_bus_support as support
 from fakes import Clock as FakeClock
+from forge.engine.embed import HashingEmbedder
+from forge.engine.memory import Memory
+from forge.errors import BusError, ValidationError
+from forge.model import Unit
 from forge.share.bus import MemoryBus, Network
 from forge.share.capsule import Capsule, Keyring
-from forge.engine.embed import HashingEmbedder
-from forge.errors import BusError, ValidationError
-from forge.engine.memory import Memory
-from forge.model import Unit
-from forge.store import open_store
 from forge.share.topology import FullMesh, Ring
 from forge.share.triggers import (
     Broadcaster,
@@ -26,6 +25,7 @@ from forge.share.triggers import (
     answer_help,
     help_request,
 )
+from forge.store import open_store
 
 
 @pytest.fixture(params=support.BACKENDS)

@@ -1,7 +1,8 @@
 """FORGE: self-improving, shareable memory for populations and teams of LLM agents."""
 
-from forge.errors import ForgeError
 from forge.engine.memory import Memory
+from forge.engine.recall import Recalled, Weights, pack
+from forge.errors import ForgeError
 from forge.model import (
     Context,
     Episode,
@@ -15,7 +16,6 @@ from forge.model import (
     Unit,
     Viewer,
 )
-from forge.engine.recall import Recalled, Weights, pack
 from forge.store import Filter, open_store
 
 __all__ = [

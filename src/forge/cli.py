@@ -119,10 +119,12 @@ def add(obj: _Ctx, content: str, kind: str, domain: str, task: str, role: str, t
         provenance=Provenance(source=source, derived_from=derived),
         meta=meta,
     )
+    from forge.curate.admission import admit
+
     with obj.memory() as mem:
         for parent in derived:
             mem.get(parent, viewer=Viewer.admin())
-        decision = mem.admit(unit, actor="cli")[0] if through_admission else None
+        decision = admit(mem, unit, actor="cli")[0] if through_admission else None
         [uid] = [decision.unit_id] if decision is not None else mem.add(unit, actor="cli")
         for parent in derived:
             mem.relate(uid, parent, "derived_from", actor="cli")
@@ -338,9 +340,9 @@ def _write_atomically(target: Path, records: Any) -> int:
 
 
 from forge.curate.cli import curate_command, trace_command  # noqa: E402
+from forge.population.swarm_cli import swarm_command  # noqa: E402
 from forge.protocols.cli import evolve_command, report_command  # noqa: E402  (after cli is defined)
 from forge.server.cli import register as _register_service  # noqa: E402
-from forge.population.swarm_cli import swarm_command  # noqa: E402
 from forge.team.cli import team_command  # noqa: E402
 
 cli.add_command(evolve_command, "evolve")

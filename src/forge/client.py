@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from forge.engine.recall import Packed, Recalled
 from forge.errors import (
     AccessError,
     BackendError,
@@ -34,7 +35,6 @@ from forge.errors import (
     ValidationError,
 )
 from forge.model import Episode, Relation, Status, Unit, Viewer
-from forge.engine.recall import Packed, Recalled
 from forge.store import Filter
 from forge.store.base import Event
 

@@ -41,8 +41,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from forge.share.capsule import content_hash
-from forge.share.conflicts import Conflict, Detector, HeuristicDetector
 from forge.errors import LLMError, ValidationError
 from forge.llm.structured import complete_json
 from forge.model import (
@@ -56,6 +54,8 @@ from forge.model import (
     Viewer,
     origin_of,
 )
+from forge.share.capsule import content_hash
+from forge.share.conflicts import Conflict, Detector, HeuristicDetector
 from forge.store.base import Filter, indexed_text
 
 __all__ = [

@@ -34,7 +34,6 @@ from typing import Any
 from forge.curate.changes import Change, all_units
 from forge.errors import UserError, ValidationError
 from forge.model import Kind, Relation, RelationType, Status, Unit, Viewer, new_id
-from forge.store.base import Filter
 
 __all__ = [
     "DAY",

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from forge.engine.memory import Memory
-from forge.model import Viewer
 from forge.engine.recall import pack
+from forge.model import Viewer
 
 __all__ = ["QUERIES", "run_demo", "sample_records"]
 

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from forge.engine.embed import Embedder, open_embedder
+from forge.engine.recall import Packed, Recalled, Reranker, Weights, approx_tokens, pack, recall
 from forge.errors import ConfigError, DimensionError, ValidationError
 from forge.model import Episode, Relation, Status, Unit, Viewer
-from forge.engine.recall import Packed, Recalled, Reranker, Weights, approx_tokens, pack, recall
 from forge.store import Filter, Store, indexed_text, open_store
 
 __all__ = ["MAX_HOPS", "MAX_QUERY_CHARS", "MAX_RECALL", "Memory"]
@@ -192,20 +192,6 @@ class Memory:
             validation = (1.0 + s) / (2.0 + s + f) if success is not None else unit.validation
             out.append(self.store.update(unit.replace(meta=meta, validation=validation), None, actor=actor))
         return out
-
-    def admit(self, units: Unit | Sequence[Unit], *, actor: str = "", policy: Any = None, now: float | None = None) -> list[Any]:
-        """Add through the admission gate: each unit is added, updates (supersedes) a unit it
-        contradicts, or merges into a near-duplicate, with the reason recorded
-        (:func:`forge.curate.admit`). ``add`` stays the bare, ungated write."""
-        from forge.curate.admission import admit
-
-        return admit(self, units, actor=actor, policy=policy, now=now)
-
-    def curate(self, *, policy: Any = None, now: float | None = None, dry_run: bool = False, consolidate: Any = None, actor: str = "") -> Any:
-        """One curation pass (decay, TTL, caps, conflicts, optional consolidation); see :func:`forge.curate.curate`."""
-        from forge.curate.lifecycle import curate
-
-        return curate(self, policy=policy, now=now, dry_run=dry_run, consolidate=consolidate, actor=actor)
 
     def add_episode(self, episode: Episode, *, actor: str = "") -> str:
         return self.store.add_episode(episode, actor=actor)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from forge.engine.recall import Recalled
 from forge.errors import LLMError
 from forge.llm.base import LLM, Message
 from forge.llm.structured import complete_json
-from forge.engine.recall import Recalled
 
 __all__ = ["LLMReranker"]
 

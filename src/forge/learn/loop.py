@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge.curate.exposure import Exposure
-from forge.envs.base import Env
-from forge.errors import ForgeError
-from forge.llm.base import LLM
-from forge.model import Step, Viewer
-from forge.learn.policy import ANALYST_TOOLS, Policy, situation_of
-from forge.learn.prompt import PROMPT_SECTIONS, PROMPT_WEIGHTS, Recollection, empty, recollect
 from forge.engine.recall import Weights
+from forge.envs.base import Env
+from forge.envs.situation import situation_of
+from forge.errors import ForgeError
+from forge.learn.policy import ANALYST_TOOLS, Policy
+from forge.learn.prompt import PROMPT_SECTIONS, PROMPT_WEIGHTS, Recollection, empty, recollect
 from forge.learn.reflect import (
     Reflection,
     Snapshot,
@@ -31,6 +30,8 @@ from forge.learn.reflect import (
     safe_alternatives,
     stall_step,
 )
+from forge.llm.base import LLM
+from forge.model import Step, Viewer
 from forge.store.base import Filter
 
 __all__ = ["Recaller", "Trajectory", "failure_point", "play_episode", "reflect_on"]

@@ -15,17 +15,17 @@ what changes (the observation, the rules for this exact situation) comes after i
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from forge.envs.base import EnvSpec
+from forge.envs.situation import situation_of
 from forge.errors import ConfigError
+from forge.learn.prompt import Recollection, empty
 from forge.llm.base import LLM, Message, Request
 from forge.llm.structured import choose
 from forge.model import Step
-from forge.learn.prompt import Recollection, empty
 
 __all__ = [
     "ANALYST_TOOLS",
@@ -35,8 +35,6 @@ __all__ = [
     "Policy",
     "make_policy",
     "strip_map",
-    "situation_of",
-    "summarize_observation",
 ]
 
 #: Tools the hierarchical analyst may call; reflection may name them in rules and examples.
@@ -44,34 +42,6 @@ ANALYST_TOOLS = ("read_observation", "list_actions", "recent_history")
 
 
 # -- rendering ---------------------------------------------------------------------------------
-
-_STEP_HEAD = re.compile(r"^\s*(?:Step|Move|Turn) \d+ of \d+\.(?: The (?:episode|game) is over\.)?\s*", re.IGNORECASE)
-_PARENS = re.compile(r"\s*\([^()]*\)")
-
-
-def summarize_observation(observation: str, *, limit: int = 140) -> str:
-    """The situation in one short sentence: what a rule's "when" clause can name.
-
-    Drops a leading "Step N of M." (or "Move"/"Turn") and parenthesised asides, keeps the
-    first sentence.
-    Generic on purpose: every env adapter opens its text with where the agent stands.
-    """
-    text = _STEP_HEAD.sub("", observation.strip())
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return ""
-    first = _PARENS.sub("", lines[0])
-    sentence = re.split(r"(?<=[.!?])\s", first, maxsplit=1)[0].rstrip(".!? ")
-    return sentence[:limit].rstrip()
-
-
-def situation_of(observation: str, spec: EnvSpec | None = None) -> str:
-    """The situation a rule's "when" clause names: the env's own one-line state when it has
-    one (``EnvSpec.situation``, e.g. CAGE-2's host states), else :func:`summarize_observation`."""
-    if spec is not None and spec.situation is not None:
-        return spec.situation(observation)
-    return summarize_observation(observation)
-
 
 def strip_map(observation: str) -> str:
     """The observation without its drawn map ("Map ...:" and the grid lines under it).

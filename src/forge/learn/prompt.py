@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge.engine.recall import Packed, Recalled, Weights, approx_tokens, pack
 from forge.learn import rules as rulebook
 from forge.model import Kind, Unit, Viewer
-from forge.engine.recall import Packed, Recalled, Weights, approx_tokens, pack
 from forge.store.base import Filter
 
 __all__ = [

@@ -26,13 +26,13 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from forge.learn import rules as rulebook
 from forge.envs.base import Env
+from forge.envs.situation import situation_of, summarize_observation
 from forge.errors import ForgeError, LLMError, ValidationError
+from forge.learn import rules as rulebook
 from forge.llm.base import LLM, Message
 from forge.llm.structured import complete_json
 from forge.model import Context, Kind, Provenance, Scope, Step, Unit
-from forge.learn.policy import situation_of, summarize_observation
 
 __all__ = [
     "safe_alternatives",

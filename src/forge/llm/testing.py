@@ -216,8 +216,8 @@ class WalkerLLM:
         return Completion(text=text, prompt_tokens=prompt, completion_tokens=count_words(text), model=self.name)
 
     def _choose(self, request: Request) -> str:
+        from forge.envs.situation import summarize_observation
         from forge.learn import rules
-        from forge.learn.policy import summarize_observation
 
         user = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
         situation = summarize_observation(user)

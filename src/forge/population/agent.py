@@ -26,25 +26,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from forge.share.bus import Bus, CapsuleInbox, Network, open_bus
-from forge.share.capsule import Keyring
 from forge.curate.exposure import Exposure
 from forge.engine.embed import Embedder, open_embedder
+from forge.engine.memory import Memory
+from forge.engine.recall import Packed, Recalled
 from forge.envs.base import Env
 from forge.errors import ConfigError, NotFoundError
-from forge.share.exchange import Exchange, HeuristicAssessor
-from forge.share.ledger import Ruling
-from forge.llm.base import LLM
 from forge.learn.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
-from forge.engine.memory import Memory
-from forge.model import Context, Episode, Status, Unit, Viewer
 from forge.learn.policy import Policy
 from forge.learn.prompt import Recollection
-from forge.engine.recall import Packed, Recalled
 from forge.learn.reflect import apply_reflection
-from forge.store import Filter
+from forge.llm.base import LLM
+from forge.model import Context, Episode, Status, Unit, Viewer
+from forge.share.bus import Bus, CapsuleInbox, Network, open_bus
+from forge.share.capsule import Keyring
+from forge.share.exchange import Exchange, HeuristicAssessor
+from forge.share.ledger import Ruling
 from forge.share.topology import Topology, open_topology
 from forge.share.triggers import Broadcaster, PeriodicSync, answer_help
+from forge.store import Filter
 
 __all__ = ["Agent", "TrajectoryLike"]
 

@@ -13,15 +13,12 @@ import contextlib
 import json
 import os
 import random
-import secrets as _secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +128,10 @@ def run_agent(spec: Mapping[str, Any], *, secret: str, stop: threading.Event | N
     pid). Counters go to the run's stats board after every episode. ``stop`` ends it cleanly
     between episodes (a Ray actor has no signal to do it; a process child gets SIGTERM).
     """
-    from forge.population.agent import Agent
     from forge.envs import make_env
-    from forge.llm import MeteredLLM, TokenLedger
     from forge.learn.policy import make_policy
+    from forge.llm import MeteredLLM, TokenLedger
+    from forge.population.agent import Agent
 
     aid, index = str(spec["agent"]), int(spec["index"])
     board = Board(spec["bus"], spec["prefix"])
@@ -174,7 +171,7 @@ def run_agent(spec: Mapping[str, Any], *, secret: str, stop: threading.Event | N
             exposure=exposure_of(spec),
         )
         policy = make_policy("flat", llm=lambda role: metered.with_tags(role=role), spec=env.spec, rule_guard=bool(spec.get("rule_guard")))
-        from forge.learn.policy import summarize_observation
+        from forge.envs.situation import summarize_observation
 
         publish(state="running")
         failures = 0

@@ -28,22 +28,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import secrets as _secrets
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from forge.errors import BusError, ConfigError, ForgeError, UserError
 from forge.llm.testing import WalkerLLM
-from forge.population.member import COLUMNS, DONE, SECRET_ENV, Board, run_agent
+from forge.population.member import COLUMNS, SECRET_ENV, Board, run_agent
 
 __all__ = [
     "SECRET_ENV",

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from forge.share.bus.base import Bus
-from forge.share.capsule import Capsule, Keyring
-from forge.errors import BusError
-from forge.share.exchange import Exchange
 from forge.engine.memory import Memory
+from forge.errors import BusError
 from forge.model import Unit, new_id
 from forge.protocols.forge import champion_copy
+from forge.share.bus.base import Bus
+from forge.share.capsule import Capsule, Keyring
+from forge.share.exchange import Exchange
 
 __all__ = ["BusDelivery"]
 

@@ -90,8 +90,8 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
     try:
         delivery = None
         if bus_url is not None:
-            from forge.share.bus import open_bus
             from forge.protocols.broadcast import BusDelivery
+            from forge.share.bus import open_bus
 
             bus = open_bus(bus_url)
             delivery = BusDelivery(bus)

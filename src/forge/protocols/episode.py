@@ -15,16 +15,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from forge.engine.embed import open_embedder
+from forge.engine.memory import Memory
+from forge.engine.recall import Weights
 from forge.envs import Env, make_env
+from forge.learn.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
+from forge.learn.policy import make_policy
+from forge.learn.reflect import apply_reflection
 from forge.llm.accounting import MeteredLLM, TokenLedger
 from forge.llm.base import LLM
-from forge.learn.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
-from forge.engine.memory import Memory
 from forge.model import Context, Episode, Status, Unit, Viewer
-from forge.learn.policy import make_policy
 from forge.protocols.config import ForgeConfig
-from forge.engine.recall import Weights
-from forge.learn.reflect import apply_reflection
 from forge.store import open_store
 
 __all__ = ["RUN_WEIGHTS", "build_env", "evaluate_instance", "play_stage", "scratch_memory"]

@@ -41,11 +41,11 @@ from forge.errors import StoreError
 from forge.llm.accounting import TokenLedger
 from forge.llm.base import LLM
 from forge.model import Provenance, Unit, new_id
+from forge.population.ray_support import check_executor, import_ray, start_ray
 from forge.protocols.config import ForgeConfig, derive_seed
 from forge.protocols.episode import build_env, evaluate_instance, play_stage
 from forge.protocols.progress import ProgressSink, make_sink
 from forge.protocols.runs import RunDir, RunStore
-from forge.population.ray_support import check_executor, import_ray, start_ray
 
 __all__ = ["ChampionDelivery", "DirectDelivery", "RunResult", "evolve", "resume"]
 

@@ -90,7 +90,7 @@ def memory_markdown(memory: Sequence[Mapping[str, Any]], *, title: str = "Champi
 def decisions(run: Mapping[str, Any], *, limit: int = 40) -> list[dict[str, Any]]:
     """Which memories drove which actions: the champion's evaluation steps, each with the
     units that named its situation (read from the run's eval results and final memory)."""
-    from forge.learn.policy import summarize_observation
+    from forge.envs.situation import summarize_observation
 
     champ = run["champion"]["instance"]
     path = Path(run["run_dir"]) / "checkpoints" / "eval" / f"inst-{champ:02d}.json"

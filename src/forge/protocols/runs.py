@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
 from forge.engine.memory import Memory
+from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
 from forge.model import Episode, Scope, Status, Unit, Viewer
 from forge.protocols.config import ForgeConfig
 from forge.store import Filter

@@ -26,9 +26,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from forge.errors import ForgeError
 from forge.engine.memory import Memory
 from forge.engine.recall import Recalled
+from forge.errors import ForgeError
 from forge.server import models as m
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
 from forge.server.errors import error_response, status_of

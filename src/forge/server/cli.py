@@ -114,10 +114,10 @@ def worker_app() -> Any:
     """The app of one ``forge serve --workers N`` process: the same memory and keys as the
     others, its share of each key's rate, and curation in exactly one of them (the first to
     take the database's curation lock)."""
-    from forge.share.capsule import Keyring
     from forge.engine.memory import Memory
     from forge.server.app import create_app
     from forge.server.keys import KeyStore
+    from forge.share.capsule import Keyring
 
     if _WORKER_ENV not in os.environ:
         raise ConfigError("worker_app is started by 'forge serve --workers N', which passes it its settings")

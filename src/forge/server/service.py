@@ -21,10 +21,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from forge.errors import AccessError, ConfigError, NotFoundError, ValidationError
 from forge.engine.memory import Memory
-from forge.model import Episode, Kind, Relation, Scope, Status, Unit, Viewer
 from forge.engine.recall import Packed, Recalled
+from forge.errors import AccessError, ConfigError, NotFoundError, ValidationError
+from forge.model import Episode, Kind, Relation, Scope, Status, Unit, Viewer
 from forge.server.keys import Principal
 from forge.store import Filter
 from forge.store.base import Event

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from forge.errors import ValidationError
+from forge.model import MAX_FIELD_CHARS, MAX_ID_CHARS, Context, Scope, Unit, _kind_of, _text, new_id
+from forge.model import _float as _number
 from forge.share.identity import (
     Identity,
     load_public_keys,
@@ -47,8 +49,6 @@ from forge.share.identity import (
     save_public_keys,
     verify_ed25519,
 )
-from forge.model import MAX_FIELD_CHARS, MAX_ID_CHARS, Context, Scope, Unit, _kind_of, _text, new_id
-from forge.model import _float as _number
 
 __all__ = ["CAPSULE_KINDS", "MAX_HOPS", "MAX_TTL_S", "Capsule", "Keyring", "content_hash"]
 

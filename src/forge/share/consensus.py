@@ -31,10 +31,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from forge.share.conflicts import Conflict, Detector, Resolution, ResolutionPolicy
 from forge.errors import NotFoundError, ValidationError
-from forge.share.ledger import Ledger, Ruling
 from forge.model import Context, Provenance, Status, Unit, Viewer, origin_of
+from forge.share.conflicts import Conflict, Detector, Resolution, ResolutionPolicy
+from forge.share.ledger import Ledger, Ruling
 from forge.store.base import Filter
 
 __all__ = ["Consensus", "Reputation"]

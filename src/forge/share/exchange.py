@@ -39,6 +39,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from forge.errors import BackendError, ForgeError, LLMError, NotFoundError, ValidationError
+from forge.llm.base import LLM
+from forge.llm.structured import complete_json
+from forge.model import Context, Provenance, Status, Unit, Viewer
 from forge.share.capsule import Capsule, Keyring, content_hash
 from forge.share.conflicts import (
     ConfidencePolicy,
@@ -48,11 +52,7 @@ from forge.share.conflicts import (
     ResolutionPolicy,
 )
 from forge.share.consensus import Consensus
-from forge.errors import BackendError, ForgeError, LLMError, NotFoundError, ValidationError
 from forge.share.ledger import Ledger, Ruling
-from forge.llm.base import LLM
-from forge.llm.structured import complete_json
-from forge.model import Context, Provenance, Status, Unit, Viewer
 from forge.share.screen import BLOCKING, Screen
 from forge.store.base import Filter
 

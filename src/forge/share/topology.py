@@ -24,8 +24,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from forge.share.capsule import Capsule
 from forge.errors import ConfigError, NotFoundError, ValidationError
+from forge.share.capsule import Capsule
 
 __all__ = [
     "Accept",

@@ -27,10 +27,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from forge.share.capsule import Capsule
-from forge.errors import BusError, ValidationError
 from forge.engine.memory import Memory
+from forge.errors import BusError, ValidationError
 from forge.model import Context, Kind, Unit, Viewer
+from forge.share.capsule import Capsule
 from forge.store import Filter
 
 __all__ = [

@@ -29,13 +29,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from forge.errors import ConfigError, NotFoundError, ValidationError
-from forge.llm.base import LLM
 from forge.engine.memory import Memory
-from forge.model import Context, Episode, Kind, Provenance, Scope, Status, Step, Unit, Viewer
-from forge.learn.prompt import PROMPT_WEIGHTS, Recollection, recollect
 from forge.engine.recall import Weights
+from forge.errors import ConfigError, NotFoundError, ValidationError
+from forge.learn.prompt import PROMPT_WEIGHTS, Recollection, recollect
 from forge.learn.reflect import Reflection, RuleEdit, apply_reflection
+from forge.llm.base import LLM
+from forge.model import Context, Episode, Kind, Provenance, Scope, Status, Step, Unit, Viewer
 from forge.store.base import Filter
 
 __all__ = [

@@ -54,16 +54,16 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from forge.envs import Env, EnvSpec
-from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError, StructuredOutputError
-from forge.llm import LLM, Message, MeteredLLM, TokenLedger, choose, open_llm
-from forge.learn.loop import Trajectory, failure_point, reflect_on
 from forge.engine.memory import Memory
-from forge.model import Kind, Step, Viewer
-from forge.learn.policy import summarize_observation
-from forge.learn.prompt import Recollection
-from forge.protocols.runs import RunDir
 from forge.engine.recall import approx_tokens
+from forge.envs import Env, EnvSpec
+from forge.envs.situation import summarize_observation
+from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError, StructuredOutputError
+from forge.learn.loop import Trajectory, failure_point, reflect_on
+from forge.learn.prompt import Recollection
+from forge.llm import LLM, Message, MeteredLLM, TokenLedger, choose, open_llm
+from forge.model import Kind, Step, Viewer
+from forge.protocols.runs import RunDir
 from forge.store import Filter
 from forge.team.consolidate import Consolidator
 from forge.team.memories import (

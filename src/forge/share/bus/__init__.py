@@ -7,10 +7,10 @@
 The Redis backend is imported only when a ``redis://`` URL is opened.
 """
 
+from forge.errors import ConfigError
 from forge.share.bus.base import Bus, BusMessage, Subscription, encode
 from forge.share.bus.memory import MemoryBus, MemorySubscription
 from forge.share.bus.network import CapsuleInbox, Delivery, Network, Rejection
-from forge.errors import ConfigError
 
 __all__ = [
     "Bus",

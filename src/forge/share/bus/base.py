@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from forge.share.capsule import Capsule
 from forge.errors import ValidationError
+from forge.share.capsule import Capsule
 
 __all__ = ["Bus", "BusMessage", "Subscription", "encode", "check_name"]
 

@@ -14,9 +14,9 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from forge.errors import BusError, ValidationError
 from forge.share.bus.base import BusMessage, check_name, check_start, encode
 from forge.share.capsule import Capsule
-from forge.errors import BusError, ValidationError
 
 __all__ = ["MemoryBus", "MemorySubscription"]
 

@@ -27,10 +27,10 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from forge.share.bus.base import Bus, BusMessage, Subscription
-from forge.share.capsule import Capsule, Keyring
 from forge.errors import BackendError, ValidationError
 from forge.model import Scope
+from forge.share.bus.base import Bus, BusMessage, Subscription
+from forge.share.capsule import Capsule, Keyring
 from forge.share.topology import Topology
 
 __all__ = ["CapsuleInbox", "Delivery", "Network", "Rejection"]

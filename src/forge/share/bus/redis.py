@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from forge.errors import BusError, ConfigError, ValidationError
 from forge.share.bus.base import BusMessage, check_name, check_start, encode
 from forge.share.capsule import Capsule
-from forge.errors import BusError, ConfigError, ValidationError
 
 __all__ = ["RedisBus", "RedisSubscription"]
 

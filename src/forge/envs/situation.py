@@ -1,0 +1,40 @@
+"""What a rule's "when" clause names: an observation reduced to its situation.
+
+Here, beside the env port, because envs, reflection, policies and the scripted test LLM all
+read it, and none of them should import the others to do so.
+"""
+
+from __future__ import annotations
+
+import re
+
+from forge.envs.base import EnvSpec
+
+__all__ = ["situation_of", "summarize_observation"]
+
+_STEP_HEAD = re.compile(r"^\s*(?:Step|Move|Turn) \d+ of \d+\.(?: The (?:episode|game) is over\.)?\s*", re.IGNORECASE)
+_PARENS = re.compile(r"\s*\([^()]*\)")
+
+
+def summarize_observation(observation: str, *, limit: int = 140) -> str:
+    """The situation in one short sentence: what a rule's "when" clause can name.
+
+    Drops a leading "Step N of M." (or "Move"/"Turn") and parenthesised asides, keeps the
+    first sentence.
+    Generic on purpose: every env adapter opens its text with where the agent stands.
+    """
+    text = _STEP_HEAD.sub("", observation.strip())
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    first = _PARENS.sub("", lines[0])
+    sentence = re.split(r"(?<=[.!?])\s", first, maxsplit=1)[0].rstrip(".!? ")
+    return sentence[:limit].rstrip()
+
+
+def situation_of(observation: str, spec: EnvSpec | None = None) -> str:
+    """The situation a rule's "when" clause names: the env's own one-line state when it has
+    one (``EnvSpec.situation``, e.g. CAGE-2's host states), else :func:`summarize_observation`."""
+    if spec is not None and spec.situation is not None:
+        return spec.situation(observation)
+    return summarize_observation(observation)
