@@ -19,22 +19,24 @@ from forge.curate.exposure import Exposure
 from forge.engine.recall import Weights
 from forge.envs.base import Env
 from forge.envs.situation import situation_of
-from forge.errors import ForgeError
+from forge.errors import ForgeError, NotFoundError
 from forge.learn.policy import ANALYST_TOOLS, Policy
 from forge.learn.prompt import PROMPT_SECTIONS, PROMPT_WEIGHTS, Recollection, empty, recollect
 from forge.learn.reflect import (
+    Applied,
     Reflection,
     Snapshot,
+    apply_reflection,
     fallback_reflection,
     reflect,
     safe_alternatives,
     stall_step,
 )
 from forge.llm.base import LLM
-from forge.model import Step, Viewer
+from forge.model import Context, Scope, Status, Step, Unit, Viewer
 from forge.store.base import Filter
 
-__all__ = ["Recaller", "Trajectory", "failure_point", "play_episode", "reflect_on"]
+__all__ = ["Recaller", "Trajectory", "failure_point", "play_episode", "reflect_on", "remember_reflection"]
 
 BLAME_BACK = 3
 """How many steps before a dead end reflection may look for the step to blame."""
@@ -74,6 +76,8 @@ class Recaller:
     ``exposure`` (:class:`~forge.curate.exposure.Exposure`: warm-up, gradual enablement,
     isolation) hides what the agent may not read yet given ``episodes``, its experience so
     far; the caller keeps ``episodes`` current. Without it, prompts are as they always were.
+    ``valid_actions`` may be the env's bound method, read when memory is recalled (after the
+    episode's reset), since some envs have no actions before one.
     """
 
     def __init__(
@@ -84,7 +88,7 @@ class Recaller:
         budget: int = 600,
         filter: Filter = Filter(),
         weights: Weights = PROMPT_WEIGHTS,
-        valid_actions: Sequence[str] = (),
+        valid_actions: Sequence[str] | Callable[[], Sequence[str]] = (),
         exposure: Exposure | None = None,
         episodes: int = 0,
     ) -> None:
@@ -93,7 +97,9 @@ class Recaller:
         self.budget = budget
         self.filter = filter
         self.weights = weights
-        self.valid_actions = tuple(valid_actions)
+        # An env's bound ``valid_actions`` is read at recall time, after the episode's reset:
+        # CAGE-2's actions exist only then (asking before a reset is an error there).
+        self.valid_actions = valid_actions if callable(valid_actions) else tuple(valid_actions)
         self.exposure = exposure
         self.episodes = episodes
 
@@ -111,7 +117,7 @@ class Recaller:
             budget=self.budget,
             filter=self.filter,
             weights=self.weights,
-            valid_actions=self.valid_actions,
+            valid_actions=self.valid_actions() if callable(self.valid_actions) else self.valid_actions,
             **gated,
         )
 
@@ -211,6 +217,49 @@ def reflect_on(
         return reflect(llm, snapshot, representation=representation, style=style)
     except ForgeError as exc:  # anything the LLM layer raises: keep learning anyway
         return fallback_reflection(snapshot, representation=representation, error=str(exc))
+
+
+def remember_reflection(
+    memory: Any,
+    reflection: Reflection,
+    *,
+    owner: str,
+    actor: str,
+    shown: Mapping[str, Sequence[Unit]],
+    context: Context = Context(),
+    scope: Scope | str = "private",
+    active: Sequence[Unit] = (),
+    rule_cap: int = 100,
+    example_cap: int = 50,
+    episodes: Sequence[str] = (),
+    stage: int = 0,
+    now: float | None = None,
+    add: Callable[[list[Unit]], Sequence[Unit]] | None = None,
+) -> Applied:
+    """Turn a reflection into memory, the one way every agent, protocol and team does it.
+
+    What the reflection deletes (by index among the rules ``shown`` to each role) and what the
+    caps evict among ``active`` is archived with its reason, never erased; what it writes is
+    added with provenance ``reflection`` from ``episodes``, owned by ``owner`` in ``scope``.
+    ``add`` stores the new units when the caller has its own way (an agent's admission and
+    broadcast); by default they go through ``memory.add``. Returns what changed, with
+    ``added`` as stored.
+    """
+    applied = apply_reflection(
+        active, reflection, owner=owner, shown=shown, scope=scope, context=context,
+        rule_cap=rule_cap, example_cap=example_cap, episodes=episodes, stage=stage, now=now,
+    )
+    for unit, why in applied.removed:
+        try:
+            memory.set_status(unit.id, Status.ARCHIVED, reason=why, actor=actor)
+        except NotFoundError:  # already gone (archived by a peer's reconciliation, say)
+            continue
+    added = list(applied.added)
+    if added and add is not None:
+        added = list(add(added))
+    elif added:
+        memory.add(added, actor=actor)
+    return Applied(applied.units, tuple(added), applied.removed)
 
 
 def _blame(traj: Trajectory, *, env: Env, seed: int, tau: float, at: int, stalled: bool) -> tuple[int, tuple[str, ...]]:

@@ -44,6 +44,7 @@ __all__ = [
     "RuleEdit",
     "Snapshot",
     "apply_reflection",
+    "deleted_rules",
     "fallback_reflection",
     "reflect",
     "validate_rule",
@@ -668,11 +669,14 @@ def apply_reflection(
         )
 
     for edit in reflection.edits:
-        role_rules = [u for u in shown.get(edit.role, ()) if u.kind is Kind.RULE]
-        doomed = {role_rules[i].id for i in edit.delete if 0 <= i < len(role_rules)}
-        for unit in items:
-            if unit.id in doomed:
+        doomed = {u.id: u for u in deleted_rules(shown, edit)}
+        gone = {u.id for u, _ in removed}
+        # A shown unit the caller did not pass in ``units`` (one received from a peer, or a
+        # caller that passes none) is still the one the edit deletes.
+        for unit in [*items, *(u for u in doomed.values() if u.id not in {i.id for i in items})]:
+            if unit.id in doomed and unit.id not in gone:
                 removed.append((unit, "deleted by a reflection rule edit"))
+                gone.add(unit.id)
         items = [u for u in items if u.id not in doomed]
         for text in edit.add:
             parsed = rulebook.parse(text)
@@ -686,6 +690,14 @@ def apply_reflection(
     items, evicted = enforce_caps(items, rule_cap=rule_cap, example_cap=example_cap)
     removed += [(u, "evicted by the memory cap (newest kept)") for u in evicted]
     return Applied(tuple(items), tuple(added), tuple(removed))
+
+
+def deleted_rules(shown: Mapping[str, Sequence[Unit]], edit: RuleEdit) -> list[Unit]:
+    """The units a rule edit's ``delete`` indexes name: they count the RULE units shown to the
+    edit's role, in the order shown (:meth:`Snapshot.of` numbers only rules), never lessons or
+    examples shown beside them."""
+    rules = [u for u in shown.get(edit.role, ()) if u.kind is Kind.RULE]
+    return [rules[i] for i in dict.fromkeys(edit.delete) if 0 <= i < len(rules)]
 
 
 def enforce_caps(units: Sequence[Unit], *, rule_cap: int, example_cap: int) -> tuple[list[Unit], list[Unit]]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +31,19 @@ from forge.engine.embed import Embedder, open_embedder
 from forge.engine.memory import Memory
 from forge.engine.recall import Packed, Recalled
 from forge.envs.base import Env
-from forge.errors import ConfigError, NotFoundError
-from forge.learn.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
+from forge.errors import ConfigError
+from forge.learn.loop import (
+    Recaller,
+    Trajectory,
+    failure_point,
+    play_episode,
+    reflect_on,
+    remember_reflection,
+)
 from forge.learn.policy import Policy
 from forge.learn.prompt import Recollection
-from forge.learn.reflect import apply_reflection
 from forge.llm.base import LLM
-from forge.model import Context, Episode, Status, Unit, Viewer
+from forge.model import Context, Episode, Unit, Viewer
 from forge.share.bus import Bus, CapsuleInbox, Network, open_bus
 from forge.share.capsule import Keyring
 from forge.share.exchange import Exchange, HeuristicAssessor
@@ -186,7 +192,7 @@ class Agent:
         """Recall packed into a ``budget``-token prompt block."""
         return self.memory.context(query, viewer=self.viewer, budget=budget, **kw)
 
-    def recaller(self, *, budget: int = 600, valid_actions: Sequence[str] = ()) -> Recaller:
+    def recaller(self, *, budget: int = 600, valid_actions: Sequence[str] | Callable[[], Sequence[str]] = ()) -> Recaller:
         """How this agent's prompts get memory: the engine's recall, as this agent's viewer.
 
         Received units are included (that is the point of broadcast); quarantined, archived
@@ -211,7 +217,7 @@ class Agent:
         that were shown with the outcome (use counts and validation, authors' reputations)."""
         spec = env.spec
         tau = spec.tau if tau is None else tau
-        traj = play_episode(env, policy, self.recaller(budget=budget, valid_actions=env.valid_actions()), seed=seed, tau=tau, abort=abort, max_steps=max_steps)
+        traj = play_episode(env, policy, self.recaller(budget=budget, valid_actions=env.valid_actions), seed=seed, tau=tau, abort=abort, max_steps=max_steps)
         used = traj.used
         if used:
             success = traj.total >= spec.success_return and not (traj.failing is not None and not traj.done)
@@ -294,21 +300,19 @@ class Agent:
             trajectory, env=env, roles=roles, acting_roles=acting, llm=self.llm,
             seed=seed, tau=tau, at=at, stalled=stalled, representation=representation, probe_alternatives=probe,
         )
-        shown = {role: rec.shown for role, rec in trajectory.recollections.items()}
-        applied = apply_reflection(
-            [], reflection, owner=self.id, shown=shown, scope="global",
-            context=Context(domain=spec.name, task=spec.name), rule_cap=10**6, example_cap=10**6, episodes=[episode.id],
+        confidence = 0.5 if reflection.fallback else 0.7
+
+        def store(units: list[Unit]) -> list[Unit]:
+            self.learned += len(units)
+            return self.remember([u.replace(importance=self.importance, confidence=confidence) for u in units])
+
+        applied = remember_reflection(
+            self.memory, reflection, owner=self.id, actor=f"agent:{self.id}", scope="global",
+            shown={role: rec.shown for role, rec in trajectory.recollections.items()},
+            context=Context(domain=spec.name, task=spec.name), rule_cap=10**6, example_cap=10**6,
+            episodes=[episode.id], add=store,
         )
-        for unit, why in applied.removed:
-            with contextlib.suppress(NotFoundError):
-                self.memory.set_status(unit.id, Status.ARCHIVED, reason=why, actor=f"agent:{self.id}")
-        doomed = {uid for e in reflection.edits for uid in (shown.get(e.role, ())[i].id for i in e.delete if 0 <= i < len(shown.get(e.role, ())))}
-        for uid in doomed:
-            with contextlib.suppress(NotFoundError):
-                self.memory.set_status(uid, Status.ARCHIVED, reason="deleted by a reflection rule edit", actor=f"agent:{self.id}")
-        units = [u.replace(importance=self.importance, confidence=0.5 if reflection.fallback else 0.7) for u in applied.added]
-        self.learned += len(units)
-        return self.remember(units) if units else []
+        return list(applied.added)
 
     # -- sending --------------------------------------------------------------------------
     def broadcast(self, units: Unit | Sequence[Unit]) -> int:

@@ -18,12 +18,18 @@ from forge.engine.embed import open_embedder
 from forge.engine.memory import Memory
 from forge.engine.recall import Weights
 from forge.envs import Env, make_env
-from forge.learn.loop import Recaller, Trajectory, failure_point, play_episode, reflect_on
+from forge.learn.loop import (
+    Recaller,
+    Trajectory,
+    failure_point,
+    play_episode,
+    reflect_on,
+    remember_reflection,
+)
 from forge.learn.policy import make_policy
-from forge.learn.reflect import apply_reflection
 from forge.llm.accounting import MeteredLLM, TokenLedger
 from forge.llm.base import LLM
-from forge.model import Context, Episode, Status, Unit, Viewer
+from forge.model import Context, Episode, Unit, Viewer
 from forge.protocols.config import ForgeConfig
 from forge.store import open_store
 
@@ -105,7 +111,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
         ledger = TokenLedger()
         metered = MeteredLLM(llm, ledger, condition=config.condition, stage=stage, instance=inst)
         recall = Recaller(
-            memory, Viewer.of(agent), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions(),
+            memory, Viewer.of(agent), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions,
             exposure=config.exposure(inst), episodes=int(task.get("episodes", 0)),
         )
         context = Context(domain=config.env, task=config.env, tags=(config.condition, config.representation))
@@ -152,16 +158,12 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                         representation=config.representation, probe_alternatives=config.probe_alternatives,
                         style=config.reflection,
                     )
-                    active = memory.store.list(viewer=Viewer.of(agent), limit=100_000)
-                    applied = apply_reflection(
-                        active, reflection, owner=agent, shown={r: rec.shown for r, rec in traj.recollections.items()},
+                    applied = remember_reflection(
+                        memory, reflection, owner=agent, actor=agent, shown={r: rec.shown for r, rec in traj.recollections.items()},
+                        active=memory.store.list(viewer=Viewer.of(agent), limit=100_000),
                         context=context, rule_cap=config.rule_cap, example_cap=config.example_cap,
                         episodes=[ep.id], stage=stage,
                     )
-                    if applied.added:
-                        memory.add(list(applied.added), actor=agent)
-                    for unit, why in applied.removed:
-                        memory.set_status(unit.id, Status.ARCHIVED, reason=why, actor=agent)
                     ops += [{"op": "add", "unit": u.to_dict()} for u in applied.added]
                     ops += [{"op": "archive", "id": u.id, "reason": why} for u, why in applied.removed]
                     record["reflection"] = reflection.to_dict()
@@ -211,7 +213,7 @@ def evaluate_instance(task: Mapping[str, Any], llm: LLM, hook: Hook | None = Non
         metered = MeteredLLM(llm, ledger, condition=config.condition, stage="eval", instance=inst, phase="eval")
         policy = make_policy(config.policy, llm=lambda role: metered.with_tags(role=role), spec=env.spec, rule_guard=config.rule_guard, show_map=config.show_map)
         recall = Recaller(
-            memory, Viewer.of(f"inst-{inst}"), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions(),
+            memory, Viewer.of(f"inst-{inst}"), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions,
             exposure=config.exposure(inst), episodes=int(task.get("episodes", 0)),
         )
         episodes, results = [], []
