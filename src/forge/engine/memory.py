@@ -16,6 +16,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from forge.engine.embed import Embedder, open_embedder
 from forge.engine.recall import Packed, Recalled, Reranker, Weights, approx_tokens, pack, recall
 from forge.errors import ConfigError, DimensionError, ValidationError
 from forge.model import Episode, Relation, Status, Unit, Viewer
-from forge.store import Filter, Store, indexed_text, open_store
+from forge.store import Event, Filter, Store, indexed_text, open_store
 
 __all__ = ["MAX_HOPS", "MAX_QUERY_CHARS", "MAX_RECALL", "Memory"]
 
@@ -136,11 +137,15 @@ class Memory:
             raise
 
     # -- writing --------------------------------------------------------------------------
-    def add(self, units: Unit | Sequence[Unit], *, actor: str = "", batch_size: int = 256) -> list[str]:
+    def add(
+        self, units: Unit | Sequence[Unit], *, vectors: Any = None, actor: str = "", batch_size: int = 256
+    ) -> list[str]:
         """Embed and store units in ONE transaction: all of them land, or none do.
 
-        ``batch_size`` is how many texts go to the embedder at once. An error names the
-        unit that caused it (its position and id).
+        ``vectors`` (one row per unit) are embeddings the caller already computed with
+        :meth:`embed_units`, e.g. to search near a unit before deciding to keep it; they are
+        stored as given. ``batch_size`` is how many texts go to the embedder at once. An
+        error names the unit that caused it (its position and id).
         """
         if isinstance(units, Unit):
             units = [units]
@@ -154,14 +159,49 @@ class Memory:
             raise ValidationError("batch_size must be a positive integer")
         if not units:
             return []
-        vectors = np.concatenate(
-            [self.embed([indexed_text(u) for u in units[i : i + batch_size]]) for i in range(0, len(units), batch_size)]
-        )
+        if vectors is None:
+            vectors = np.concatenate(
+                [self.embed_units(units[i : i + batch_size]) for i in range(0, len(units), batch_size)]
+            )
+        else:
+            vectors = np.asarray(vectors, dtype=np.float32)
+            if vectors.ndim == 1:
+                vectors = vectors.reshape(1, -1)
+            if vectors.ndim != 2 or vectors.shape[0] != len(units):
+                raise ValidationError(f"add() got {vectors.shape[0] if vectors.ndim else 0} vectors for {len(units)} units")
+            if vectors.shape[1] != self.embedder.dim:
+                raise DimensionError(self.embedder.dim, vectors.shape[1])
         return self.store.add(units, vectors, actor=actor)
 
     def update(self, unit: Unit, *, actor: str = "", reembed: bool = True) -> Unit:
-        vec = self.embed([indexed_text(unit)]) if reembed else None
+        """Replace a unit; ``reembed=False`` keeps its vector (only counts or meta changed)."""
+        vec = self.embed_units([unit]) if reembed else None
         return self.store.update(unit, vec, actor=actor)
+
+    def transaction(self) -> AbstractContextManager[None]:
+        """``with memory.transaction():`` makes the writes inside commit or fail together.
+
+        Nested blocks are savepoints. Embed before entering when you can
+        (:meth:`embed_units`, then ``add(..., vectors=...)``): the block holds the store's
+        write lock while it runs.
+        """
+        return self.store.transaction()
+
+    def claim(self, key: str) -> bool:
+        """Record ``key`` once and for all; True only for the call that recorded it (see
+        :meth:`forge.store.Store.claim`: inside a transaction it is undone with the rest)."""
+        return self.store.claim(key)
+
+    def set_setting(self, key: str, value: str) -> None:
+        """Set one of the memory's own settings (a reputation, the embedder's name)."""
+        self.store.set_setting(key, value)
+
+    def append_event(
+        self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None,
+        at: float | None = None,
+    ) -> int:
+        """Append a record that is not a change (a ledger decision, an audited read); its seq."""
+        return self.store.append_event(op, unit_id=unit_id, actor=actor, data=data, at=at)
 
     def set_status(self, unit_id: str, status: Status | str, *, reason: str, actor: str = "") -> None:
         self.store.set_status(unit_id, Status.parse(status), reason=reason, actor=actor)
@@ -203,8 +243,42 @@ class Memory:
             raise DimensionError(self.embedder.dim, vecs.shape[1])
         return vecs
 
+    def embed_units(self, units: Sequence[Unit]) -> np.ndarray:
+        """The vectors units are stored with: each one's :func:`~forge.store.indexed_text`,
+        the same text the keyword index holds. Every write that embeds comes here."""
+        return self.embed([indexed_text(u) for u in units])
+
     def get(self, unit_id: str, *, viewer: Viewer) -> Unit:
         return self.store.get(unit_id, viewer=viewer)
+
+    def get_many(self, ids: Sequence[str], *, viewer: Viewer) -> list[Unit]:
+        """The units ``viewer`` may see among ``ids`` (unknown or hidden ones are left out)."""
+        return self.store.get_many(ids, viewer=viewer)
+
+    def list(self, *, viewer: Viewer, filter: Filter = Filter(), limit: int = 100, offset: int = 0) -> list[Unit]:
+        """Units ``viewer`` may see that pass ``filter``, unranked (no query, no touch)."""
+        return self.store.list(viewer=viewer, filter=filter, limit=limit, offset=offset)
+
+    def count(self, *, viewer: Viewer, filter: Filter = Filter()) -> int:
+        return self.store.count(viewer=viewer, filter=filter)
+
+    def nearest(
+        self, vector: Any, *, k: int, viewer: Viewer, filter: Filter = Filter(), at_least: float = -1.0
+    ) -> list[tuple[Unit, float]]:
+        """The ``k`` units closest to ``vector`` (cosine at least ``at_least``) that ``viewer``
+        may see, closest first, with their cosines: the exchange's and consensus's
+        duplicate and conflict checks, without recall's fusion or access counting."""
+        hits = [h for h in self.store.vector_search(vector, k=k, viewer=viewer, filter=filter) if h.score >= at_least]
+        units = {u.id: u for u in self.store.get_many([h.id for h in hits], viewer=viewer)}
+        return [(units[h.id], h.score) for h in hits if h.id in units]
+
+    def settings(self) -> dict[str, str]:
+        """The memory's own settings (``embedder``, ``reputation/<book>/<agent>``...)."""
+        return self.store.settings()
+
+    def events(self, *, viewer: Viewer, **narrow: Any) -> list[Event]:
+        """The event log as ``viewer`` may see it, narrowed as :meth:`forge.store.Store.events` takes."""
+        return self.store.events(viewer=viewer, **narrow)
 
     def recall(
         self,
@@ -257,14 +331,14 @@ class Memory:
         if missing and len(missing) == sum(1 for r in records if isinstance(r, dict) and r.get("record") == "unit"):
             import base64
 
-            texts = []
+            units = []
             for i, r in enumerate(records, 1):
                 if isinstance(r, dict) and r.get("record") == "unit":
                     try:
-                        texts.append(indexed_text(Unit.from_dict({k: v for k, v in r.items() if k != "record"})))
+                        units.append(Unit.from_dict({k: v for k, v in r.items() if k != "record"}))
                     except ValidationError as exc:
                         raise ValidationError(f"record {i}: {exc}") from None
-            for r, v in zip(missing, self.embed(texts), strict=True):
+            for r, v in zip(missing, self.embed_units(units), strict=True):
                 r["vector"] = base64.b64encode(np.asarray(v, dtype=np.float32).tobytes()).decode()
         return self.store.import_records(records, actor=actor)
 
