@@ -343,10 +343,10 @@ class Exchange:
             try:
                 now = self.clock()
                 verdict = self._judge(capsule, now)  # no writes: verify, screen, embed
-                with self.ledger.staged(), self.memory.store.transaction():
+                with self.ledger.staged(), self.memory.transaction():
                     # Durable and shared: a replica of this agent over the same store that
                     # took the capsule first (or is taking it now) makes this one a replay.
-                    if capsule.id in self._stage.seen and not self.memory.store.claim(f"capsule/{self.agent_id}/{capsule.id}"):
+                    if capsule.id in self._stage.seen and not self.memory.claim(f"capsule/{self.agent_id}/{capsule.id}"):
                         verdict = _Verdict("reject", reason="replay", detail=f"capsule {capsule.id} was already received")
                     decision = self._act(capsule, verdict, now)
             except BackendError as exc:
@@ -397,7 +397,7 @@ class Exchange:
     def quarantined(self, *, limit: int = 100) -> list[Unit]:
         """Units held in quarantine in this agent's store, with findings in ``meta["quarantine"]``."""
         f = Filter.make(status=["quarantined"], owner=self.agent_id)
-        return self.memory.store.list(viewer=self.viewer, filter=f, limit=limit)
+        return self.memory.list(viewer=self.viewer, filter=f, limit=limit)
 
     # -- pipeline -------------------------------------------------------------------------
     def _judge(self, capsule: Capsule, now: float) -> _Verdict:
@@ -435,7 +435,9 @@ class Exchange:
             if redacted:
                 content = self.screen.redact(content)
             return _Verdict("quarantine", findings=findings, content=content, redacted=redacted)
-        vector = self.memory.embed([capsule.unit.text])[0]
+        # The unit we would store keeps the capsule unit's content, context and search
+        # context, so this is the vector it is stored with (found near, then written).
+        vector = self.memory.embed_units([capsule.unit])[0]
         return _Verdict("store", vector=vector)
 
     def _out_of_scope(self, capsule: Capsule) -> str:
@@ -487,20 +489,15 @@ class Exchange:
         self, incoming: Unit, vector: Any, capsule: Capsule
     ) -> tuple[list[tuple[Unit, Conflict, float]], tuple[Unit, float] | None, tuple[Unit, float] | None]:
         """Conflicting, duplicate and merely related active units near the incoming one."""
-        hits = self.memory.store.vector_search(vector, k=self.limits.candidates, viewer=self.viewer)
-        hits = [h for h in hits if h.score >= self.limits.related_at]
-        units = {u.id: u for u in self.memory.store.get_many([h.id for h in hits], viewer=self.viewer)}
+        near = self.memory.nearest(vector, k=self.limits.candidates, viewer=self.viewer, at_least=self.limits.related_at)
         conflicts: list[tuple[Unit, Conflict, float]] = []
         duplicate: tuple[Unit, float] | None = None
         related: tuple[Unit, float] | None = None
         seen: set[str] = set()
-        for h in hits:
-            unit = units.get(h.id)
-            if unit is None:
-                continue
+        for unit, score in near:
             if "consensus_of" in unit.meta:  # a consensus copy stands for its original
                 try:
-                    unit = self.memory.store.get(str(unit.meta["consensus_of"]), viewer=Viewer.admin())
+                    unit = self.memory.get(str(unit.meta["consensus_of"]), viewer=Viewer.admin())
                 except NotFoundError:
                     continue
                 if unit.status is not Status.ACTIVE:
@@ -509,14 +506,14 @@ class Exchange:
                 continue
             seen.add(unit.id)
             same_text = unit.kind == incoming.kind and content_hash(unit) == capsule.hash
-            conflict = None if same_text else self.detector.detect(unit, incoming, similarity=h.score)
+            conflict = None if same_text else self.detector.detect(unit, incoming, similarity=score)
             if conflict is not None:
-                conflicts.append((unit, conflict, h.score))
-            elif same_text or h.score >= self.limits.duplicate_at:
+                conflicts.append((unit, conflict, score))
+            elif same_text or score >= self.limits.duplicate_at:
                 if duplicate is None:
-                    duplicate = (unit, 1.0 if same_text else h.score)
+                    duplicate = (unit, 1.0 if same_text else score)
             elif related is None:
-                related = (unit, h.score)
+                related = (unit, score)
         return conflicts, duplicate, related
 
     # -- outcomes -------------------------------------------------------------------------
@@ -630,7 +627,7 @@ class Exchange:
     ) -> Ruling:
         meta = self._meta(capsule, now, assessment={"score": assessment.score, "weighted": weighted, "reputation": rep, "reason": assessment.reason})
         unit = self._local(capsule, content=capsule.unit.content, status=Status.ACTIVE, validation=round(0.3 + 0.4 * rep, 4), meta=meta)
-        self.memory.store.add([unit], vector.reshape(1, -1), actor=self.actor)
+        self.memory.add(unit, vectors=vector, actor=self.actor)  # embedded in _judge, before the transaction
         self._stage.counted.add((capsule.origin, capsule.hash))
         if not conflicts:
             if related is not None:
@@ -640,12 +637,12 @@ class Exchange:
             )
         outcomes = []
         for other, conflict, sim in conflicts:
-            current = self.memory.store.get(unit.id, viewer=Viewer.admin())
+            current = self.memory.get(unit.id, viewer=Viewer.admin())
             if current.status is not Status.ACTIVE:
                 break  # the newcomer already lost to an earlier conflict
             decision, resolution = self.consensus.reconcile(other.id, unit.id, conflict=conflict, policy=self.policy)
             outcomes.append({"with": other.id, "similarity": round(sim, 4), **decision.data, "decision": decision.id})
-        status = self.memory.store.get(unit.id, viewer=Viewer.admin()).status
+        status = self.memory.get(unit.id, viewer=Viewer.admin()).status
         verdict = "kept" if status is Status.ACTIVE else status.value
         return self._record(
             self._decision(
