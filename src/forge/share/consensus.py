@@ -16,7 +16,7 @@ What a population believes should rest on independent evidence, not on who shout
   :class:`~forge.share.conflicts.ResolutionPolicy` (:mod:`forge.share.conflicts`).
 
 Every decision is a :class:`~forge.share.ledger.Ruling` in a :class:`~forge.share.ledger.Ledger`.
-Reputations are store settings (``reputation/<book>/<agent>``): they survive a restart and
+Reputations are settings of the memory (``reputation/<book>/<agent>``): they survive a restart and
 travel in an operator's export. They are not PROFILE units on purpose: a reputation is the
 receiver's private accounting, not a memory to recall into prompts or embed, and it changes
 on every outcome.
@@ -34,7 +34,7 @@ from typing import Any
 from forge.errors import NotFoundError, ValidationError
 from forge.model import Context, Provenance, Status, Unit, Viewer, origin_of
 from forge.share.conflicts import Conflict, Detector, Resolution, ResolutionPolicy
-from forge.share.ledger import Ledger, Ruling
+from forge.share.ledger import Ledger, Records, Ruling
 from forge.store.base import Filter
 
 __all__ = ["Consensus", "Reputation"]
@@ -49,18 +49,19 @@ class Reputation:
 
     Starts every agent at 0.5 and moves with evidence; a few outcomes move it a little,
     many move it a lot, so one lucky or unlucky task does not decide an agent's standing.
+    Kept as settings of ``records`` (a Memory or a Store) when given, else in memory only.
     """
 
-    def __init__(self, store: Any = None, *, book: str = "default", prior: float = 1.0) -> None:
+    def __init__(self, records: Records | None = None, *, book: str = "default", prior: float = 1.0) -> None:
         if prior <= 0:
             raise ValidationError("reputation prior must be positive")
         self.prior = prior
         self._prefix = f"reputation/{book}/"
-        self._store = store
+        self._records = records
         self._lock = threading.Lock()
         self._counts: dict[str, tuple[float, float]] = {}
-        if store is not None:
-            for k, v in store.settings().items():
+        if records is not None:
+            for k, v in records.settings().items():
                 if k.startswith(self._prefix):
                     d = json.loads(v)
                     self._counts[k[len(self._prefix) :]] = (float(d["success"]), float(d["failure"]))
@@ -80,8 +81,8 @@ class Reputation:
             s, f = self._counts.get(agent, (0.0, 0.0))
             s, f = (s + weight, f) if success else (s, f + weight)
             self._counts[agent] = (s, f)
-            if self._store is not None:
-                self._store.set_setting(self._prefix + agent, json.dumps({"success": s, "failure": f}))
+            if self._records is not None:
+                self._records.set_setting(self._prefix + agent, json.dumps({"success": s, "failure": f}))
         return self.get(agent)
 
     def set(self, agent: str, *, successes: float, failures: float) -> None:
@@ -90,8 +91,8 @@ class Reputation:
             raise ValidationError("reputation counts cannot be negative")
         with self._lock:
             self._counts[agent] = (float(successes), float(failures))
-            if self._store is not None:
-                self._store.set_setting(self._prefix + agent, json.dumps({"success": successes, "failure": failures}))
+            if self._records is not None:
+                self._records.set_setting(self._prefix + agent, json.dumps({"success": successes, "failure": failures}))
 
     def all(self) -> dict[str, float]:
         return {a: self.get(a) for a in sorted(self._counts)}
@@ -133,15 +134,15 @@ class Consensus:
         self.gain = gain
         self.promote_at = promote_at
         self.min_corroborations = min_corroborations
-        self.reputation = reputation if reputation is not None else Reputation(memory.store, book=agent_id)
-        self.ledger = ledger if ledger is not None else Ledger(memory.store, name=agent_id)
+        self.reputation = reputation if reputation is not None else Reputation(memory, book=agent_id)
+        self.ledger = ledger if ledger is not None else Ledger(memory, name=agent_id)
         self.clock = clock
         self.actor = f"consensus:{agent_id}"
         self.viewer = Viewer.of(agent_id, [group] if group else [])
 
     # -- reading --------------------------------------------------------------------------
     def _get(self, unit_id: str) -> Unit:
-        return self.memory.store.get(unit_id, viewer=Viewer.admin())
+        return self.memory.get(unit_id, viewer=Viewer.admin())
 
     def witnesses(self, unit: Unit) -> list[str]:
         """Distinct origins that asserted this unit: its author first, then corroborators."""
@@ -189,7 +190,7 @@ class Consensus:
         applied to the distance left to 1, so each further witness adds less. An origin
         or channel already counted (the author, an earlier corroborator) adds nothing.
         """
-        with self.ledger.staged(), self.memory.store.transaction():
+        with self.ledger.staged(), self.memory.transaction():
             return self._corroborate(unit_id, origin=origin, via=via, sender=sender, capsule_id=capsule_id, hash=hash, similarity=similarity)
 
     def _corroborate(
@@ -260,11 +261,11 @@ class Consensus:
     def promote_ready(self, *, limit: int = 1000) -> list[Ruling]:
         """Promote every qualifying unit (e.g. after reputations changed)."""
         f = Filter.make(status=["active"])
-        return [self._promote(u) for u in self.memory.store.list(viewer=Viewer.admin(), filter=f, limit=limit) if self.ready(u)]
+        return [self._promote(u) for u in self.memory.list(viewer=Viewer.admin(), filter=f, limit=limit) if self.ready(u)]
 
     def _promote(self, unit: Unit) -> Ruling:
         """Copy, link, mark and record in one transaction: a promotion happens whole or not."""
-        with self.ledger.staged(), self.memory.store.transaction():
+        with self.ledger.staged(), self.memory.transaction():
             return self._promote_now(unit)
 
     def _promote_now(self, unit: Unit) -> Ruling:
@@ -345,18 +346,14 @@ class Consensus:
     ) -> list[tuple[Unit, Conflict, float]]:
         """Active units similar to ``unit`` that contradict it, most similar first."""
         if vector is None:
-            vector = self.memory.embed([unit.text])[0]
-        hits = self.memory.store.vector_search(vector, k=k + 1, viewer=self.viewer)
-        hits = [h for h in hits if h.id != unit.id and h.score >= min_similarity]
-        units = {u.id: u for u in self.memory.store.get_many([h.id for h in hits], viewer=self.viewer)}
+            vector = self.memory.embed_units([unit])[0]
         out: list[tuple[Unit, Conflict, float]] = []
-        for h in hits:
-            other = units.get(h.id)
-            if other is None or "consensus_of" in other.meta:
+        for other, score in self.memory.nearest(vector, k=k + 1, viewer=self.viewer, at_least=min_similarity):
+            if other.id == unit.id or "consensus_of" in other.meta:
                 continue
-            conflict = detector.detect(other, unit, similarity=h.score)
+            conflict = detector.detect(other, unit, similarity=score)
             if conflict is not None:
-                out.append((other, conflict, h.score))
+                out.append((other, conflict, score))
         return out
 
     def reconcile(self, a_id: str, b_id: str, *, conflict: Conflict, policy: ResolutionPolicy) -> tuple[Ruling, Resolution]:
@@ -364,7 +361,7 @@ class Consensus:
 
         The relations, status changes and the decision are written in one transaction.
         """
-        with self.ledger.staged(), self.memory.store.transaction():
+        with self.ledger.staged(), self.memory.transaction():
             return self._reconcile(a_id, b_id, conflict=conflict, policy=policy)
 
     def _reconcile(self, a_id: str, b_id: str, *, conflict: Conflict, policy: ResolutionPolicy) -> tuple[Ruling, Resolution]:

@@ -2,11 +2,11 @@
 
 Every decision of the exchange (accepted, quarantined, rejected, ...) and of consensus
 (corroborated, promoted, resolved, ...) is a :class:`Ruling` appended to a :class:`Ledger` and
-can be listed and counted per outcome or reason. Each ruling is an appended store event (op
-``decision``, actor the ledger's name; no unit, so only the operator sees it): it survives a
-restart, commits with the store's transaction and travels in an operator's export. Without a
-store the ledger lives in memory only (``Ledger.durable`` says which). Ledgers written before
-rulings were events, as ``ledger/<name>/<id>`` settings, are still read.
+can be listed and counted per outcome or reason. Each ruling is an appended event of the
+memory (op ``decision``, actor the ledger's name; no unit, so only the operator sees it): it
+survives a restart, commits with the memory's transaction and travels in an operator's export.
+Without :class:`Records` the ledger lives in memory only (``Ledger.durable`` says which).
+Ledgers written before rulings were events, as ``ledger/<name>/<id>`` settings, are still read.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from forge.errors import ValidationError
 from forge.model import Viewer, new_id
 
-__all__ = ["DECISION_OP", "OUTCOMES", "Ledger", "Ruling", "ledger_decisions"]
+__all__ = ["DECISION_OP", "OUTCOMES", "Ledger", "Records", "Ruling", "ledger_decisions"]
 
 #: Every outcome a decision can have. Exchange outcomes first, then consensus bookkeeping.
 OUTCOMES = (
@@ -38,6 +38,19 @@ OUTCOMES = (
     "outcome",
 )
 
+
+class Records(Protocol):
+    """Where rulings and reputations persist: the settings and event verbs of a
+    :class:`~forge.engine.memory.Memory` (what consensus and the exchange pass) or of a bare
+    :class:`~forge.store.Store` (the service and tracing read ledgers from one)."""
+
+    def settings(self) -> dict[str, str]: ...
+
+    def set_setting(self, key: str, value: str) -> None: ...
+
+    def events(self, *, viewer: Viewer, **narrow: Any) -> list[Any]: ...
+
+    def append_event(self, op: str, *, actor: str = "", data: Mapping[str, Any] | None = None) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,14 +120,14 @@ _DECISION_FIELDS = (
 DECISION_OP = "decision"
 
 
-def ledger_decisions(store: Any, *, name: str | None = None) -> list[Ruling]:
-    """Every decision in the store's ledgers (or ``name``'s), oldest first."""
+def ledger_decisions(records: Records, *, name: str | None = None) -> list[Ruling]:
+    """Every decision in the ledgers kept in ``records`` (or ``name``'s), oldest first."""
     legacy = f"ledger/{name}/" if name else "ledger/"
-    rows = sorted((k, v) for k, v in store.settings().items() if k.startswith(legacy))
+    rows = sorted((k, v) for k, v in records.settings().items() if k.startswith(legacy))
     out = [Ruling.from_dict(json.loads(v)) for _, v in rows]
     seq = 0
     while True:
-        page = store.events(viewer=Viewer.admin(), ops=(DECISION_OP,), actor=name, since_seq=seq, limit=10_000)
+        page = records.events(viewer=Viewer.admin(), ops=(DECISION_OP,), actor=name, since_seq=seq, limit=10_000)
         out.extend(Ruling.from_dict(e.data) for e in page)
         if len(page) < 10_000:
             return out
@@ -122,28 +135,28 @@ def ledger_decisions(store: Any, *, name: str | None = None) -> list[Ruling]:
 
 
 class Ledger:
-    """Append-only list of decisions, persisted as store events when there is a store.
+    """Append-only list of decisions, persisted as events of ``records`` when given.
 
-    Decisions are loaded once at start and appended in memory and in the store's event log,
-    whose order is the commit order, so two processes writing one ledger never collide.
+    Decisions are loaded once at start and appended in memory and in the event log, whose
+    order is the commit order, so two processes writing one ledger never collide.
     """
 
-    def __init__(self, store: Any = None, *, name: str) -> None:
+    def __init__(self, records: Records | None = None, *, name: str) -> None:
         if not name or "/" in name:
             raise ValidationError("a ledger needs a name without '/', e.g. the agent id")
         self.name = name
-        self._store = store
+        self._records = records
         self._lock = threading.Lock()
         self._local = threading.local()  # this thread's staged decisions (see staged())
-        self._items: list[Ruling] = ledger_decisions(store, name=name) if store is not None else []
+        self._items: list[Ruling] = ledger_decisions(records, name=name) if records is not None else []
 
     @staticmethod
-    def names(store: Any) -> list[str]:
-        """The ledgers kept in ``store`` (one per receiving agent), sorted."""
-        names = {k.split("/", 2)[1] for k in store.settings() if k.startswith("ledger/") and k.count("/") >= 2}
+    def names(records: Records) -> list[str]:
+        """The ledgers kept in ``records`` (one per receiving agent), sorted."""
+        names = {k.split("/", 2)[1] for k in records.settings() if k.startswith("ledger/") and k.count("/") >= 2}
         seq = 0
         while True:
-            page = store.events(viewer=Viewer.admin(), ops=(DECISION_OP,), since_seq=seq, limit=10_000)
+            page = records.events(viewer=Viewer.admin(), ops=(DECISION_OP,), since_seq=seq, limit=10_000)
             names.update(e.actor for e in page)
             if len(page) < 10_000:
                 return sorted(names)
@@ -153,7 +166,7 @@ class Ledger:
     def staged(self) -> Iterator[None]:
         """Decisions recorded inside the block are listed only if it ends without an error.
 
-        Wrap a store transaction in it: the decisions' durable copies are written in the
+        Wrap a memory's transaction in it: the decisions' durable copies are written in the
         transaction, and the in-memory list must not show what a rollback took back.
         """
         outer = getattr(self._local, "stage", None)
@@ -171,13 +184,13 @@ class Ledger:
 
     @property
     def durable(self) -> bool:
-        """True when decisions survive a restart (there is a store)."""
-        return self._store is not None
+        """True when decisions survive a restart (there are records to keep them)."""
+        return self._records is not None
 
     def record(self, decision: Ruling) -> Ruling:
         with self._lock:
-            if self._store is not None:
-                self._store.append_event(DECISION_OP, actor=self.name, data=decision.to_dict())
+            if self._records is not None:
+                self._records.append_event(DECISION_OP, actor=self.name, data=decision.to_dict())
             stage = getattr(self._local, "stage", None)
             (stage if stage is not None else self._items).append(decision)
         return decision
