@@ -410,7 +410,7 @@ class TeamMemory:
             raise ValidationError(f"agent {agent!r} is not in team {self.team!r} ({', '.join(self.agents)})")
 
     def _count_tasks(self) -> int:
-        seen = self.memory.store.list(
+        seen = self.memory.list(
             viewer=Viewer.admin(),
             filter=Filter.make(kinds=[Kind.EPISODE], tags_all=[f"team:{self.team}"]),
             limit=1_000_000,
@@ -509,9 +509,9 @@ class TeamMemory:
                 for pool in pools
             ]
             rule_units = [u for pool in pools for u in self._rule_units(pool, episode, index, env, task_type, rules, lesson)]
-            self.memory.store.add_episode(episode, actor=self.actor)
+            self.memory.add_episode(episode, actor=self.actor)
             every = units + rule_units
-            ids = self.memory.store.add(every, self.memory.embed([u.text for u in every]), actor=self.actor)
+            ids = self.memory.add(every, actor=self.actor)
             for rid in dict.fromkeys(retire):
                 self._retire(rid, index)
             profiles = self._observe(members=members, roles=roles, task_type=task_type, outcome=outcome)
@@ -566,7 +566,7 @@ class TeamMemory:
         """Reflection's rules as units of ``pool``, via :func:`forge.learn.reflect.apply_reflection`."""
         have = {
             " ".join(u.content.lower().split())
-            for u in self.memory.store.list(viewer=Viewer.admin(), filter=self.pool_filter(pool, Kind.RULE), limit=1_000_000)
+            for u in self.memory.list(viewer=Viewer.admin(), filter=self.pool_filter(pool, Kind.RULE), limit=1_000_000)
         }
         fresh = tuple(r for r in dict.fromkeys(rules) if " ".join(r.lower().split()) not in have)
         if not fresh:
@@ -588,7 +588,7 @@ class TeamMemory:
 
     def _retire(self, unit_id: str, index: int) -> None:
         try:
-            unit = self.memory.store.get(unit_id, viewer=Viewer.admin())
+            unit = self.memory.get(unit_id, viewer=Viewer.admin())
         except NotFoundError:
             return
         if unit.kind is Kind.RULE and unit.status is Status.ACTIVE:
@@ -596,7 +596,7 @@ class TeamMemory:
 
     def _known(self, unit_ids: Sequence[str]) -> None:
         ids = list(dict.fromkeys(unit_ids))
-        found = {u.id for u in self.memory.store.get_many(ids, viewer=Viewer.admin())}
+        found = {u.id for u in self.memory.get_many(ids, viewer=Viewer.admin())}
         missing = [i for i in ids if i not in found]
         if missing:
             raise NotFoundError(f"no memory unit with id {missing[0]}")
@@ -620,7 +620,7 @@ class TeamMemory:
         viewer = self.viewer(agent) if agent is not None else Viewer.admin()
         status = list(Status) if include_archived else None
         f = self.layer_filter("procedural", Kind.PROCEDURE, status=status)
-        return [Procedure.of(u) for u in self.memory.store.list(viewer=viewer, filter=f, limit=100_000)]
+        return [Procedure.of(u) for u in self.memory.list(viewer=viewer, filter=f, limit=100_000)]
 
     # -- transactive ------------------------------------------------------------------------
     def _observe(self, *, members: list[str], roles: Mapping[str, str], task_type: str, outcome: Outcome) -> list[str]:
@@ -665,7 +665,7 @@ class TeamMemory:
     def _upsert_profile(self, pool: _Pool, subject: str, bump: Any, render: Any) -> str:
         uid = f"profile:{self.team}:{pool.key}:{subject}"[:128]
         try:
-            old: Unit | None = self.memory.store.get(uid, viewer=Viewer.admin())
+            old: Unit | None = self.memory.get(uid, viewer=Viewer.admin())
         except NotFoundError:
             old = None
         meta: dict[str, Any] = _deep(dict(old.meta)) if old else {"profile": subject.split(":", 1)[0]}
@@ -684,17 +684,16 @@ class TeamMemory:
                 created_at=self.stamp(),
                 meta=meta,
             )
-            self.memory.store.add([unit], self.memory.embed([unit.text]), actor=self.actor)
+            self.memory.add(unit, actor=self.actor)
         else:
-            new = old.replace(content=content, meta=meta)
-            self.memory.store.update(new, self.memory.embed([new.text]), actor=self.actor)
+            self.memory.update(old.replace(content=content, meta=meta), actor=self.actor)
         return uid
 
     def profiles(self, *, agent: str | None = None) -> list[Unit]:
         """Transactive units ``agent`` can read (the team's all when None)."""
         viewer = self.viewer(agent) if agent is not None else Viewer.admin()
         f = self.layer_filter("transactive", Kind.PROFILE)
-        return self.memory.store.list(viewer=viewer, filter=f, limit=100_000)
+        return self.memory.list(viewer=viewer, filter=f, limit=100_000)
 
 
 def _clip(text: str, n: int) -> str:
