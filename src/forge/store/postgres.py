@@ -93,7 +93,7 @@ from forge.store.base import (
     check_event_op,
     check_setting,
 )
-from forge.store.common import check_vectors, query_words, redact_events, row_unit, unit_row
+from forge.store.common import check_vectors, query_words, redact_events
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import diff as _diff
 from forge.store.common import int_arg as _int_arg
@@ -104,6 +104,8 @@ from forge.store.records import (
     setting_record,
     vector_field,
 )
+from forge.store.sql import COLUMNS as _COLUMNS
+from forge.store.sql import Dialect
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "migrate", "redact_dsn"]
 
@@ -289,10 +291,6 @@ CREATE TRIGGER unit_terms_remove AFTER DELETE ON unit_fts FOR EACH ROW EXECUTE F
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_COLUMNS = (
-    "id, kind, content, domain, task, role, tags, scope, owner, confidence, validation, "
-    "importance, access_count, last_access, created_at, updated_at, provenance, status, meta"
-)
 _TEXT_FIELDS = ("id", "content", "scope", "owner")
 _ARRAY_TYPES = ("text", "text", "text", "text", "text", "text", "text", "text", "text", "float8", "float8",
                 "float8", "int8", "float8", "float8", "float8", "text", "text", "text", "text", "text")
@@ -312,6 +310,34 @@ _INSERT_UNITS = (
 # connection): formatting 384 floats as text and parsing them back was most of a bulk write.
 _INSERT_BINARY = _INSERT_UNITS.replace("t.emb::vector ", "t.emb ", 1).replace("%s::text[]) WITH ORDINALITY", "%b::vector[]) WITH ORDINALITY", 1)
 _INSERT_PENDING = _INSERT_BINARY.replace("search_text, embedding) ", "search_text, pending) ", 1)
+
+
+class _Postgres(Dialect):
+    """PostgreSQL's spelling: ``%s`` marks, one array per membership test, tags as a text[]."""
+
+    mark = "%s"
+    true = "true"
+
+    def in_(self, expr: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+        return f"{expr} = ANY(%s::text[])", [list(values)]
+
+    def tags_all(self, p: str, tags: Sequence[str]) -> tuple[str, list[Any]]:
+        return f"{p}tags @> %s::text[]", [list(tags)]
+
+    def tags_any(self, p: str, tags: Sequence[str]) -> tuple[str, list[Any]]:
+        return f"{p}tags && %s::text[]", [list(tags)]
+
+    def encode_tags(self, tags: list[str]) -> list[str]:
+        return tags
+
+    def clean_text(self, text: str) -> str:
+        return text.replace("\x00", " ")  # the indexed text only; PostgreSQL text cannot hold NUL
+
+
+POSTGRES = _Postgres()
+_where = POSTGRES.where
+_unit_row = POSTGRES.unit_row
+_row_unit = POSTGRES.row_unit
 
 
 def _register_vector(conn: Any) -> None:
@@ -1365,53 +1391,3 @@ def _vec_format(dim: int) -> str:
 
 def _parse_vec(text: str) -> np.ndarray:
     return np.array(text.strip("[]").split(","), dtype=np.float64).astype(np.float32)
-
-
-def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any]]:
-    """SQL for scope visibility plus the filter; the viewer clause is never optional."""
-    p = f"{alias}." if alias else ""
-    clauses: list[str] = []
-    params: list[Any] = []
-    if not viewer.operator:
-        groups = sorted(f"group:{g}" for g in viewer.groups)
-        clauses.append(f"({p}scope = 'global' OR ({p}scope = 'private' AND {p}owner = %s) OR {p}scope = ANY(%s::text[]))")
-        params += [viewer.agent or None, groups]
-    if f.status and len(f.status) < len(Status):
-        clauses.append(f"{p}status = ANY(%s::text[])")
-        params.append(sorted(s.value for s in f.status))
-    if f.kinds:
-        clauses.append(f"{p}kind = ANY(%s::text[])")
-        params.append(sorted(k.value for k in f.kinds))
-    for col in ("domain", "task", "role", "owner"):
-        value = getattr(f, col)
-        if value is not None:
-            clauses.append(f"{p}{col} = %s")
-            params.append(value)
-    if f.scopes:
-        clauses.append(f"{p}scope = ANY(%s::text[])")
-        params.append(sorted(f.scopes))
-    if f.tags_all:
-        clauses.append(f"{p}tags @> %s::text[]")
-        params.append(sorted(f.tags_all))
-    if f.tags_any:
-        clauses.append(f"{p}tags && %s::text[]")
-        params.append(sorted(f.tags_any))
-    if f.since is not None:
-        clauses.append(f"{p}created_at >= %s")
-        params.append(f.since)
-    if f.until is not None:
-        clauses.append(f"{p}created_at < %s")
-        params.append(f.until)
-    return (" AND ".join(clauses) or "true"), params
-
-
-def _unit_row(u: Unit) -> tuple:
-    return unit_row(u, tags=list, text=_nul_to_space)
-
-
-def _row_unit(r: Sequence[Any]) -> Unit:
-    return row_unit(r, tags=tuple)
-
-
-def _nul_to_space(text: str) -> str:
-    return text.replace("\x00", " ")  # the indexed text only; PostgreSQL text cannot hold NUL

@@ -49,7 +49,7 @@ from forge.store.base import (
     check_event_op,
     check_setting,
 )
-from forge.store.common import check_vectors, query_words, redact_events, row_unit, unit_row
+from forge.store.common import check_vectors, query_words, redact_events
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import diff as _diff
 from forge.store.common import int_arg as _int_arg
@@ -57,6 +57,8 @@ from forge.store.facts import COLUMNS as FACT_COLUMNS
 from forge.store.facts import Facts, member
 from forge.store.keywords import KeywordIndex, stem, tokens, top
 from forge.store.records import event_record, parse_records, setting_record, vector_field
+from forge.store.sql import COLUMNS as _COLUMNS
+from forge.store.sql import Dialect
 from forge.store.vectors import VectorIndex
 
 __all__ = ["SQLiteStore"]
@@ -186,10 +188,36 @@ _CATCH_UP_SQL = (
 #: keyword search skip words that occur in a large share of all units. Every connection makes it.
 _VOCAB_VIEW = "CREATE VIRTUAL TABLE IF NOT EXISTS temp.units_vocab USING fts5vocab(main, units_fts, 'row')"
 
-_COLUMNS = (
-    "id, kind, content, domain, task, role, tags, scope, owner, confidence, validation, "
-    "importance, access_count, last_access, created_at, updated_at, provenance, status, meta"
-)
+
+
+class _SQLite(Dialect):
+    """SQLite's spelling: ``?`` marks, IN lists, tags as JSON text and in ``unit_tags``."""
+
+    # Unary + keeps the planner off units_scope in the visibility clause: its OR would
+    # otherwise become a MULTI-INDEX OR that walks every global unit (O(n) per query,
+    # bench/recall_latency.py) instead of checking the few candidate rows found by id,
+    # rowid or FTS.
+    unindexed = "+"
+    nobody = "\x00"
+
+    def tags_all(self, p: str, tags: Sequence[str]) -> tuple[str, list[Any]]:
+        return " AND ".join([f"{p}rowid IN (SELECT unit_rowid FROM unit_tags WHERE tag = ?)"] * len(tags)), list(tags)
+
+    def tags_any(self, p: str, tags: Sequence[str]) -> tuple[str, list[Any]]:
+        member, params = self.in_("tag", tags)
+        return f"{p}rowid IN (SELECT unit_rowid FROM unit_tags WHERE {member})", params
+
+    def encode_tags(self, tags: list[str]) -> str:
+        return json.dumps(tags)
+
+    def decode_tags(self, value: str) -> list[str]:
+        return json.loads(value)
+
+
+SQLITE = _SQLite()
+_where = SQLITE.where
+_unit_row = SQLITE.unit_row
+_row_unit = SQLITE.row_unit
 
 
 class SQLiteStore:
@@ -1477,52 +1505,6 @@ def _split_sql(script: str) -> list[str]:
     return out
 
 
-def _where(viewer: Viewer, f: Filter, *, alias: str = "") -> tuple[str, list[Any]]:
-    """SQL for scope visibility plus the filter; the viewer clause is never optional."""
-    p = f"{alias}." if alias else ""
-    rowid = f"{alias}.rowid" if alias else "rowid"
-    clauses: list[str] = []
-    params: list[Any] = []
-    if not viewer.operator:
-        groups = sorted(f"group:{g}" for g in viewer.groups)
-        # Unary + keeps the planner off units_scope here: the OR would otherwise become a
-        # MULTI-INDEX OR that walks every global unit (O(n) per query, bench/recall_latency.py)
-        # instead of checking the few candidate rows found by id, rowid or FTS.
-        vis = f"(+{p}scope = 'global' OR (+{p}scope = 'private' AND +{p}owner = ?)"
-        params.append(viewer.agent or "\x00")
-        if groups:
-            vis += f" OR +{p}scope IN ({','.join('?' * len(groups))})"
-            params.extend(groups)
-        clauses.append(vis + ")")
-    if f.status and len(f.status) < len(Status):
-        clauses.append(f"{p}status IN ({','.join('?' * len(f.status))})")
-        params.extend(sorted(s.value for s in f.status))
-    if f.kinds:
-        clauses.append(f"{p}kind IN ({','.join('?' * len(f.kinds))})")
-        params.extend(sorted(k.value for k in f.kinds))
-    for col in ("domain", "task", "role", "owner"):
-        value = getattr(f, col)
-        if value is not None:
-            clauses.append(f"{p}{col} = ?")
-            params.append(value)
-    if f.scopes:
-        clauses.append(f"{p}scope IN ({','.join('?' * len(f.scopes))})")
-        params.extend(sorted(f.scopes))
-    for tag in sorted(f.tags_all):
-        clauses.append(f"{rowid} IN (SELECT unit_rowid FROM unit_tags WHERE tag = ?)")
-        params.append(tag)
-    if f.tags_any:
-        clauses.append(f"{rowid} IN (SELECT unit_rowid FROM unit_tags WHERE tag IN ({','.join('?' * len(f.tags_any))}))")
-        params.extend(sorted(f.tags_any))
-    if f.since is not None:
-        clauses.append(f"{p}created_at >= ?")
-        params.append(f.since)
-    if f.until is not None:
-        clauses.append(f"{p}created_at < ?")
-        params.append(f.until)
-    return (" AND ".join(clauses) or "1"), params
-
-
 def fts_query(text: str) -> str | None:
     """A safe FTS5 query from free text: its content words, OR-ed, each quoted."""
     words = query_words(text)
@@ -1532,11 +1514,3 @@ def fts_query(text: str) -> str | None:
 def _chunks(items: list, n: int) -> Iterator[list]:
     for i in range(0, len(items), n):
         yield items[i : i + n]
-
-
-def _unit_row(u: Unit) -> tuple:
-    return unit_row(u, tags=json.dumps)
-
-
-def _row_unit(r: Sequence[Any]) -> Unit:
-    return row_unit(r, tags=json.loads)
