@@ -13,13 +13,14 @@ from forge.engine.embed import HashingEmbedder
 from forge.engine.memory import Memory
 from forge.engine.recall import Weights
 from forge.errors import DimensionError, ValidationError
+from forge.llm.testing import ScriptedLLM
 from forge.model import Context, Status, Unit, Viewer
 from forge.share.capsule import Capsule, Keyring
 from forge.share.consensus import Consensus, Reputation
 from forge.share.exchange import Exchange
 from forge.share.ledger import Ledger, Ruling
 from forge.store import ANY_STATUS, SEARCH_CONTEXT, SQLiteStore, indexed_text
-from forge.team import Outcome, TaskLesson, TeamMemory
+from forge.team import Outcome, TaskLesson, TeamMemory, consolidate
 
 ADMIN = Viewer.admin()
 RULE = "When the door is locked, look for a key first."
@@ -175,13 +176,16 @@ def test_a_consensus_promotion_embeds_what_it_indexes(memory: Memory) -> None:
 
 def test_team_memory_embeds_what_it_indexes(memory: Memory) -> None:
     tm = TeamMemory(memory, team="red", agents=["planner", "dba"], layout="hybrid")
+    lesson = TaskLesson(("Check pg_locks for blocked sessions first.",), "a lock was held", "test")
     rec = tm.record_task(
-        task="Find the blocked session", outcome=Outcome(success=False, score=0.2),
-        lesson=TaskLesson(("Check pg_locks first.",), "a lock was held", "test"),
+        task="Find the blocked session", outcome=Outcome(success=False, score=0.2), lesson=lesson,
         rules=["When a query hangs, check pg_locks for blocked sessions first."],
     )
-    tm.record_task(task="Find the blocked session again", outcome=Outcome(success=True, score=1.0))
-    assert rec.episode_units and rec.rule_units and rec.profile_units
+    for task in ("Find the blocked session again", "Find the blocked session once more"):
+        tm.record_task(task=task, outcome=Outcome(success=True, score=1.0), lesson=lesson)
+    report = consolidate(tm, llm=ScriptedLLM(['{"title": "Lock waits", "knowledge": "Query pg_locks, end the blocker."}']))
+    assert rec.episode_units and rec.rule_units and rec.profile_units and report.generalised
+    assert tm.procedures()
     assert_embedded_as_indexed(memory)
 
 

@@ -167,10 +167,9 @@ def consolidate(
     run = new_id()
     actor = f"consolidate:{run}"
     report = ConsolidationReport(run_id=run, team=tm.team, threshold=threshold, started_at=time.time())
-    store = tm.memory.store
     for pool in tm.pools("procedural"):
         if pool.owner:
-            episodes = store.list(
+            episodes = tm.memory.list(
                 viewer=tm.viewer(pool.owner), filter=tm.layer_filter("episodic", Kind.EPISODE), limit=1_000_000
             )
         else:
@@ -239,7 +238,7 @@ def consolidate(
         outcome=report.to_dict(),
         meta={"team": tm.team, "run_id": run},
     )
-    report.record_id = store.add_episode(record, actor=actor)
+    report.record_id = tm.memory.add_episode(record, actor=actor)
     return report
 
 
@@ -249,7 +248,7 @@ def _task_id(u: Unit) -> str:
 
 def _all_episodes(tm: TeamMemory) -> list[Unit]:
     """Every episode of the team in every pool: what a shared procedural pool learns from."""
-    return tm.memory.store.list(
+    return tm.memory.list(
         viewer=Viewer.admin(), filter=Filter.make(kinds=[Kind.EPISODE], tags_all=[f"team:{tm.team}"]), limit=1_000_000
     )
 
@@ -260,7 +259,7 @@ def _task_index(u: Unit) -> str:
 
 def _pool_procedures(tm: TeamMemory, pool: _Pool, *, archived: bool = False) -> list[Procedure]:
     f = tm.pool_filter(pool, Kind.PROCEDURE, status=list(Status) if archived else None)
-    units = tm.memory.store.list(viewer=Viewer.admin(), filter=f, limit=1_000_000)
+    units = tm.memory.list(viewer=Viewer.admin(), filter=f, limit=1_000_000)
     return [Procedure.of(u) for u in units]
 
 
@@ -288,7 +287,7 @@ def _add_procedure(
             "consolidation": {"run": run, "cluster": cluster_no, "author": c.author},
         },
     )
-    tm.memory.store.add([unit], tm.memory.embed([unit.text]), actor=actor)
+    tm.memory.add(unit, actor=actor)
     link_sources(
         tm.memory.store,
         unit.id,
@@ -312,7 +311,7 @@ def _prune(tm: TeamMemory, pool: _Pool, *, run: str, actor: str) -> list[dict[st
             f"consolidation {run}: its {len(mine)} source episodes are a strict subset of "
             f"the {len(q.sources)} of procedure {q.id} ({q.title!r})"
         )
-        tm.memory.store.set_status(p.id, Status.ARCHIVED, reason=reason, actor=actor)
+        tm.memory.set_status(p.id, Status.ARCHIVED, reason=reason, actor=actor)
         pruned.append({"procedure": p.id, "pool": pool.key, "subset_of": q.id, "reason": reason})
     return pruned
 
