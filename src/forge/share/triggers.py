@@ -100,7 +100,7 @@ class PeriodicSync:
         """The batch since the last call (shareable units only), advancing the watermark."""
         self._last_sync = self.clock()
         flt = Filter(owner=self.agent, since=self._since, scopes=frozenset({"global"}) | {f"group:{g}" for g in self.viewer.groups})
-        units = [u for u in self.memory.store.list(viewer=self.viewer, filter=flt, limit=self.limit) if u.id not in self._sent_at_edge]
+        units = [u for u in self.memory.list(viewer=self.viewer, filter=flt, limit=self.limit) if u.id not in self._sent_at_edge]
         if units:
             edge = max(u.created_at for u in units)
             prev = self._sent_at_edge if edge == self._since else set()
