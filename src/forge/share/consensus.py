@@ -35,7 +35,7 @@ from forge.errors import NotFoundError, ValidationError
 from forge.model import Context, Provenance, Status, Unit, Viewer, origin_of
 from forge.share.conflicts import Conflict, Detector, Resolution, ResolutionPolicy
 from forge.share.ledger import Ledger, Records, Ruling
-from forge.store.base import Filter
+from forge.store import Filter
 
 __all__ = ["Consensus", "Reputation"]
 

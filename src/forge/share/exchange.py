@@ -54,7 +54,7 @@ from forge.share.conflicts import (
 from forge.share.consensus import Consensus
 from forge.share.ledger import Ledger, Ruling
 from forge.share.screen import BLOCKING, Screen
-from forge.store.base import Filter
+from forge.store import Filter
 
 __all__ = [
     "Assessment",

@@ -42,7 +42,7 @@ OUTCOMES = (
 class Records(Protocol):
     """Where rulings and reputations persist: the settings and event verbs of a
     :class:`~forge.engine.memory.Memory` (what consensus and the exchange pass) or of a bare
-    :class:`~forge.store.Store` (the service and tracing read ledgers from one)."""
+    ``Store`` of :mod:`forge.store` (the service and tracing read ledgers from one)."""
 
     def settings(self) -> dict[str, str]: ...
 

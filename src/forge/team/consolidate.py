@@ -38,7 +38,7 @@ from forge.model import (
     Viewer,
     new_id,
 )
-from forge.store.base import Filter
+from forge.store import Filter
 from forge.team.memories import (
     PROCEDURE_IMPORTANCE,
     Procedure,

@@ -36,7 +36,7 @@ from forge.learn.prompt import PROMPT_WEIGHTS, Recollection, recollect
 from forge.learn.reflect import Reflection, RuleEdit, apply_reflection
 from forge.llm.base import LLM
 from forge.model import Context, Episode, Kind, Provenance, Scope, Status, Step, Unit, Viewer
-from forge.store.base import Filter
+from forge.store import Filter
 
 __all__ = [
     "ACTOR_ROLE",
