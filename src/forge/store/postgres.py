@@ -79,7 +79,6 @@ from forge.errors import (
 from forge.model import (
     Episode,
     Relation,
-    RelationType,
     Status,
     Unit,
     Viewer,
@@ -87,16 +86,14 @@ from forge.model import (
 from forge.store.base import (
     ANY_STATUS,
     CHANGE_OPS,
-    Event,
     Filter,
     Hit,
     check_event_op,
     check_setting,
 )
-from forge.store.common import check_vectors, query_words, redact_events
+from forge.store.common import check_vectors, query_words
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import diff as _diff
-from forge.store.common import int_arg as _int_arg
 from forge.store.records import (
     ImportBatch,
     event_record,
@@ -105,7 +102,7 @@ from forge.store.records import (
     vector_field,
 )
 from forge.store.sql import COLUMNS as _COLUMNS
-from forge.store.sql import Dialect
+from forge.store.sql import Dialect, SQLStore
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "migrate", "redact_dsn"]
 
@@ -435,8 +432,12 @@ def migrate(conn: Any, schema: str, *, upto: int | None = None) -> int:
     return current
 
 
-class PostgresStore:
+class PostgresStore(SQLStore):
     """A :class:`~forge.store.base.Store` in a PostgreSQL schema (see the module docstring)."""
+
+    dialect = POSTGRES
+    _KEY = "seq"
+    _VECTOR = "coalesce(embedding, pending)::text"
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         psycopg = _psycopg()
@@ -601,6 +602,12 @@ class PostgresStore:
                 self._gucs, self._ef = None, 0
                 raise self._mapped(exc) from None
 
+    def _id_batches(self, ids: Iterable[str]) -> Iterator[list[str]]:
+        yield _ids(ids)  # one array; an id PostgreSQL text cannot hold names no unit
+
+    def _vector_value(self, raw: str) -> np.ndarray:
+        return _parse_vec(raw)
+
     def _exec(self, sql: str) -> None:
         with self._lock:
             try:
@@ -617,10 +624,6 @@ class PostgresStore:
             yield
 
     # -- facts ------------------------------------------------------------------------------
-    @property
-    def dim(self) -> int | None:
-        return self._dim
-
     @property
     def info(self) -> Mapping[str, Any]:
         return {"backend": "postgres", "url": self.url, "schema": self.schema, "ann": "pgvector-hnsw",
@@ -929,126 +932,6 @@ class PostgresStore:
 
     log_event = append_event  # the older name, as on SQLiteStore
 
-    # -- reads ------------------------------------------------------------------------------
-    def get(self, unit_id: str, *, viewer: Viewer) -> Unit:
-        units = self.get_many([unit_id], viewer=viewer)
-        if not units:
-            raise NotFoundError(f"no unit with id {unit_id}")
-        return units[0]
-
-    def get_many(self, ids: Sequence[str], *, viewer: Viewer) -> list[Unit]:
-        if not ids:
-            return []
-        where, params = _where(viewer, ANY_STATUS)
-        rows = self._q(f"SELECT {_COLUMNS} FROM units WHERE id = ANY(%s::text[]) AND {where}", (_ids(ids), *params), viewer=viewer)
-        out = {r[0]: _row_unit(r) for r in rows}
-        return [out[i] for i in ids if i in out]
-
-    def list(self, *, viewer: Viewer, filter: Filter = Filter(), limit: int = 100, offset: int = 0) -> list[Unit]:
-        limit, offset = _count_arg(limit, "limit"), _int_arg(offset, "offset")
-        if offset < 0:
-            raise ValidationError("offset cannot be negative")
-        where, params = _where(viewer, filter)
-        rows = self._q(
-            f"SELECT {_COLUMNS} FROM units WHERE {where} ORDER BY created_at, seq LIMIT %s OFFSET %s",
-            (*params, limit, offset), viewer=viewer,
-        )
-        return [_row_unit(r) for r in rows]
-
-    def count(self, *, viewer: Viewer, filter: Filter = Filter()) -> int:
-        where, params = _where(viewer, filter)
-        return self._q(f"SELECT count(*) FROM units WHERE {where}", params, viewer=viewer)[0][0]
-
-    def vector(self, unit_id: str, *, viewer: Viewer) -> np.ndarray | None:
-        where, params = _where(viewer, ANY_STATUS)
-        row = self._q(f"SELECT coalesce(embedding, pending)::text FROM units WHERE id = %s AND {where}", (unit_id, *params), viewer=viewer)
-        if not row:
-            raise NotFoundError(f"no unit with id {unit_id}")
-        return None if row[0][0] is None else _parse_vec(row[0][0])
-
-    def relations(self, unit_id: str, *, viewer: Viewer) -> list[Relation]:
-        """Relations of a unit whose both ends ``viewer`` may see (none if it may not see the unit)."""
-        sql = "SELECT r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r"
-        params: list[Any] = []
-        cond = ""
-        if not viewer.operator:
-            ws, ps = _where(viewer, ANY_STATUS, alias="s")
-            wd, pd = _where(viewer, ANY_STATUS, alias="d")
-            sql += " JOIN units s ON s.id = r.src JOIN units d ON d.id = r.dst"
-            cond = f" AND {ws} AND {wd}"
-            params = [*ps, *pd]
-        rows = self._q(f"{sql} WHERE (r.src = %s OR r.dst = %s){cond} ORDER BY r.created_at, r.seq",
-                       (unit_id, unit_id, *params), viewer=viewer)
-        return [Relation(*r) for r in rows]
-
-    def _visible_ids(self, ids: Iterable[str], viewer: Viewer) -> set[str]:
-        ids = list(dict.fromkeys(ids))
-        if viewer.operator:
-            return set(ids)
-        where, params = _where(viewer, ANY_STATUS)
-        return {r[0] for r in self._q(f"SELECT id FROM units WHERE id = ANY(%s::text[]) AND {where}", (_ids(ids), *params), viewer=viewer)}
-
-    def get_episode(self, episode_id: str) -> Episode:
-        row = self._q("SELECT body FROM episodes WHERE id = %s", (episode_id,))
-        if not row:
-            raise NotFoundError(f"no episode with id {episode_id}")
-        return Episode.from_dict(json.loads(row[0][0]))
-
-    def events(
-        self,
-        *,
-        viewer: Viewer,
-        since_seq: int = 0,
-        unit_id: str | None = None,
-        limit: int = 1000,
-        actor: str | None = None,
-        ops: Iterable[str] = (),
-        since: float | None = None,
-        until: float | None = None,
-        newest_first: bool = False,
-    ) -> list[Event]:
-        """The event log as ``viewer`` may see it: the same rules as :meth:`SQLiteStore.events`
-        (an agent sees the events of units it may see, each with only what it could see then)."""
-        limit = _count_arg(limit, "limit")
-        since_seq = _int_arg(since_seq, "since_seq")
-        ops = sorted(set(ops))
-        narrow, params = "", [since_seq]
-        for clause, value in (("e.unit_id = %s", unit_id), ("e.actor = %s", actor), ("e.ts >= %s", since), ("e.ts < %s", until)):
-            if value is not None:
-                narrow += f" AND {clause}"
-                params.append(value)
-        if ops:
-            narrow += " AND e.op = ANY(%s::text[])"
-            params.append(ops)
-        order = "DESC" if newest_first else ""
-        if viewer.operator:
-            rows = self._q(
-                f"SELECT e.seq, e.ts, e.op, e.unit_id, e.actor, e.data FROM events e WHERE e.seq > %s{narrow} "
-                f"ORDER BY e.seq {order} LIMIT %s",
-                (*params, limit),
-            )
-            return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
-        where, wparams = _where(viewer, ANY_STATUS, alias="u")
-        rows = self._q(
-            "SELECT e.seq, e.ts, e.op, e.unit_id, e.actor, e.data, u.scope, u.owner FROM events e "
-            f"JOIN units u ON u.id = e.unit_id WHERE e.seq > %s{narrow} AND {where} ORDER BY e.seq {order} LIMIT %s",
-            (*params, *wparams, limit), viewer=viewer,
-        )
-        if not rows:
-            return []
-        ids = sorted({r[3] for r in rows})
-        later: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-        for seq, uid, data in self._q(
-            "SELECT seq, unit_id, data FROM events WHERE op = 'update' AND seq > %s AND unit_id = ANY(%s::text[]) ORDER BY seq DESC",
-            (min(r[0] for r in rows) - 1, ids),
-        ):
-            d = json.loads(data)
-            if "scope" in d or "owner" in d:
-                later.setdefault(uid, []).append((seq, d))
-        named = {json.loads(r[5]).get(k) for r in rows if r[2] == "relate" for k in ("src", "dst")}
-        visible_named = self._visible_ids([n for n in named if isinstance(n, str)], viewer)
-        return redact_events(rows, later, visible_named, viewer)
-
     # -- search -----------------------------------------------------------------------------
     def vector_search(self, query: np.ndarray, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
         k = _count_arg(k, "k")
@@ -1193,32 +1076,6 @@ class PostgresStore:
                 counts[lex] = counts.get(lex, 0) + 1
         return {lex: c / len(rows) for lex, c in counts.items()} if rows else {}
 
-    def neighbors(
-        self,
-        ids: Sequence[str],
-        *,
-        viewer: Viewer,
-        types: Iterable[RelationType] = (),
-        filter: Filter = Filter(),
-    ) -> list[tuple[str, Relation]]:
-        if not viewer.operator:
-            visible = self._visible_ids(ids, viewer)  # one query for all seeds
-            ids = [i for i in dict.fromkeys(ids) if i in visible]
-        else:
-            ids = list(ids)
-        if not ids:
-            return []
-        types = [RelationType.parse(t).value for t in types]
-        where, params = _where(viewer, filter, alias="u")
-        type_sql = " AND r.type = ANY(%s::text[])" if types else ""
-        rows = self._q(
-            f"SELECT u.id, r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r "
-            f"JOIN units u ON u.id = CASE WHEN r.src = ANY(%s::text[]) THEN r.dst ELSE r.src END "
-            f"WHERE (r.src = ANY(%s::text[]) OR r.dst = ANY(%s::text[])){type_sql} AND {where} ORDER BY r.seq",
-            (ids, ids, ids, *([types] if types else []), *params), viewer=viewer,
-        )
-        return [(r[0], Relation(*r[1:])) for r in rows]
-
     # -- bulk -------------------------------------------------------------------------------
     def export_records(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
         """The same records as :meth:`SQLiteStore.export_records`, in the same order."""
@@ -1338,12 +1195,6 @@ class PostgresStore:
         with self._lock:
             if self._conn is not None and not self._conn.closed:
                 self._conn.close()
-
-    def __enter__(self) -> PostgresStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # -- helpers --------------------------------------------------------------------------------

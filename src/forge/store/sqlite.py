@@ -35,7 +35,6 @@ from forge.errors import (
 from forge.model import (
     Episode,
     Relation,
-    RelationType,
     Status,
     Unit,
     Viewer,
@@ -43,22 +42,20 @@ from forge.model import (
 from forge.store.base import (
     ANY_STATUS,
     CHANGE_OPS,
-    Event,
     Filter,
     Hit,
     check_event_op,
     check_setting,
 )
-from forge.store.common import check_vectors, query_words, redact_events
+from forge.store.common import check_vectors, query_words
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import diff as _diff
-from forge.store.common import int_arg as _int_arg
 from forge.store.facts import COLUMNS as FACT_COLUMNS
 from forge.store.facts import Facts, member
 from forge.store.keywords import KeywordIndex, stem, tokens, top
 from forge.store.records import event_record, parse_records, setting_record, vector_field
 from forge.store.sql import COLUMNS as _COLUMNS
-from forge.store.sql import Dialect
+from forge.store.sql import Dialect, SQLStore
 from forge.store.vectors import VectorIndex
 
 __all__ = ["SQLiteStore"]
@@ -220,8 +217,12 @@ _unit_row = SQLITE.unit_row
 _row_unit = SQLITE.row_unit
 
 
-class SQLiteStore:
+class SQLiteStore(SQLStore):
     """A :class:`~forge.store.base.Store` in one SQLite file (or ``:memory:``)."""
+
+    dialect = SQLITE
+    _KEY = "rowid"
+    _VECTOR = "vector"
 
     def __init__(
         self, path: str | Path = ":memory:", *, create: bool = True, readonly: bool | None = None, concurrent_reads: bool = True,
@@ -502,7 +503,8 @@ class SQLiteStore:
             row = self._db.execute("SELECT value FROM meta WHERE key = 'dim'").fetchone()
             self._dim = int(row[0]) if row and row[0] else None
 
-    def _q(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+    def _q(self, sql: str, params: Sequence[Any] = (), *, viewer: Viewer | None = None) -> list[tuple]:
+        # ``viewer`` is unused: SQLite has no row-level security, the query's clause is the wall.
         # Outside this thread's own write transaction, read committed data on this thread's
         # connection, without waiting for the store lock; else on the writer's connection.
         reader = self._reader() if self._concurrent_reads and self._tx_owner != threading.get_ident() else None
@@ -553,15 +555,17 @@ class SQLiteStore:
         with mine[1]:
             mine[0].close()
 
+    def _id_batches(self, ids: Iterable[str]) -> Iterator[list[str]]:
+        return _chunks(list(ids), 500)  # well below SQLite's limit of variables per statement
+
+    def _vector_value(self, raw: bytes) -> np.ndarray:
+        return np.frombuffer(raw, dtype=np.float32).copy()
+
     def _setting(self, key: str) -> str | None:
         row = self._q("SELECT value FROM meta WHERE key = ?", (key,))
         return row[0][0] if row else None
 
     # -- facts ----------------------------------------------------------------------------
-    @property
-    def dim(self) -> int | None:
-        return self._dim
-
     @property
     def info(self) -> Mapping[str, Any]:
         return {"backend": "sqlite", "path": self.path, "ann": "usearch",
@@ -802,148 +806,6 @@ class SQLiteStore:
                 (time.time(), actor, json.dumps({"episode": episode.id, "steps": len(episode.steps)})),
             )
         return episode.id
-
-    # -- reads ----------------------------------------------------------------------------
-    def get(self, unit_id: str, *, viewer: Viewer) -> Unit:
-        units = self.get_many([unit_id], viewer=viewer)
-        if not units:
-            raise NotFoundError(f"no unit with id {unit_id}")
-        return units[0]
-
-    def get_many(self, ids: Sequence[str], *, viewer: Viewer) -> list[Unit]:
-        if not ids:
-            return []
-        where, params = _where(viewer, Filter(status=frozenset(Status)))
-        out: dict[str, Unit] = {}
-        for chunk in _chunks(list(ids), 500):
-            rows = self._q(
-                f"SELECT {_COLUMNS} FROM units WHERE id IN ({','.join('?' * len(chunk))}) AND {where}",
-                (*chunk, *params),
-            )
-            for r in rows:
-                out[r[0]] = self._touched(_row_unit(r))
-        return [out[i] for i in ids if i in out]
-
-    def list(self, *, viewer: Viewer, filter: Filter = Filter(), limit: int = 100, offset: int = 0) -> list[Unit]:
-        limit, offset = _count_arg(limit, "limit"), _int_arg(offset, "offset")
-        if offset < 0:
-            raise ValidationError("offset cannot be negative")
-        where, params = _where(viewer, filter)
-        rows = self._q(
-            f"SELECT {_COLUMNS} FROM units WHERE {where} ORDER BY created_at, rowid LIMIT ? OFFSET ?",
-            (*params, limit, offset),
-        )
-        return [self._touched(_row_unit(r)) for r in rows]
-
-    def count(self, *, viewer: Viewer, filter: Filter = Filter()) -> int:
-        where, params = _where(viewer, filter)
-        return self._q(f"SELECT count(*) FROM units WHERE {where}", params)[0][0]
-
-    def vector(self, unit_id: str, *, viewer: Viewer) -> np.ndarray | None:
-        where, params = _where(viewer, ANY_STATUS)
-        row = self._q(f"SELECT vector FROM units WHERE id = ? AND {where}", (unit_id, *params))
-        if not row:
-            raise NotFoundError(f"no unit with id {unit_id}")
-        return None if row[0][0] is None else np.frombuffer(row[0][0], dtype=np.float32).copy()
-
-    def relations(self, unit_id: str, *, viewer: Viewer) -> list[Relation]:
-        """Relations of a unit whose both ends ``viewer`` may see (none if it may not see the unit)."""
-        sql = "SELECT r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r"
-        params: list[Any] = []
-        cond = ""
-        if not viewer.operator:
-            ws, ps = _where(viewer, ANY_STATUS, alias="s")
-            wd, pd = _where(viewer, ANY_STATUS, alias="d")
-            sql += " JOIN units s ON s.id = r.src JOIN units d ON d.id = r.dst"
-            cond = f" AND {ws} AND {wd}"
-            params = [*ps, *pd]
-        rows = self._q(
-            f"{sql} WHERE (r.src = ? OR r.dst = ?){cond} ORDER BY r.created_at",
-            (unit_id, unit_id, *params),
-        )
-        return [Relation(*r) for r in rows]
-
-    def _visible_ids(self, ids: Iterable[str], viewer: Viewer) -> set[str]:
-        """Which of ``ids`` name units ``viewer`` may see (any status)."""
-        ids = list(dict.fromkeys(ids))
-        if viewer.operator:
-            return set(ids)
-        where, params = _where(viewer, ANY_STATUS)
-        out: set[str] = set()
-        for chunk in _chunks(ids, 500):
-            out.update(
-                r[0] for r in self._q(f"SELECT id FROM units WHERE id IN ({','.join('?' * len(chunk))}) AND {where}", (*chunk, *params))
-            )
-        return out
-
-    def get_episode(self, episode_id: str) -> Episode:
-        row = self._q("SELECT body FROM episodes WHERE id = ?", (episode_id,))
-        if not row:
-            raise NotFoundError(f"no episode with id {episode_id}")
-        return Episode.from_dict(json.loads(row[0][0]))
-
-    def events(
-        self,
-        *,
-        viewer: Viewer,
-        since_seq: int = 0,
-        unit_id: str | None = None,
-        limit: int = 1000,
-        actor: str | None = None,
-        ops: Iterable[str] = (),
-        since: float | None = None,
-        until: float | None = None,
-        newest_first: bool = False,
-    ) -> list[Event]:
-        """The change log as ``viewer`` may see it, oldest first (or newest first), narrowed
-        by any of the given fields.
-
-        The operator sees every event. An agent sees the events of units it may see now,
-        and of each event only what it could see then: a unit that was private to another
-        agent before it was shared shows that it changed, not what it said before; an event
-        that names a unit the agent may not see (a relation to it) is left out.
-        """
-        limit = _count_arg(limit, "limit")
-        since_seq = _int_arg(since_seq, "since_seq")
-        ops = sorted(set(ops))
-        narrow, params = "", [since_seq]
-        for clause, value in (("e.unit_id = ?", unit_id), ("e.actor = ?", actor), ("e.ts >= ?", since), ("e.ts < ?", until)):
-            if value is not None:
-                narrow += f" AND {clause}"
-                params.append(value)
-        if ops:
-            narrow += f" AND e.op IN ({','.join('?' * len(ops))})"
-            params.extend(ops)
-        order = "DESC" if newest_first else ""
-        if viewer.operator:
-            rows = self._q(
-                f"SELECT e.seq, e.ts, e.op, e.unit_id, e.actor, e.data FROM events e WHERE e.seq > ?{narrow} "
-                f"ORDER BY e.seq {order} LIMIT ?",
-                (*params, limit),
-            )
-            return [Event(r[0], r[1], r[2], r[3], r[4], json.loads(r[5])) for r in rows]
-        where, wparams = _where(viewer, ANY_STATUS, alias="u")
-        rows = self._q(
-            "SELECT e.seq, e.ts, e.op, e.unit_id, e.actor, e.data, u.scope, u.owner FROM events e "
-            f"JOIN units u ON u.id = e.unit_id WHERE e.seq > ?{narrow} AND {where} ORDER BY e.seq {order} LIMIT ?",
-            (*params, *wparams, limit),
-        )
-        if not rows:
-            return []
-        # Scope and owner changes after each event, to know what the unit was at that time.
-        ids = sorted({r[3] for r in rows})
-        later: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-        for chunk in _chunks(ids, 500):
-            for seq, uid, data in self._q(
-                f"SELECT seq, unit_id, data FROM events WHERE op = 'update' AND seq > ? AND unit_id IN ({','.join('?' * len(chunk))}) ORDER BY seq DESC",
-                (min(r[0] for r in rows) - 1, *chunk),
-            ):
-                d = json.loads(data)
-                if "scope" in d or "owner" in d:
-                    later.setdefault(uid, []).append((seq, d))
-        named = {json.loads(r[5]).get(k) for r in rows if r[2] == "relate" for k in ("src", "dst")}
-        visible_named = self._visible_ids([n for n in named if isinstance(n, str)], viewer)
-        return redact_events(rows, later, visible_named, viewer)
 
     def append_event(
         self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None,
@@ -1272,34 +1134,6 @@ class SQLiteStore:
         keep = [w for w in present if freq[w] <= COMMON_TERM_SHARE * n]
         return keep or [min(present or words, key=freq.__getitem__)]
 
-    def neighbors(
-        self,
-        ids: Sequence[str],
-        *,
-        viewer: Viewer,
-        types: Iterable[RelationType] = (),
-        filter: Filter = Filter(),
-    ) -> list[tuple[str, Relation]]:
-        # Seeds the viewer may not see have no neighbours for it: their relations are theirs.
-        if not viewer.operator:
-            visible = self._visible_ids(ids, viewer)  # one query for all seeds
-            ids = [i for i in dict.fromkeys(ids) if i in visible]
-        else:
-            ids = list(ids)
-        if not ids:
-            return []
-        types = [RelationType.parse(t).value for t in types]
-        where, params = _where(viewer, filter, alias="u")
-        type_sql = f" AND r.type IN ({','.join('?' * len(types))})" if types else ""
-        marks = ",".join("?" * len(ids))
-        rows = self._q(
-            f"SELECT u.id, r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r "
-            f"JOIN units u ON u.id = CASE WHEN r.src IN ({marks}) THEN r.dst ELSE r.src END "
-            f"WHERE (r.src IN ({marks}) OR r.dst IN ({marks})){type_sql} AND {where}",
-            (*ids, *ids, *ids, *types, *params),
-        )
-        return [(r[0], Relation(*r[1:])) for r in rows]
-
     # -- bulk -----------------------------------------------------------------------------
     def export_records(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
         """Every unit (with its vector), relation and episode ``viewer`` may see, as JSON-ready
@@ -1451,12 +1285,6 @@ class SQLiteStore:
                 for db, lock, _ in readers:
                     with lock:  # a read in flight on it finishes first
                         db.close()
-
-    def __enter__(self) -> SQLiteStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # -- helpers ------------------------------------------------------------------------------
