@@ -17,7 +17,7 @@ from typing import Any
 
 from forge.curate.exposure import Exposure
 from forge.engine.recall import Weights
-from forge.envs.base import Env
+from forge.envs.base import Env, StepResult
 from forge.envs.situation import situation_of
 from forge.errors import ForgeError, NotFoundError
 from forge.learn.policy import ANALYST_TOOLS, Policy
@@ -33,10 +33,15 @@ from forge.learn.reflect import (
     stall_step,
 )
 from forge.llm.base import LLM
-from forge.model import Context, Scope, Status, Step, Unit, Viewer
+from forge.model import Context, Kind, Scope, Status, Step, Unit, Viewer
 from forge.store.base import Filter
 
-__all__ = ["Recaller", "Trajectory", "failure_point", "play_episode", "reflect_on", "remember_reflection"]
+__all__ = ["Recaller", "Trajectory", "failure_point", "play_episode", "reflect_on", "remember_reflection", "retire_failing"]
+
+RETIRE_AFTER = 6
+"""Uses after which a rule that keeps failing is retired (see :func:`retire_failing`)."""
+RETIRE_BELOW = 0.15
+"""The validation (smoothed success rate) under which it is: 0 of 6 uses gives 0.125."""
 
 BLAME_BACK = 3
 """How many steps before a dead end reflection may look for the step to blame."""
@@ -136,10 +141,13 @@ def play_episode(
     tau: float,
     abort: bool,
     max_steps: int | None = None,
+    on_step: Callable[[int, str, StepResult], None] | None = None,
 ) -> Trajectory:
     """Play one episode from step 0 with ``seed``; with ``abort`` stop at the first reward < tau.
 
-    Memory is recalled once, for the task and the first situation, per role.
+    Memory is recalled once, for the task and the first situation, per role. ``on_step`` is
+    told each step's index, action and result as it happens (a team policy ends a subtask on
+    a violation; a runner reports progress).
     """
     traj = Trajectory()
     obs = env.reset(seed=seed)
@@ -150,6 +158,8 @@ def play_episode(
         choice = policy.act(observation=obs, valid_actions=list(env.valid_actions()), history=traj.actions, memory=traj.recollections)
         result = env.step(choice.action)
         t = len(traj.actions)
+        if on_step is not None:
+            on_step(t, choice.action, result)
         traj.observations.append(obs)
         traj.actions.append(choice.action)
         traj.rewards.append(float(result.reward))
@@ -234,6 +244,7 @@ def remember_reflection(
     episodes: Sequence[str] = (),
     stage: int = 0,
     now: float | None = None,
+    valid_actions: Sequence[str] = (),
     add: Callable[[list[Unit]], Sequence[Unit]] | None = None,
 ) -> Applied:
     """Turn a reflection into memory, the one way every agent, protocol and team does it.
@@ -241,13 +252,15 @@ def remember_reflection(
     What the reflection deletes (by index among the rules ``shown`` to each role) and what the
     caps evict among ``active`` is archived with its reason, never erased; what it writes is
     added with provenance ``reflection`` from ``episodes``, owned by ``owner`` in ``scope``.
-    ``add`` stores the new units when the caller has its own way (an agent's admission and
+    A rule that contradicts an active one (``active``, parsed with ``valid_actions``) retires
+    it. ``add`` stores the new units when the caller has its own way (an agent's admission and
     broadcast); by default they go through ``memory.add``. Returns what changed, with
     ``added`` as stored.
     """
     applied = apply_reflection(
         active, reflection, owner=owner, shown=shown, scope=scope, context=context,
         rule_cap=rule_cap, example_cap=example_cap, episodes=episodes, stage=stage, now=now,
+        valid_actions=valid_actions,
     )
     for unit, why in applied.removed:
         try:
@@ -260,6 +273,24 @@ def remember_reflection(
     elif added:
         memory.add(added, actor=actor)
     return Applied(applied.units, tuple(added), applied.removed)
+
+
+def retire_failing(memory: Any, units: Sequence[Unit], *, actor: str) -> list[Unit]:
+    """Archive the rules among ``units`` (as :meth:`~forge.engine.memory.Memory.record_use`
+    returned them) whose outcomes keep failing: at least :data:`RETIRE_AFTER` uses and a
+    validation under :data:`RETIRE_BELOW`. A CAGE-2 champion kept, and broadcast, a rule that
+    had failed 6 times in 6 uses; the reason recorded says how it fared."""
+    retired = []
+    for unit in units:
+        uses = int(unit.meta.get("uses", 0))
+        if unit.kind is Kind.RULE and unit.status is Status.ACTIVE and uses >= RETIRE_AFTER and unit.validation < RETIRE_BELOW:
+            wins = int(unit.meta.get("successes", 0))
+            try:
+                memory.set_status(unit.id, Status.ARCHIVED, reason=f"retired: {wins} of {uses} uses succeeded", actor=actor)
+            except NotFoundError:
+                continue
+            retired.append(unit)
+    return retired
 
 
 def _blame(traj: Trajectory, *, env: Env, seed: int, tau: float, at: int, stalled: bool) -> tuple[int, tuple[str, ...]]:

@@ -6,7 +6,9 @@
     resume_team("runs/team")            # after a kill: continues where it stopped
 
 **The team.** ``team_size`` agents ``agent-1..agent-k`` with the roles of :data:`ROLES`;
-``agent-1`` (the lead) is also the planner. A task is played in subtasks of
+``agent-1`` (the lead) is also the planner. Each task is one episode of the one agent loop
+(:func:`forge.learn.loop.play_episode`) with the team as its policy
+(:class:`~forge.team.policy.TeamPolicy`). A task is played in subtasks of
 ``steps_per_subtask`` env steps. Before each one the planner picks the agent to do it by
 constrained choice among the agent ids (:func:`~forge.llm.choose`, so a small model cannot
 answer outside the team), reading the transactive "who knows what" block. The chosen agent
@@ -56,13 +58,13 @@ from typing import Any
 
 from forge.engine.memory import Memory
 from forge.engine.recall import approx_tokens
-from forge.envs import Env, EnvSpec
+from forge.envs import Env, StepResult
 from forge.envs.situation import summarize_observation
-from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError, StructuredOutputError
-from forge.learn.loop import Trajectory, failure_point, reflect_on
+from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
+from forge.learn.loop import Trajectory, failure_point, play_episode, reflect_on
 from forge.learn.prompt import Recollection
-from forge.llm import LLM, Message, MeteredLLM, TokenLedger, choose, open_llm
-from forge.model import Kind, Step, Viewer
+from forge.llm import LLM, MeteredLLM, TokenLedger, open_llm
+from forge.model import Kind, Viewer
 from forge.protocols.runs import RunDir
 from forge.store import Filter
 from forge.team.consolidate import Consolidator
@@ -75,6 +77,7 @@ from forge.team.memories import (
     TeamMemory,
     task_lesson,
 )
+from forge.team.policy import TeamPolicy
 from forge.team.streams import (
     DB_ENV,
     STREAMS,
@@ -246,9 +249,6 @@ class _Context:
     @property
     def ids(self) -> list[str]:
         return self.recollection.ids if self.recollection is not None else []
-
-    def now(self, situation: str) -> tuple[str, list[str]]:
-        return self.recollection.now_text(situation) if self.recollection is not None else ("", [])
 
 
 class _Mode:
@@ -472,102 +472,38 @@ class _Run:
             self.envs[name] = open_task_env(name, max_steps=self.config.max_steps)
         return self.envs[name]
 
-    def allocate(self, task: TeamTask, spec: EnvSpec, obs: str, n: int, exclude: set[str], ledger: TokenLedger, block: str) -> str:
-        agents = self.config.agents
-        options = [a for a in agents if a not in exclude] or agents
-        if len(options) == 1:
-            return options[0]
-        lead = agents[0]
-        roster = ", ".join(f"{a} ({self.config.role(a)})" for a in agents)
-        note = f"\n{', '.join(sorted(exclude))} just failed a subtask; give it to someone else." if exclude else ""
-        prompt = [
-            Message("system", f"You are {lead}, the lead planner of a team: {roster}. Give each subtask to the agent most likely to do it well."),
-            Message(
-                "user",
-                f"Task: {task.text}\n{spec.description}\n{block}\nSituation:\n{_clip(obs, 400)}\n"
-                f"Subtask {n}: the next {self.config.steps_per_subtask} steps.{note}\nWhich agent should do it?",
-            ),
-        ]
-        llm = MeteredLLM(self.llm, ledger, role="planner")
-        return choose(llm, prompt, options, retries=1, fallback=options[0])
-
-    def act(
-        self, agent: str, spec: EnvSpec, obs: str, recent: Sequence[str], context: _Context, valid: Sequence[str], ledger: TokenLedger
-    ) -> tuple[str, bool, list[str]]:
-        """One constrained choice; the memory block stays in the system prompt for the whole
-        task, the rules for this exact situation come right before the question."""
-        role = self.config.role(agent)
-        system = f"You are {agent}, the {role} of a team of agents. {spec.description}" + (f"\n\n{context.block}" if context.block else "")
-        now, now_ids = context.now(summarize_observation(obs))
-        user = (
-            obs
-            + (f"\nRecent team actions: {'; '.join(recent[-6:])}" if recent else "")
-            + (f"\n{now}" if now else "")
-            + "\nChoose your next action."
-        )
-        llm = MeteredLLM(self.llm, ledger, role="actor", agent=agent)
-        try:
-            return choose(llm, [Message("system", system), Message("user", user)], list(valid), retries=1), False, now_ids
-        except StructuredOutputError:
-            return valid[0], True, now_ids
-
     def play(self, task: TeamTask) -> dict[str, Any]:
+        """Play one task through the one agent loop with the team as its policy."""
         started = time.perf_counter()
         cfg = self.config
         env = self.env(task.env)
-        obs = env.reset(seed=task.seed)
         spec = env.spec
         ledger = TokenLedger()
-        actions: list[tuple[str, str, str]] = []
-        observations: list[str] = []
-        rewards: list[float] = []
-        now_ids: list[list[str]] = []
-        transcript: list[str] = []
-        subtasks: list[dict[str, Any]] = []
-        violations: list[str] = []
-        contexts: dict[str, _Context] = {}
-        total, steps, done, messages = 0.0, 0, False, 0
-        failing: int | None = None
-        exclude: set[str] = set()
         who_knows = self.mode.planner_context(cfg.agents[0], task.text, cfg.memory_tokens) if len(cfg.agents) > 1 else ""
-        while not done and steps < spec.max_steps:
-            agent = self.allocate(task, spec, obs, len(subtasks) + 1, exclude, ledger, who_knows)
-            messages += 1
-            if agent not in contexts:
-                query = f"{task.text}\n{spec.description}\n{summarize_observation(obs)}"
-                contexts[agent] = self.mode.actor_context(agent, query, cfg.memory_tokens, env.valid_actions())
-            sub: dict[str, Any] = {"agent": agent, "start": steps, "steps": 0, "ok": True, "reallocated": bool(exclude), "violation": ""}
-            for _ in range(cfg.steps_per_subtask):
-                action, fallback, now = self.act(agent, spec, obs, transcript, contexts[agent], env.valid_actions(), ledger)
-                res = env.step(action)
-                observations.append(obs)
-                rewards.append(float(res.reward))
-                now_ids.append(now)
-                steps += 1
-                sub["steps"] += 1
-                total += res.reward
-                obs, done = res.observation, res.done
-                actions.append((agent, cfg.role(agent), action))
-                transcript.append(f"{agent}: {action} -> {res.reward:g}")
-                self.emit("step", task=task.index, step=steps, agent=agent, action=action, reward=res.reward)
-                if res.reward < spec.tau and failing is None:
-                    failing = steps - 1
-                why = "no valid action produced" if fallback else (f"reward {res.reward:g} < tau {spec.tau:g}" if res.reward < spec.tau else "")
-                if why:
-                    sub.update(ok=False, violation=why)
-                    violations.append(f"step {steps} by {agent}: {why}")
-                    break
-                if done or steps >= spec.max_steps:
-                    break
-            subtasks.append(sub)
-            exclude = {agent} if not sub["ok"] and len(cfg.agents) > 1 else set()
-            messages += int(not sub["ok"] and not done)  # the hand-over
+        policy = TeamPolicy(
+            llm=self.llm, ledger=ledger, agents=tuple(cfg.agents), role_of=cfg.role, spec=spec,
+            task=task.text, steps_per_subtask=cfg.steps_per_subtask, who_knows=who_knows,
+        )
+        contexts: dict[str, _Context] = {}
+
+        def recall(agent: str, query: str) -> Recollection:
+            # every member's memory for the task, as that member's viewer (after the reset)
+            contexts[agent] = self.mode.actor_context(agent, f"{task.text}\n{query}", cfg.memory_tokens, env.valid_actions())
+            return contexts[agent].recollection or Recollection(role=ACTOR_ROLE, block=contexts[agent].block)
+
+        def on_step(t: int, action: str, result: StepResult) -> None:
+            policy.observe(t, action, result)
+            self.emit("step", task=task.index, step=t + 1, agent=policy.actions[-1][0], action=action, reward=result.reward)
+
+        traj = play_episode(env, policy, recall, seed=task.seed, tau=spec.tau, abort=False, on_step=on_step)
+        total = traj.total
+        subtasks = [s.to_dict() for s in policy.subtasks]
         success = total >= spec.success_return
         acted = list(dict.fromkeys(s["agent"] for s in subtasks))
         members = list(dict.fromkeys([cfg.agents[0], *acted]))
         per_agent = {a: all(s["ok"] for s in subtasks if s["agent"] == a) for a in acted}
         shown = {a: contexts[a].ids for a in acted if a in contexts}
-        used = list(dict.fromkeys([*(i for a in acted for i in shown.get(a, [])), *(i for ids in now_ids for i in ids)]))
+        used = list(dict.fromkeys([*(i for a in acted for i in shown.get(a, [])), *(i for ids in policy.now_ids for i in ids)]))
         result: dict[str, Any] = {
             "index": task.index,
             "task": task.to_dict(),
@@ -577,30 +513,19 @@ class _Run:
             "success": success,
             "ts": round(task_score(total, spec), 6),
             "cs": round(coordination_score(subtasks), 6),
-            "steps": steps,
+            "steps": len(traj.actions),
             "subtasks": subtasks,
-            "actions": [list(a) for a in actions],
-            "transcript": transcript,
-            "violations": violations,
-            "messages": messages,
+            "actions": [list(a) for a in policy.actions],
+            "transcript": policy.transcript,
+            "violations": policy.violations,
+            "messages": policy.messages,
             "members": members,
             "per_agent": per_agent,
-            "retrieval": {a: contexts[a].label for a in sorted(contexts)},
+            "retrieval": {a: contexts[a].label for a in sorted(contexts) if a in acted},
             "shown": shown,  # unit ids in each acting agent's memory block
-            "now": now_ids,  # per step: the rules repeated for that exact situation
+            "now": policy.now_ids,  # per step: the rules repeated for that exact situation
             "used": used,  # credited with the outcome (Memory.record_use)
         }
-        traj = Trajectory(
-            steps=[
-                Step(observation=o, action=a[2], reward=r, role=ACTOR_ROLE, info={"t": t, "agent": a[0]})
-                for t, (o, a, r) in enumerate(zip(observations, actions, rewards, strict=True))
-            ],
-            actions=[a[2] for a in actions],
-            observations=observations,
-            rewards=rewards,
-            failing=failing,
-            done=done,
-        )
         result.update(self.reflect(task, env, traj, result, contexts, ledger))
         usage = ledger.total()
         result["tokens"] = {
@@ -723,10 +648,6 @@ class _Run:
             "procedures_generalised": sum(len(c.get("generalised", [])) for c in cons),
             "memory_units": counts,
         }
-
-
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _build(config: TeamConfig, llm: LLM | None) -> LLM:
