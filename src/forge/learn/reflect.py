@@ -120,6 +120,8 @@ class Snapshot:
     reason: str = "abort"  # "abort": a reward fell below tau; "stall": ended unsuccessful
     episode_return: float = 0.0
     describe: Callable[[str], str] | None = field(default=None, compare=False, repr=False)  # EnvSpec.situation
+    abstract: Callable[[str], str] | None = field(default=None, compare=False, repr=False)  # EnvSpec.abstract
+    instance_terms: Callable[[str], Sequence[str]] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -156,6 +158,8 @@ class Snapshot:
             reason="stall" if stalled else "abort",
             episode_return=trajectory.total,
             describe=env.spec.situation,
+            abstract=env.spec.abstract,
+            instance_terms=env.spec.instance_terms,
         )
 
     def rules(self, role: str) -> list[str]:
@@ -178,6 +182,8 @@ class Snapshot:
             failing_situation=self.situation,
             failing_action=self.failing_action,
             safe_actions=self.safe_actions,
+            abstract=self.abstract,
+            instance_terms=self.instance_terms,
         )
 
     @property
@@ -576,7 +582,11 @@ def _alternative(snapshot: Snapshot) -> str:
 
 def _fallback_rules(snapshot: Snapshot) -> list[RuleEdit]:
     situation = snapshot.situation or f"at step {snapshot.failing}"
-    rule = rulebook.write(situation, snapshot.failing_action, snapshot.safe_actions)
+    rule = rulebook.write(rulebook.focus(situation, snapshot.failing_action, snapshot.safe_actions), snapshot.failing_action, snapshot.safe_actions)
+    kept, _ = snapshot.check(rule)
+    if kept is None:  # the env's situation itself names instance-only terms: nothing transfers
+        return []
+    rule = kept
     edits = []
     for role in snapshot.acting_roles:
         if rule.lower() not in {r.lower() for r in snapshot.rules(role)}:
@@ -636,13 +646,16 @@ def apply_reflection(
     episodes: Sequence[str] = (),
     stage: int = 0,
     now: float | None = None,
+    valid_actions: Sequence[str] = (),
 ) -> Applied:
     """Apply rule edits (deletes by shown index, then adds) and examples to an agent's units.
 
     ``units`` are the agent's active units; new ones are owned by ``owner`` in ``scope``,
     with ``context`` (its role set per edit) and provenance ``reflection`` from ``episodes``.
     Caps keep the newest units per (role, kind); the deleted and the evicted come back in
-    ``removed`` with a reason so the caller archives them rather than losing them.
+    ``removed`` with a reason so the caller archives them rather than losing them. With
+    ``valid_actions``, an active rule of the same role that a new rule contradicts (the same
+    situation, one advising what the other forbids) is removed too.
     """
     items = list(units)
     added: list[Unit] = []
@@ -681,6 +694,12 @@ def apply_reflection(
         for text in edit.add:
             parsed = rulebook.parse(text)
             new = make(Kind.RULE, edit.role, text, {"situation": parsed.when} if parsed else {})
+            # One memory must not hold two rules for one situation where one advises what the
+            # other forbids: the newer was grounded in a later failure, so the older goes.
+            clash = _contradicted(items, text, role=edit.role, valid_actions=valid_actions)
+            for old in clash:
+                removed.append((old, f"contradicted by a newer rule: {text[:80]}"))
+            items = [u for u in items if u.id not in {o.id for o in clash}]
             items.append(new)
             added.append(new)
     for ex in reflection.examples:
@@ -690,6 +709,21 @@ def apply_reflection(
     items, evicted = enforce_caps(items, rule_cap=rule_cap, example_cap=example_cap)
     removed += [(u, "evicted by the memory cap (newest kept)") for u in evicted]
     return Applied(tuple(items), tuple(added), tuple(removed))
+
+
+def _contradicted(units: Sequence[Unit], text: str, *, role: str, valid_actions: Sequence[str]) -> list[Unit]:
+    if not valid_actions:
+        return []
+    new = rulebook.parse(text, valid_actions)
+    if new is None:
+        return []
+    out = []
+    for u in units:
+        if u.kind is Kind.RULE and u.context.role == role:
+            old = rulebook.parse(u.content, valid_actions)
+            if old is not None and rulebook.contradicts(new, old):
+                out.append(u)
+    return out
 
 
 def deleted_rules(shown: Mapping[str, Sequence[Unit]], edit: RuleEdit) -> list[Unit]:
@@ -737,9 +771,13 @@ def safe_alternatives(
     wall reads as advice, and the 1.5B model, primed by four such rules, pressed left at the
     start tile for a whole episode. ``must_move`` (for stalls) never names a no-op, and
     ``seen`` (the situations of a stalled episode) puts moves to new ground first: after
-    shuttling between row 0, cols 1-3, "left" at col 2 is safe but leads back.
+    shuttling between row 0, cols 1-3, "left" at col 2 is safe but leads back. Within each
+    group, actions with the better step reward come first (Python's sort is stable, so ties
+    keep the env's order), since a rule names at most :data:`forge.learn.rules.MAX_SAFE`.
     """
-    new, safe, still = [], [], []
+    new: list[tuple[float, str]] = []
+    safe: list[tuple[float, str]] = []
+    still: list[tuple[float, str]] = []
     for action in env.valid_actions():
         if action == failed:
             continue
@@ -751,12 +789,14 @@ def safe_alternatives(
             after = situation_of(result.observation, env.spec)
             if result.reward >= tau:
                 if after == situation_of(before, env.spec):
-                    still.append(action)
+                    still.append((result.reward, action))
                 else:
-                    (safe if after in seen else new).append(action)
+                    (safe if after in seen else new).append((result.reward, action))
         except ForgeError:
             continue
-    return tuple(new or safe or ([] if must_move else still))
+    best = new or safe or ([] if must_move else still)
+    # Best first (the step's reward, then the env's order): a rule names only the first few.
+    return tuple(a for _, a in sorted(best, key=lambda ra: -ra[0]))
 
 
 def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation: Callable[[str], str] | None = None) -> int:

@@ -9,10 +9,26 @@ or repairs rules that recommend the action that failed, or name no situation the
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ParsedRule", "applies", "check", "forbidden_in", "normalize", "parse", "write"]
+__all__ = [
+    "MAX_SAFE",
+    "ParsedRule",
+    "applies",
+    "check",
+    "clauses",
+    "contradicts",
+    "focus",
+    "forbidden_in",
+    "normalize",
+    "parse",
+    "write",
+]
+
+MAX_SAFE = 3
+"""How many safe alternatives a rule names, best first. CAGE-2 has 145 actions: a rule that
+listed the ~130 safe ones ran to 2,500 characters and said nothing a model could use."""
 
 _WHEN = re.compile(r"^\s*(?:if|when(?:ever)?)\s+(?P<body>.+?)\s*\.?\s*$", re.IGNORECASE | re.DOTALL)
 _THEN = re.compile(r",?\s+then\s+", re.IGNORECASE)
@@ -100,21 +116,60 @@ def parse(text: str, valid_actions: Sequence[str] = ()) -> ParsedRule | None:
 
 
 def write(situation: str, avoid: str, safe: Sequence[str] = ()) -> str:
-    """The canonical rule: what to avoid, and what was safe instead."""
+    """The canonical rule: what to avoid, and what was safe instead (at most :data:`MAX_SAFE`
+    alternatives, in the order given: the caller ranks them best first)."""
     situation = " ".join(situation.split()).rstrip(".")
     situation = situation[:1].lower() + situation[1:]
     rule = f"when {situation}, do not {avoid}"
+    safe = list(dict.fromkeys(safe))[:MAX_SAFE]
     if safe:
         rule += f"; {', '.join(safe)} {'was' if len(safe) == 1 else 'were'} safe there"
     return rule
 
 
+def clauses(situation: str) -> list[str]:
+    """A situation's parts, split at ";": "left: hole; down: frozen" -> two clauses."""
+    return [c for c in (normalize(part) for part in str(situation).split(";")) if c]
+
+
+def _key(clause: str) -> str:
+    return clause.split(":", 1)[0].strip() if ":" in clause else ""
+
+
+def focus(situation: str, action: str, safe: Sequence[str] = ()) -> str:
+    """The part of ``situation`` a rule about ``action`` needs, so that it applies wherever
+    that part recurs, not only in the one state it was learned in.
+
+    With clauses keyed by action ("left: hole; down: frozen; ..."), the clauses of the failing
+    action and of the safe ones: "when down: hole; right: frozen, do not down; right was safe
+    there" holds on every map where those two tiles lie so. Otherwise the whole situation.
+    """
+    parts = [p.strip() for p in str(situation).split(";") if p.strip()]
+    wanted = {normalize(action), *(normalize(a) for a in list(safe)[:MAX_SAFE])}
+    keyed = [p for p in parts if _key(normalize(p)) in wanted]
+    if not any(_key(normalize(p)) == normalize(action) for p in keyed):
+        return str(situation)
+    return "; ".join(keyed)
+
+
 def applies(rule: ParsedRule, situation: str) -> bool:
-    """Whether a rule's situation is this one: equal, or contained in it (at least 8 chars)."""
+    """Whether a rule's situation is this one: equal, contained in it (at least 8 chars), or
+    made of clauses that are all among this situation's clauses (in any order)."""
     when, now = normalize(rule.when), normalize(situation)
     if not when or not now:
         return False
-    return when == now or (len(when) >= 8 and when in now)
+    if when == now or (len(when) >= 8 and when in now):
+        return True
+    parts = clauses(when)
+    return len(parts) > 1 and set(parts) <= set(clauses(now))
+
+
+def contradicts(a: ParsedRule, b: ParsedRule) -> bool:
+    """Two rules for the same situation where one advises what the other forbids:
+    "do not monitor; sleep was safe" against "do not sleep; monitor was safe"."""
+    if normalize(a.when) != normalize(b.when) and set(clauses(a.when)) != set(clauses(b.when)):
+        return False
+    return bool(set(a.avoid) & set(b.do)) or bool(set(b.avoid) & set(a.do))
 
 
 def forbidden_in(texts: Iterable[str], situation: str, valid_actions: Sequence[str]) -> set[str]:
@@ -137,6 +192,8 @@ def check(
     failing_situation: str,
     failing_action: str,
     safe_actions: Sequence[str] = (),
+    abstract: Callable[[str], str] | None = None,
+    instance_terms: Callable[[str], Sequence[str]] | None = None,
 ) -> tuple[str | None, str]:
     """Hold a reflected rule against the trajectory it came from.
 
@@ -147,8 +204,19 @@ def check(
       (one of ``situations``), else the agent can never recognise when it applies;
     - in the failing situation, a rule that advises the failing action, or an action that
       replaying the episode showed to be unsafe, is repaired into "do not <failing action>;
-      <safe> was safe there".
+      <safe> was safe there";
+    - a rule may name only what recurs in other tasks: ``abstract`` (the env's) first rewrites
+      instance-only names into their kinds ("User2" -> "a User host"), and a rule that
+      ``instance_terms`` still finds names in (a coordinate, a generated name) is refused.
     """
+    original = text
+    if abstract is not None:
+        text = abstract(text)
+    if instance_terms is not None:
+        left = list(dict.fromkeys(instance_terms(text)))
+        if left:
+            return None, f"names what holds in this task only ({', '.join(left[:4])}): {original[:80]!r}"
+    repaired_names = text != original
     parsed = parse(text, valid_actions)
     if parsed is None:
         return None, f"not a 'when <situation>, ...' rule: {text[:80]!r}"
@@ -160,9 +228,11 @@ def check(
         unsafe = failing_action in parsed.do or (safe_actions and any(a not in safe_actions for a in parsed.do))
         forgets = failing_action not in parsed.avoid
         if unsafe or forgets:
-            repaired = write(failing_situation, failing_action, safe_actions)
+            repaired = write(focus(failing_situation, failing_action, safe_actions), failing_action, safe_actions)
             what = "recommends the action that failed" if failing_action in parsed.do else (
                 "recommends an action that was not safe" if unsafe else "does not say what to avoid"
             )
             return repaired, f"repaired: rule {what} ({text[:60]!r})"
+    if repaired_names:
+        return text, f"repaired: names made general ({original[:60]!r})"
     return text, ""

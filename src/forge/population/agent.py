@@ -39,6 +39,7 @@ from forge.learn.loop import (
     play_episode,
     reflect_on,
     remember_reflection,
+    retire_failing,
 )
 from forge.learn.policy import Policy
 from forge.learn.prompt import Recollection
@@ -221,7 +222,7 @@ class Agent:
         used = traj.used
         if used:
             success = traj.total >= spec.success_return and not (traj.failing is not None and not traj.done)
-            self.memory.record_use(used, success=success, actor=f"agent:{self.id}")
+            retire_failing(self.memory, self.memory.record_use(used, success=success, actor=f"agent:{self.id}"), actor=f"agent:{self.id}")
             self.record_outcome(used, success=success)
         return traj
 
@@ -306,11 +307,12 @@ class Agent:
             self.learned += len(units)
             return self.remember([u.replace(importance=self.importance, confidence=confidence) for u in units])
 
+        shown = {role: rec.shown for role, rec in trajectory.recollections.items()}
         applied = remember_reflection(
-            self.memory, reflection, owner=self.id, actor=f"agent:{self.id}", scope="global",
-            shown={role: rec.shown for role, rec in trajectory.recollections.items()},
+            self.memory, reflection, owner=self.id, actor=f"agent:{self.id}", scope="global", shown=shown,
+            active=list({u.id: u for units in shown.values() for u in units}.values()),
             context=Context(domain=spec.name, task=spec.name), rule_cap=10**6, example_cap=10**6,
-            episodes=[episode.id], add=store,
+            episodes=[episode.id], valid_actions=env.valid_actions(), add=store,
         )
         return list(applied.added)
 

@@ -25,6 +25,7 @@ from forge.learn.loop import (
     play_episode,
     reflect_on,
     remember_reflection,
+    retire_failing,
 )
 from forge.learn.policy import make_policy
 from forge.llm.accounting import MeteredLLM, TokenLedger
@@ -140,7 +141,8 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                 recall.episodes += 1
                 ep = _episode(traj, agent=agent, config=config, env=env, meta={"stage": stage, "attempt": attempt, "phase": "train", "seed": seed})
                 episodes.append(ep.to_dict())
-                memory.record_use(traj.used, success=bool(ep.outcome["success"]), actor=agent)
+                for unit in retire_failing(memory, memory.record_use(traj.used, success=bool(ep.outcome["success"]), actor=agent), actor=agent):
+                    ops.append({"op": "archive", "id": unit.id, "reason": "retired: kept failing"})
                 used += traj.used
                 record: dict[str, Any] = {
                     "attempt": attempt, "return": traj.total, "aborted": traj.failing is not None,
@@ -162,7 +164,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                         memory, reflection, owner=agent, actor=agent, shown={r: rec.shown for r, rec in traj.recollections.items()},
                         active=memory.store.list(viewer=Viewer.of(agent), limit=100_000),
                         context=context, rule_cap=config.rule_cap, example_cap=config.example_cap,
-                        episodes=[ep.id], stage=stage,
+                        episodes=[ep.id], stage=stage, valid_actions=env.valid_actions(),
                     )
                     ops += [{"op": "add", "unit": u.to_dict()} for u in applied.added]
                     ops += [{"op": "archive", "id": u.id, "reason": why} for u, why in applied.removed]

@@ -1,0 +1,135 @@
+"""Rules that can transfer: short ranked safe lists, a "when" focused on what recurs, names
+made general or refused, contradictions resolved, and rules that keep failing retired."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from forge.engine.embed import HashingEmbedder
+from forge.engine.memory import Memory
+from forge.envs.base import EnvSpec, StepResult
+from forge.learn import rules
+from forge.learn.loop import RETIRE_AFTER, remember_reflection, retire_failing
+from forge.learn.reflect import Reflection, RuleEdit, apply_reflection, safe_alternatives
+from forge.model import Kind, Status, Unit, Viewer
+
+ADMIN = Viewer.admin()
+GRID = ["left", "down", "right", "up"]
+HOSTS = re.compile(r"\b(?:User|Enterprise)\d\b")
+
+
+def host_roles(text: str) -> str:
+    return re.sub(r"\b(User|Enterprise)\d\b", lambda m: f"a {m[1]} host", text)
+
+
+def test_a_rule_names_at_most_three_safe_actions_in_the_order_given():
+    many = [f"restore Host{i}" for i in range(130)]
+    rule = rules.write("activity: exploit on an Enterprise host", "sleep", many)
+    assert rule.endswith("; restore Host0, restore Host1, restore Host2 were safe there")
+    assert len(rule) < 120
+
+
+def test_focus_keeps_the_failing_and_safe_actions_clauses():
+    situation = "left: frozen; down: hole; right: frozen; up: edge; goal: down-right"
+    assert rules.focus(situation, "down", ["right"]) == "down: hole; right: frozen"
+    # nothing keyed by the action: the whole situation
+    assert rules.focus("activity: none; compromised: none", "sleep") == "activity: none; compromised: none"
+
+
+def test_a_focused_rule_applies_on_another_map_where_its_clauses_recur():
+    rule = rules.parse(rules.write("down: hole; right: frozen", "down", ["right"]), GRID)
+    elsewhere = "left: edge; down: hole; right: frozen; up: frozen; goal: down"
+    assert rules.applies(rule, elsewhere)
+    reordered = rules.parse("when right: frozen; down: hole, do not down", GRID)
+    assert rules.applies(reordered, elsewhere)  # clauses in another order
+    assert not rules.applies(rule, "left: frozen; down: frozen; right: frozen; up: edge; goal: down")
+
+
+def test_instance_names_are_made_general_or_the_rule_is_refused():
+    kept, why = rules.check(
+        "when activity: exploit User2, do not sleep; restore User2 was safe there",
+        valid_actions=["sleep", "restore a User host"],
+        situations=["activity: exploit a User host"],
+        failing_situation="activity: exploit a User host",
+        failing_action="sleep",
+        abstract=host_roles,
+        instance_terms=lambda t: HOSTS.findall(t),
+    )
+    assert kept == "when activity: exploit a User host, do not sleep; restore a User host was safe there"
+    assert why.startswith("repaired: names made general")
+    kept, why = rules.check(
+        "when you are at row 2, col 0, do not down",
+        valid_actions=GRID,
+        situations=["you are at row 2, col 0"],
+        failing_situation="you are at row 2, col 0",
+        failing_action="down",
+        instance_terms=lambda t: re.findall(r"row \d+, col \d+", t),
+    )
+    assert kept is None and "row 2, col 0" in why
+
+
+def test_a_newer_rule_retires_the_one_it_contradicts():
+    old = Unit("when activity: none, do not monitor; sleep was safe there", kind=Kind.RULE, owner="a", created_at=1.0)
+    other = Unit("when activity: scan, do not sleep; monitor was safe there", kind=Kind.RULE, owner="a", created_at=2.0)
+    acts = ["sleep", "monitor", "analyse"]
+    reflection = Reflection(edits=(RuleEdit("", add=("when activity: none, do not sleep; monitor was safe there",)),))
+    applied = apply_reflection([old, other], reflection, owner="a", valid_actions=acts)
+    assert [(u.id, why.split(":")[0]) for u, why in applied.removed] == [(old.id, "contradicted by a newer rule")]
+    assert other in applied.units  # another situation: no contradiction
+    # without the actions a rule cannot be read, so nothing is judged a contradiction
+    assert apply_reflection([old], reflection, owner="a").removed == ()
+
+
+def test_rules_that_keep_failing_are_retired():
+    with Memory.open(":memory:", embedder=HashingEmbedder(dim=32)) as mem:
+        bad = Unit("when activity: none, do not sleep", kind=Kind.RULE, owner="a")
+        good = Unit("when activity: none, do not monitor", kind=Kind.RULE, owner="a")
+        mem.add([bad, good])
+        for n in range(RETIRE_AFTER):
+            retired = retire_failing(mem, mem.record_use([bad.id], success=False), actor="a")
+            assert [u.id for u in retired] == ([bad.id] if n == RETIRE_AFTER - 1 else [])
+            mem.record_use([good.id], success=n % 2 == 0)
+        assert mem.get(bad.id, viewer=ADMIN).status is Status.ARCHIVED
+        assert mem.get(good.id, viewer=ADMIN).status is Status.ACTIVE
+        events = [e for e in mem.store.events(unit_id=bad.id, viewer=ADMIN) if e.op == "status"]
+        assert events[-1].data["reason"] == f"retired: 0 of {RETIRE_AFTER} uses succeeded"
+
+
+class _Ladder:
+    """An env where every action is safe but they differ in reward: the probe ranks them."""
+
+    spec = EnvSpec(name="ladder", description="", max_steps=3, tau=-1.0, theta=0, success_return=1, major_failure_return=-1)
+    rewards = {"a": -0.5, "b": 0.5, "c": 0.0, "d": 0.2, "bad": -2.0}
+
+    def reset(self, *, seed: int) -> str:
+        self.t = 0
+        return "step 0"
+
+    def valid_actions(self):
+        return list(self.rewards)
+
+    def step(self, action: str) -> StepResult:
+        self.t += 1
+        return StepResult(f"step {self.t} after {action}", self.rewards[action], False)
+
+    def close(self) -> None: ...
+
+
+def test_safe_alternatives_come_best_first():
+    assert safe_alternatives(_Ladder(), seed=0, prefix=[], failed="bad", tau=-1.0) == ("b", "d", "c", "a")
+
+
+def test_remember_reflection_retires_a_contradicted_rule_in_memory():
+    with Memory.open(":memory:", embedder=HashingEmbedder(dim=32)) as mem:
+        old = Unit("when activity: none, do not monitor; sleep was safe there", kind=Kind.RULE, owner="a")
+        mem.add([old])
+        reflection = Reflection(edits=(RuleEdit("", add=("when activity: none, do not sleep; monitor was safe there",)),))
+        remember_reflection(mem, reflection, owner="a", actor="a", shown={}, active=[old], valid_actions=["sleep", "monitor"])
+        assert mem.get(old.id, viewer=ADMIN).status is Status.ARCHIVED
+
+
+@pytest.mark.parametrize("text", ["when x, do not y", "not a rule"])
+def test_clauses_of_plain_text_are_one_clause(text):
+    assert len(rules.clauses(text)) == 1
