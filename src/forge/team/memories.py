@@ -32,8 +32,9 @@ from typing import Any
 from forge.engine.memory import Memory
 from forge.engine.recall import Weights
 from forge.errors import ConfigError, NotFoundError, ValidationError
+from forge.learn.loop import remember_reflection
 from forge.learn.prompt import PROMPT_WEIGHTS, Recollection, recollect
-from forge.learn.reflect import Reflection, RuleEdit, apply_reflection
+from forge.learn.reflect import Reflection, RuleEdit
 from forge.llm.base import LLM
 from forge.model import Context, Episode, Kind, Provenance, Scope, Status, Step, Unit, Viewer
 from forge.store import Filter
@@ -508,12 +509,9 @@ class TeamMemory:
                 self._episode_unit(pool, episode, index, task, task_type, members, actions, outcome, lesson)
                 for pool in pools
             ]
-            rule_units = [u for pool in pools for u in self._rule_units(pool, episode, index, env, task_type, rules, lesson)]
             self.memory.add_episode(episode, actor=self.actor)
-            every = units + rule_units
-            ids = self.memory.add(every, actor=self.actor)
-            for rid in dict.fromkeys(retire):
-                self._retire(rid, index)
+            ids = self.memory.add(units, actor=self.actor)
+            ids += [u.id for u in self._remember_rules(pools, episode, index, env, task_type, rules, retire, lesson)]
             profiles = self._observe(members=members, roles=roles, task_type=task_type, outcome=outcome)
             credited = self.record_use(used, success=outcome.success) if used else []
             self._tasks = index
@@ -560,39 +558,41 @@ class TeamMemory:
             },
         )
 
-    def _rule_units(
-        self, pool: _Pool, episode: Episode, index: int, env: str, task_type: str, rules: Sequence[str], lesson: TaskLesson
+    def _remember_rules(
+        self, pools: Sequence[_Pool], episode: Episode, index: int, env: str, task_type: str,
+        rules: Sequence[str], retire: Sequence[str], lesson: TaskLesson,
     ) -> list[Unit]:
-        """Reflection's rules as units of ``pool``, via :func:`forge.learn.reflect.apply_reflection`."""
-        have = {
-            " ".join(u.content.lower().split())
-            for u in self.memory.list(viewer=Viewer.admin(), filter=self.pool_filter(pool, Kind.RULE), limit=1_000_000)
-        }
-        fresh = tuple(r for r in dict.fromkeys(rules) if " ".join(r.lower().split()) not in have)
-        if not fresh:
-            return []
-        applied = apply_reflection(
-            (),
-            Reflection(edits=(RuleEdit(ACTOR_ROLE, (), fresh),), fallback=lesson.source == "fallback"),
-            owner=pool.owner,
-            scope=pool.scope,
-            context=Context(domain=env, task=task_type, tags=(f"team:{self.team}", "layer:episodic")),
-            episodes=(episode.id,),
-            now=self.stamp(),
-        )
-        out = []
-        for n, u in enumerate(applied.added):
-            out.append(u.replace(id=stable_id("rule", self.team, index, pool.key, n), meta={**u.meta, "task_index": index}))
-            self._clock = max(self._clock, u.created_at)
-        return out
+        """Reflection's rules as units of every episodic pool, and the rules it deleted
+        archived, through :func:`forge.learn.loop.remember_reflection` like every other
+        learner. A rule a pool already holds is not written twice; ids derive from the task,
+        so a replayed task writes the same units."""
+        admin = Viewer.admin()
+        deleted = [u for u in self.memory.get_many(list(dict.fromkeys(retire)), viewer=admin) if u.kind is Kind.RULE and u.status is Status.ACTIVE]
+        out: list[Unit] = []
+        for n, pool in enumerate(pools):
+            have = {" ".join(u.content.lower().split()) for u in self.memory.list(viewer=admin, filter=self.pool_filter(pool, Kind.RULE), limit=1_000_000)}
+            fresh = tuple(r for r in dict.fromkeys(rules) if " ".join(r.lower().split()) not in have)
+            doomed = deleted if n == 0 else []  # the edit's deletions happen once, not per pool
+            if not fresh and not doomed:
+                continue
+            reflection = Reflection(edits=(RuleEdit(ACTOR_ROLE, tuple(range(len(doomed))), fresh),), fallback=lesson.source == "fallback")
 
-    def _retire(self, unit_id: str, index: int) -> None:
-        try:
-            unit = self.memory.get(unit_id, viewer=Viewer.admin())
-        except NotFoundError:
-            return
-        if unit.kind is Kind.RULE and unit.status is Status.ACTIVE:
-            self.memory.set_status(unit_id, Status.ARCHIVED, reason=f"deleted by the reflection on task {index}", actor=self.actor)
+            def store(units: list[Unit], pool: _Pool = pool) -> list[Unit]:
+                stamped = [
+                    u.replace(id=stable_id("rule", self.team, index, pool.key, i), meta={**u.meta, "task_index": index})
+                    for i, u in enumerate(units)
+                ]
+                self.memory.add(stamped, actor=self.actor)
+                self._clock = max([self._clock, *(u.created_at for u in stamped)])
+                return stamped
+
+            applied = remember_reflection(
+                self.memory, reflection, owner=pool.owner, actor=self.actor, shown={ACTOR_ROLE: doomed}, scope=pool.scope,
+                context=Context(domain=env, task=task_type, tags=(f"team:{self.team}", "layer:episodic")),
+                episodes=(episode.id,), now=self.stamp(), add=store,
+            )
+            out += applied.added
+        return out
 
     def _known(self, unit_ids: Sequence[str]) -> None:
         ids = list(dict.fromkeys(unit_ids))

@@ -63,6 +63,7 @@ from forge.envs.situation import summarize_observation
 from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
 from forge.learn.loop import Trajectory, failure_point, play_episode, reflect_on
 from forge.learn.prompt import Recollection
+from forge.learn.reflect import deleted_rules
 from forge.llm import LLM, MeteredLLM, TokenLedger, open_llm
 from forge.model import Kind, Viewer
 from forge.protocols.runs import RunDir
@@ -569,8 +570,8 @@ class _Run:
         )
         what = "went in circles from there" if stalled else f"got reward {traj.rewards[at]:g} (below tau {env.spec.tau:g})"
         diagnosis = f"step {at + 1} by {agent}: {traj.actions[at]} in '{summarize_observation(traj.observations[at])}' {what}"
-        shown_rules = [u for u in (rec.shown if rec is not None else ()) if u.kind is Kind.RULE]
-        retire = [shown_rules[i].id for e in reflection.edits for i in e.delete if 0 <= i < len(shown_rules)]
+        shown = {ACTOR_ROLE: rec.shown if rec is not None else ()}
+        retire = [u.id for e in reflection.edits for u in deleted_rules(shown, e)]
         lesson = task_lesson(reflection, task=task.text, actions=actions, outcome=outcome, diagnosis=diagnosis)
         data = reflection.to_dict()
         data.update(rules=[r for e in reflection.edits for r in e.add], retire=retire, step=at, agent=agent)
