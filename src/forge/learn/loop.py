@@ -11,6 +11,7 @@ situation, and :attr:`Trajectory.used` hands them to :meth:`forge.engine.memory.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,9 @@ RETIRE_AFTER = 6
 RETIRE_BELOW = 0.15
 """The validation (smoothed success rate) under which it is: 0 of 6 uses gives 0.125."""
 
+SITUATION_K = 8
+"""Rules recalled for each new situation of an episode (beside the episode's first recall)."""
+
 BLAME_BACK = 3
 """How many steps before a dead end reflection may look for the step to blame."""
 
@@ -67,6 +71,18 @@ class Trajectory:
     @property
     def total(self) -> float:
         return float(sum(self.rewards))
+
+    @property
+    def rule_record(self) -> dict[str, int]:
+        """Of the acting decisions: how many, how many had a rule for their situation in
+        front of the model, and how many of those followed it (what transfer is read from)."""
+        acting = [s.info for s in self.steps if "rule_shown" in s.info]
+        shown = [i for i in acting if i["rule_shown"] or i.get("rule_followed") is not None]
+        return {
+            "decisions": len(acting),
+            "rule_shown": len(shown),
+            "rule_followed": sum(1 for i in shown if i.get("rule_followed")),
+        }
 
     @property
     def used(self) -> list[str]:
@@ -114,7 +130,7 @@ class Recaller:
         if self.exposure is not None and not self.exposure.open:
             memory = self.exposure.view(self.memory, agent=self.viewer.agent or "", episodes=self.episodes)
             gated = {"sections": self.exposure.sections(PROMPT_SECTIONS, episodes=self.episodes)}
-        return recollect(
+        rec = recollect(
             memory,
             viewer=self.viewer,
             query=query,
@@ -125,6 +141,15 @@ class Recaller:
             valid_actions=self.valid_actions() if callable(self.valid_actions) else self.valid_actions,
             **gated,
         )
+        wanted = frozenset({Kind.RULE, Kind.LESSON})
+        rules = dataclasses.replace(self.filter, kinds=(self.filter.kinds & wanted) if self.filter.kinds else wanted)
+
+        def lookup(situation: str) -> list[Any]:
+            """The engine's hybrid recall for a situation met mid-episode, as this viewer."""
+            found = memory.recall(situation, viewer=self.viewer, k=SITUATION_K, filter=rules, weights=self.weights, touch=False)
+            return [r for r in found if not r.unit.context.role or r.unit.context.role == role]
+
+        return dataclasses.replace(rec, lookup=lookup)
 
 
 def no_memory(role: str, query: str) -> Recollection:
@@ -169,7 +194,10 @@ def play_episode(
             reward = 0.0
             if s.role in policy.acting_roles[:1]:
                 reward = float(result.reward)
-                info.update(event=result.info.get("event", ""), shown=list(choice.shown), now=list(choice.now))
+                info.update(
+                    event=result.info.get("event", ""), shown=list(choice.shown), now=list(choice.now),
+                    rule_shown=bool(choice.now), rule_followed=choice.followed,
+                )
             traj.steps.append(Step(observation=s.observation, thought=s.thought, action=s.action, reward=reward, role=s.role, info=info))
         obs = result.observation
         if result.reward < tau and traj.failing is None:

@@ -77,6 +77,8 @@ class ActionChoice:
     steps: tuple[Step, ...] = ()
     shown: tuple[str, ...] = ()
     now: tuple[str, ...] = ()
+    #: Whether the action followed the rules for this situation (None: no rule applied).
+    followed: bool | None = None
 
 
 class Policy(Protocol):
@@ -195,7 +197,7 @@ class FlatPolicy:
             temperature=self.sampling.temperature, seed=self.sampling.next_seed(),
         )
         step = Step(observation=observation, thought=thought, action=action, role="actor")
-        return ActionChoice(action, (step,), tuple(rec.ids), tuple(now_ids))
+        return ActionChoice(action, (step,), tuple(rec.ids), tuple(now_ids), rec.verdict(situation, action))
 
 
 class HierarchicalPolicy:
@@ -287,7 +289,8 @@ class HierarchicalPolicy:
         user = f"{observation}{_history_line(history)}\nAnalyst: {note}{p_now}\nProposed actions: {', '.join(proposed)}. Pick one."
         action = choose(planner, [Message("system", p_sys), Message("user", user)], proposed, fallback=proposed[0], temperature=self.sampling.temperature, seed=self.sampling.next_seed())
         steps.append(Step(observation=full, thought=note, action=action, role="planner"))
-        return ActionChoice(action, tuple(steps), tuple(dict.fromkeys(shown)), tuple(dict.fromkeys(now)))
+        followed = _recollection(memory, "planner").verdict(situation, action)
+        return ActionChoice(action, tuple(steps), tuple(dict.fromkeys(shown)), tuple(dict.fromkeys(now)), followed)
 
 
 def _request(messages: list[Message], max_tokens: int) -> Request:

@@ -86,6 +86,10 @@ class Recollection:
     candidates: tuple[Recalled, ...] = ()
     valid_actions: tuple[str, ...] = ()
     _parsed: tuple[tuple[Unit, rulebook.ParsedRule], ...] = field(default=(), repr=False)
+    #: The engine's recall for a situation met mid-episode (set by the loop's Recaller): brings
+    #: rules the episode's first recall did not hold, by meaning, as the same viewer.
+    lookup: Callable[[str], Sequence[Recalled]] | None = field(default=None, compare=False, repr=False)
+    _found: dict[str, tuple[tuple[Unit, rulebook.ParsedRule], ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def ids(self) -> list[str]:
@@ -98,7 +102,13 @@ class Recollection:
         return [u for u, _ in self._applying(situation)]
 
     def _applying(self, situation: str) -> list[tuple[Unit, rulebook.ParsedRule]]:
-        return [(u, p) for u, p in self._parsed if rulebook.applies(p, situation)]
+        here = [(u, p) for u, p in self._parsed if rulebook.applies(p, situation)]
+        if self.lookup is None or not situation:
+            return here
+        if situation not in self._found:
+            known = {u.id for u, _ in self._parsed}
+            self._found[situation] = tuple(_rules_in(self.lookup(situation), self.valid_actions, skip=known))
+        return here + [(u, p) for u, p in self._found[situation] if rulebook.applies(p, situation)]
 
     def now_text(self, situation: str, *, limit: int = 3) -> tuple[str, list[str]]:
         """``("Memory for this situation: ...", ids)``, or ``("", [])`` when no rule applies."""
@@ -133,6 +143,16 @@ class Recollection:
             return actions
         advised = {a for p in rules for a in p.do}
         return [a for a in left if a in advised] or left
+
+    def verdict(self, situation: str, action: str) -> bool | None:
+        """Whether ``action`` follows the rules for ``situation``: None when none applies, else
+        True when it is not one they forbid and, if they name safe actions, is one of those."""
+        rules = [p for _, p in self._applying(situation)]
+        if not rules:
+            return None
+        banned = {a for p in rules for a in p.avoid}
+        advised = {a for p in rules for a in p.do} - banned
+        return action not in banned and (not advised or action in advised)
 
     def advised(self, situation: str) -> set[str]:
         """Actions that rules for this situation name as safe or recommended."""
@@ -175,12 +195,7 @@ def recollect(
         if units:
             parts.append(f"## {name.capitalize()}\n" + "\n".join(render_unit(u) for u in units))
             shown += units
-    parsed = []
-    for r in mine:
-        if r.unit.kind in (Kind.RULE, Kind.LESSON):
-            p = rulebook.parse(r.unit.content, valid_actions)
-            if p is not None:
-                parsed.append((r.unit, p))
+    parsed = _rules_in(mine, valid_actions)
     return Recollection(
         role=role,
         block="\n\n".join(parts),
@@ -189,6 +204,19 @@ def recollect(
         valid_actions=tuple(valid_actions),
         _parsed=tuple(parsed),
     )
+
+
+def _rules_in(recalled: Iterable[Recalled], valid_actions: Sequence[str], *, skip: Iterable[str] = ()) -> list[tuple[Unit, rulebook.ParsedRule]]:
+    """The recalled rules and lessons that read as "when X, ..." rules, parsed."""
+    skip = set(skip)
+    out = []
+    for r in recalled:
+        if r.unit.kind in (Kind.RULE, Kind.LESSON) and r.unit.id not in skip:
+            p = rulebook.parse(r.unit.content, valid_actions)
+            if p is not None:
+                out.append((r.unit, p))
+                skip.add(r.unit.id)
+    return out
 
 
 def empty(role: str = "") -> Recollection:

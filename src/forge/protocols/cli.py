@@ -44,6 +44,22 @@ def _instances(text: str, n: int) -> tuple[int, ...]:
         raise ConfigError(f"--isolate takes instance indices like 0,2 or 'all', got {text!r}") from None
 
 
+def _seeds(text: str, flag: str) -> tuple[int, ...]:
+    """``--eval-seeds 10000-10009`` or ``--train-seeds 0,3,7`` as seeds (ranges inclusive)."""
+    out: list[int] = []
+    try:
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            lo, dash, hi = part.partition("-")
+            out += range(int(lo), int(hi) + 1) if dash else [int(lo)]
+    except ValueError:
+        raise ConfigError(f"{flag} takes seeds like 0-99 or 3,7,11, got {text!r}") from None
+    if not out:
+        raise ConfigError(f"{flag} names no seeds: {text!r}")
+    return tuple(out)
+
+
 def _fail(exc: ForgeError) -> None:
     click.echo(f"error: {exc}", err=True)
     sys.exit(2 if isinstance(exc, UserError) else 1)
@@ -74,6 +90,8 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--warmup-validation", type=float, default=None, help="Warm-up: then show received units only if validated at least this well (0-1; default 0).")
 @click.option("--ramp-episodes", type=int, default=None, help="Gradual enablement: prompt sections shown grow from one to all over this many episodes (default 0: all).")
 @click.option("--seed-pack", default=None, help="Cold start: copy this JSONL seed pack into every instance's memory first (source seed, validation 0.3).")
+@click.option("--train-seeds", default=None, help="Seeds training episodes are drawn from, e.g. 0-99 (maps or games; default: derived from --seed).")
+@click.option("--eval-seeds", default=None, help="Held-out seeds the final evaluation plays, e.g. 10000-10009; must not overlap --train-seeds.")
 @click.option("--isolate", "isolated", default=None, help="Instances cut off from all but their own memory, e.g. 0,2 or all (an ablation; default none).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="Where the run is written (default runs/<condition>-<time>).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, help="Continue the interrupted run in this directory.")
@@ -103,6 +121,9 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
         else:
             settings: dict[str, Any] = dict(QUICK_DEMO) if quick_demo else {}
             settings.update({k: v for k, v in options.items() if v is not None})
+            for flag in ("train_seeds", "eval_seeds"):
+                if flag in settings:
+                    settings[flag] = _seeds(settings[flag], "--" + flag.replace("_", "-"))
             if "isolated" in settings:
                 settings["isolated"] = _instances(settings["isolated"], settings.get("instances", ForgeConfig.__dataclass_fields__["instances"].default))
             conditions = [settings.pop("condition", "forge")] if "condition" in settings or not quick_demo else list(QUICK_DEMO_CONDITIONS)

@@ -88,6 +88,11 @@ class ForgeConfig:
     only their own units and the champion broadcast skips them; they may still be champion.
     ``seed_pack`` (a JSONL path, :mod:`forge.curate.seeds`) is copied into every instance's
     memory when the run starts (source ``seed``, validation 0.3): the cold-start condition.
+
+    Held-out evaluation: with ``train_seeds``, every stage's episode seed is drawn from them;
+    with ``eval_seeds``, the final evaluation plays exactly those (``eval_episodes`` is then
+    their count). The two must not overlap, so a figure measured on ``eval_seeds`` is on
+    tasks (maps, games) no instance trained on. Without them, seeds derive from ``seed``.
     """
 
     condition: str = "forge"
@@ -120,6 +125,8 @@ class ForgeConfig:
     ramp_episodes: int = 0
     isolated: tuple[int, ...] = ()
     seed_pack: str = ""
+    train_seeds: tuple[int, ...] = ()
+    eval_seeds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.condition not in CONDITIONS:
@@ -169,6 +176,27 @@ class ForgeConfig:
         object.__setattr__(self, "isolated", tuple(sorted(set(self.isolated))))  # JSON gives a list
         if not isinstance(self.seed_pack, str):
             raise ConfigError(f"seed_pack must be a file path, got {self.seed_pack!r}")
+        for name in ("train_seeds", "eval_seeds"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                raise ConfigError(f"{name} must be a list of integer seeds, got {value!r}")
+            if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in value):
+                raise ConfigError(f"{name} must hold non-negative integers, got {list(value)!r}")
+            object.__setattr__(self, name, tuple(dict.fromkeys(value)))
+        both = set(self.train_seeds) & set(self.eval_seeds)
+        if both:
+            raise ConfigError(f"train_seeds and eval_seeds overlap ({', '.join(map(str, sorted(both)[:5]))}): evaluation must be on held-out seeds")
+        if self.eval_seeds:
+            object.__setattr__(self, "eval_episodes", len(self.eval_seeds))
+
+    def stage_seed(self, stage: int, instance: int) -> int:
+        """The episode seed of ``instance`` at ``stage``: from ``train_seeds`` when given."""
+        derived = derive_seed(self.seed, "stage", stage, "instance", instance)
+        return self.train_seeds[derived % len(self.train_seeds)] if self.train_seeds else derived
+
+    def evaluation_seeds(self) -> list[int]:
+        """The final evaluation's seeds: ``eval_seeds`` when given, else derived from ``seed``."""
+        return list(self.eval_seeds) or [derive_seed(self.seed, "eval", n) for n in range(self.eval_episodes)]
 
     def exposure(self, instance: int) -> Exposure:
         """What ``instance``'s prompts may show besides its own memory (warm-up, isolation)."""
@@ -185,6 +213,8 @@ class ForgeConfig:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["isolated"] = list(self.isolated)  # as JSON reads it back: a resumed run's final.json is equal
+        d["train_seeds"] = list(self.train_seeds)
+        d["eval_seeds"] = list(self.eval_seeds)
         return d
 
     @classmethod

@@ -186,7 +186,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
             memory.record_use(traj.used, success=bool(ep.outcome["success"]), actor=agent)
             used += traj.used
         ops += _counts(memory, used)
-        checkpoint = {"return": traj.total, "episode": ep.id, **{k: ep.outcome[k] for k in ("success", "major_failure", "steps")}}
+        checkpoint = {"return": traj.total, "episode": ep.id, "rules": traj.rule_record, **{k: ep.outcome[k] for k in ("success", "major_failure", "steps")}}
         return {
             "instance": inst,
             "stage": stage,
@@ -223,7 +223,7 @@ def evaluate_instance(task: Mapping[str, Any], llm: LLM, hook: Hook | None = Non
             traj = play_episode(env, policy, recall, seed=int(seed), tau=tau, abort=False)
             ep = _episode(traj, agent=f"inst-{inst}", config=config, env=env, meta={"phase": "eval", "episode": n, "seed": seed})
             episodes.append(ep.to_dict())
-            results.append({"seed": seed, "episode": ep.id, "return": traj.total, "success": ep.outcome["success"], "major_failure": ep.outcome["major_failure"], "steps": len(traj.actions), "shown": len(traj.used), "now": len(traj.now)})
+            results.append({"seed": seed, "episode": ep.id, "return": traj.total, "success": ep.outcome["success"], "major_failure": ep.outcome["major_failure"], "steps": len(traj.actions), "shown": len(traj.used), "now": len(traj.now), "rules": traj.rule_record})
             if hook is not None:
                 hook("eval_episode_done", {"instance": inst, "episode": n, "return": traj.total})
         return {"instance": inst, "results": results, "episodes": episodes, "tokens": ledger.to_dict()}

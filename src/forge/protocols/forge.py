@@ -499,7 +499,7 @@ class _Protocol:
                 "config": cfg.to_dict(),
                 "instance": inst.index,
                 "stage": stage,
-                "seed": derive_seed(cfg.seed, "stage", stage, "instance", inst.index),
+                "seed": cfg.stage_seed(stage, inst.index),
                 "sampling": self._sampling(inst.index, stage),
                 "units": self.store.units(inst.index),
                 "episodes": inst.episodes,
@@ -613,7 +613,7 @@ class _Protocol:
     # -- final evaluation -------------------------------------------------------------------
     def _evaluate(self) -> dict[str, Any]:
         cfg = self.config
-        seeds = [derive_seed(cfg.seed, "eval", n) for n in range(cfg.eval_episodes)]
+        seeds = cfg.evaluation_seeds()
         results: dict[int, dict[str, Any]] = {}
         for inst in self.instances:
             path = self.run.eval_path(inst.index)

@@ -91,7 +91,8 @@ class TeamPolicy:
         action, now = self._choose(agent, observation, rec, valid_actions)
         self.now_ids.append(now)
         step = Step(observation=observation, thought="", action=action, role=ACTOR_ROLE, info={"agent": agent})
-        return ActionChoice(action, steps=(step,), shown=tuple(rec.ids), now=tuple(now))
+        followed = rec.verdict(situation_of(observation, self.spec), action)
+        return ActionChoice(action, steps=(step,), shown=tuple(rec.ids), now=tuple(now), followed=followed)
 
     def observe(self, t: int, action: str, result: StepResult) -> None:
         """The loop's ``on_step``: count the step, and end the subtask on a violation."""

@@ -526,6 +526,7 @@ class _Run:
             "shown": shown,  # unit ids in each acting agent's memory block
             "now": policy.now_ids,  # per step: the rules repeated for that exact situation
             "used": used,  # credited with the outcome (Memory.record_use)
+            "rules": traj.rule_record,  # decisions with a rule for their situation, and followed
         }
         result.update(self.reflect(task, env, traj, result, contexts, ledger))
         usage = ledger.total()
@@ -625,9 +626,8 @@ class _Run:
             cons = [self.run.read_json(p) for p in sorted(cons_dir.glob("after-*.json"))]
         counts: dict[str, int] = {}
         if self.mode.tm is not None:
-            store = self.memory.store
             for kind in (Kind.EPISODE, Kind.PROCEDURE, Kind.PROFILE):
-                counts[kind.value] = store.count(viewer=Viewer.admin(), filter=Filter.make(kinds=[kind]))
+                counts[kind.value] = self.memory.count(viewer=Viewer.admin(), filter=Filter.make(kinds=[kind]))
         return {
             "config": self.config.to_dict(),
             "tasks": len(results),
