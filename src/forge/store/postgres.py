@@ -62,7 +62,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -76,33 +76,11 @@ from forge.errors import (
     StoreError,
     ValidationError,
 )
-from forge.model import (
-    Episode,
-    Relation,
-    Status,
-    Unit,
-    Viewer,
-)
-from forge.store.base import (
-    ANY_STATUS,
-    CHANGE_OPS,
-    Filter,
-    Hit,
-    check_event_op,
-    check_setting,
-)
-from forge.store.common import check_vectors, query_words
+from forge.model import Unit, Viewer
+from forge.store.base import Filter, Hit
 from forge.store.common import count_arg as _count_arg
-from forge.store.common import diff as _diff
-from forge.store.records import (
-    ImportBatch,
-    event_record,
-    parse_records,
-    setting_record,
-    vector_field,
-)
 from forge.store.sql import COLUMNS as _COLUMNS
-from forge.store.sql import Dialect, SQLStore
+from forge.store.sql import Dialect, Duplicate, EventRow, SQLStore
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "PostgresStore", "migrate", "redact_dsn"]
 
@@ -438,6 +416,8 @@ class PostgresStore(SQLStore):
     dialect = POSTGRES
     _KEY = "seq"
     _VECTOR = "coalesce(embedding, pending)::text"
+    _SETTINGS = "settings"
+    _LOCK_ROW = " FOR UPDATE"
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         psycopg = _psycopg()
@@ -608,6 +588,12 @@ class PostgresStore(SQLStore):
     def _vector_value(self, raw: str) -> np.ndarray:
         return _parse_vec(raw)
 
+    def _current_dim(self) -> int | None:
+        if self._dim is None:
+            with self._lock:
+                self._dim = self._read_dim()  # another process may have written the first vectors
+        return self._dim
+
     def _exec(self, sql: str) -> None:
         with self._lock:
             try:
@@ -616,41 +602,12 @@ class PostgresStore(SQLStore):
                 self._gucs, self._ef = None, 0
                 raise self._mapped(exc) from None
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """Several writes as one transaction; nested blocks are savepoints. Other threads of
-        this process wait; other processes see it all at once on commit."""
-        with self._tx():
-            yield
-
     # -- facts ------------------------------------------------------------------------------
     @property
     def info(self) -> Mapping[str, Any]:
         return {"backend": "postgres", "url": self.url, "schema": self.schema, "ann": "pgvector-hnsw",
                 "fts": "tsvector-bm25-impacts", "dim": self._dim, "pgvector": self.pgvector, "rls": self.rls,
                 "readonly": False}
-
-    def settings(self) -> dict[str, str]:
-        return dict(self._q("SELECT key, value FROM settings"))
-
-    def claim(self, key: str) -> bool:
-        key, _ = check_setting(key, "")
-        _no_nul(key, "a claim key")
-        with self._tx() as db:
-            # A concurrent insert of the same key waits on this one's transaction (unique index).
-            return db.execute(
-                "INSERT INTO claims VALUES (%s, %s) ON CONFLICT (key) DO NOTHING", (key, time.time())
-            ).rowcount == 1
-
-    def set_setting(self, key: str, value: str) -> None:
-        key, value = check_setting(key, value)
-        _no_nul(key, "a setting key")
-        _no_nul(value, "a setting value")
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO settings VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (key, value),
-            )
 
     # -- writes -----------------------------------------------------------------------------
     def _fix_dim(self, db: Any, vectors: np.ndarray | None) -> None:
@@ -670,20 +627,6 @@ class PostgresStore(SQLStore):
         if dim != self._dim:
             raise DimensionError(self._dim, dim)
 
-    def add(self, units: Sequence[Unit], vectors: np.ndarray | None = None, *, actor: str = "") -> list[str]:
-        units = list(units)
-        if not units:
-            return []
-        vectors = check_vectors(vectors, len(units), self._dim)
-        ids = [u.id for u in units]
-        if len(set(ids)) != len(ids):
-            raise ValidationError("duplicate unit ids in one batch")
-        now = time.time()
-        with self._tx() as db:
-            self._fix_dim(db, vectors)
-            self._insert_units(db, units, vectors, actor=actor, now=now)
-        return ids
-
     def _insert_units(self, db: Any, units: list[Unit], vectors: np.ndarray | None, *, actor: str, now: float,
                       log: bool = True) -> None:
         rows = [_unit_row(u) + (None,) for u in units]
@@ -695,18 +638,34 @@ class PostgresStore(SQLStore):
                  and self._backlog(db) < PENDING_MAX)
         try:
             # One INSERT over arrays (row-level security rules out COPY), in input order.
-            with db.transaction():
+            with self._savepoint(db):
                 db.execute(_INSERT_PENDING if defer else _INSERT_BINARY if vectors is not None else _INSERT_UNITS, columns)
-        except self._psycopg.errors.UniqueViolation:
-            batch_ids = [u.id for u in units]
-            existing = {r[0] for r in db.execute("SELECT id FROM units WHERE id = ANY(%s::text[])", (batch_ids,))}
-            first = next((i for i, uid in enumerate(batch_ids) if uid in existing), None)
-            where = f"unit {first + 1} of {len(units)}, id {batch_ids[first]}" if first is not None else "unknown unit"
-            raise ConflictError(f"unit id already exists: {where}") from None
+        except Duplicate:
+            raise self._duplicate(db, [u.id for u in units]) from None
         if log:
             self._log_many(db, [(now, "add", u.id, actor, {"kind": u.kind.value, "scope": str(u.scope)}) for u in units])
         if defer:
             self._wake_indexer = True  # started once the outermost transaction commits
+
+    @contextmanager
+    def _savepoint(self, db: Any) -> Iterator[None]:
+        try:
+            with db.transaction():
+                yield
+        except self._psycopg.errors.UniqueViolation:
+            raise Duplicate("a unique key refused the row") from None
+
+    def _vector_sets(self, db: Any, vector: np.ndarray) -> tuple[str, list[Any]]:
+        return ", embedding = %s, pending = NULL", [_vec_text(vector)]
+
+    def _check_text(self, value: str, what: str) -> None:
+        _no_nul(value, what)
+
+    def _importing(self, matrix: np.ndarray | None) -> AbstractContextManager[None]:
+        """An import of many vectors, no fewer than the memory holds, is a bulk load."""
+        bulk = matrix is not None and len(matrix) >= BULK_MIN and len(matrix) >= self._q(
+            "SELECT count(*) FROM units WHERE embedding IS NOT NULL OR pending IS NOT NULL")[0][0]
+        return self.bulk_load() if bulk else contextlib.nullcontext()
 
     def _backlog(self, db: Any) -> int:
         """Vectors waiting for the HNSW index (counted up to PENDING_MAX, which is all that matters)."""
@@ -822,51 +781,12 @@ class PostgresStore(SQLStore):
             while self.index_pending() > 0 and not self._closing.is_set():
                 pass
 
-    def _log_many(self, db: Any, events: list[tuple[float, str, str | None, str, Mapping[str, Any]]]) -> None:
+    def _log_many(self, db: Any, events: Sequence[EventRow]) -> None:
         if not events:
             return
         with db.cursor() as cur, cur.copy("COPY events (ts, op, unit_id, actor, data) FROM STDIN") as copy:
             for ts, op, uid, who, data in events:
                 copy.write_row((ts, op, uid, who, json.dumps(dict(data), default=str)))
-
-    def _log(self, db: Any, op: str, unit_id: str | None, actor: str, data: Mapping[str, Any], *, at: float | None = None) -> int:
-        _no_nul(op, "an event op")
-        _no_nul(actor, "an event actor")
-        if unit_id is not None:
-            _no_nul(unit_id, "an event unit id")
-        return db.execute(
-            "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (%s, %s, %s, %s, %s) RETURNING seq",
-            (time.time() if at is None else float(at), op, unit_id, actor, json.dumps(dict(data), default=str)),
-        ).fetchone()[0]
-
-    def update(self, unit: Unit, vector: np.ndarray | None = None, *, actor: str = "") -> Unit:
-        vectors = check_vectors(vector, 1, self._dim)
-        now = time.time()
-        with self._tx() as db:
-            old = db.execute(f"SELECT {_COLUMNS} FROM units WHERE id = %s FOR UPDATE", (unit.id,)).fetchone()
-            if old is None:
-                raise NotFoundError(f"no unit with id {unit.id}")
-            before = _row_unit(old)
-            unit = unit.replace(updated_at=now)
-            row = _unit_row(unit)
-            self._fix_dim(db, vectors)
-            sets = ", ".join(f"{c.strip()} = %s" for c in _COLUMNS.split(",")[1:]) + ", search_text = %s"
-            params = list(row[1:])
-            if vectors is not None:
-                sets += ", embedding = %s, pending = NULL"
-                params.append(_vec_text(vectors[0]))
-            db.execute(f"UPDATE units SET {sets} WHERE id = %s", (*params, unit.id))
-            self._log(db, "update", unit.id, actor, _diff(before.to_dict(), unit.to_dict()))
-        return unit
-
-    def set_status(self, unit_id: str, status: Status, *, reason: str, actor: str = "") -> None:
-        status = Status.parse(status)
-        with self._tx() as db:
-            row = db.execute("SELECT status FROM units WHERE id = %s FOR UPDATE", (unit_id,)).fetchone()
-            if row is None:
-                raise NotFoundError(f"no unit with id {unit_id}")
-            db.execute("UPDATE units SET status = %s, updated_at = %s WHERE id = %s", (status.value, time.time(), unit_id))
-            self._log(db, "status", unit_id, actor, {"from": row[0], "to": status.value, "reason": reason})
 
     def touch(self, ids: Sequence[str], *, at: float | None = None) -> None:
         """Count a recall of ``ids`` now (one statement; concurrent recalls add up)."""
@@ -886,66 +806,10 @@ class PostgresStore(SQLStore):
                 (keys, [counts[k] for k in keys], at),
             )
 
-    def relate(self, relation: Relation, *, actor: str = "") -> None:
-        with self._tx() as db:
-            found = {r[0] for r in db.execute("SELECT id FROM units WHERE id = ANY(%s::text[])", ([relation.src, relation.dst],))}
-            missing = [i for i in (relation.src, relation.dst) if i not in found]
-            if missing:
-                raise NotFoundError(f"cannot relate: no unit with id {missing[0]}")
-            self._upsert_relation(db, relation)
-            self._log(db, "relate", relation.src, actor, relation.to_dict())
-
-    def _upsert_relation(self, db: Any, rel: Relation) -> None:
-        _no_nul(rel.note, "a relation note")
-        db.execute(
-            "INSERT INTO relations (src, dst, type, weight, created_at, note) VALUES (%s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT (src, dst, type) DO UPDATE SET weight = excluded.weight, "
-            "created_at = excluded.created_at, note = excluded.note",
-            (rel.src, rel.dst, rel.type.value, rel.weight, rel.created_at, rel.note),
-        )
-
-    def add_episode(self, episode: Episode, *, actor: str = "") -> str:
-        with self._tx() as db:
-            self._insert_episode(db, episode)
-            self._log(db, "episode", None, actor, {"episode": episode.id, "steps": len(episode.steps)})
-        return episode.id
-
-    def _insert_episode(self, db: Any, ep: Episode) -> None:
-        for value, name in ((ep.id, "episode id"), (ep.agent, "agent"), (ep.task, "task"), (ep.env, "env")):
-            _no_nul(value, name)
-        try:
-            with db.transaction():
-                db.execute(
-                    "INSERT INTO episodes VALUES (%s, %s, %s, %s, %s, %s)",
-                    (ep.id, ep.agent, ep.task, ep.env, ep.created_at, json.dumps(ep.to_dict())),
-                )
-        except self._psycopg.errors.UniqueViolation:
-            raise ConflictError(f"episode id already exists: {ep.id}") from None
-
-    def append_event(
-        self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None,
-        at: float | None = None,
-    ) -> int:
-        op = check_event_op(op)
-        with self._tx() as db:
-            return self._log(db, op, unit_id, actor, data or {}, at=at)
-
-    log_event = append_event  # the older name, as on SQLiteStore
-
     # -- search -----------------------------------------------------------------------------
     def vector_search(self, query: np.ndarray, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
         k = _count_arg(k, "k")
-        try:
-            query = np.asarray(query, dtype=np.float32).reshape(-1)
-        except (TypeError, ValueError):
-            raise ValidationError("a vector query must be a list of numbers") from None
-        if not np.isfinite(query).all():
-            raise ValidationError("the query vector contains NaN or infinite values")
-        if self._dim is None:
-            with self._lock:
-                self._dim = self._read_dim()  # another process may have written the first vectors
-        if self._dim is not None and query.shape[0] != self._dim:
-            raise DimensionError(self._dim, query.shape[0])
+        query = self._search_vector(query)
         if self._dim is None or k <= 0:
             return []
         where, params = _where(viewer, filter)
@@ -980,9 +844,7 @@ class PostgresStore(SQLStore):
 
     def keyword_search(self, query: str, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
         k = _count_arg(k, "k")
-        if not isinstance(query, str):
-            raise ValidationError(f"a keyword query must be a string, got {type(query).__name__}")
-        words = [w for w in query_words(query) if "\x00" not in w]
+        words = self._search_words(query)  # \w+ words: never a NUL, which PostgreSQL text cannot hold
         if not words or k <= 0:
             return []
         # The query's lexemes as the index holds them (english stems, stop words gone).
@@ -1077,104 +939,8 @@ class PostgresStore(SQLStore):
         return {lex: c / len(rows) for lex, c in counts.items()} if rows else {}
 
     # -- bulk -------------------------------------------------------------------------------
-    def export_records(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
-        """The same records as :meth:`SQLiteStore.export_records`, in the same order."""
-        where, params = _where(viewer, ANY_STATUS)
-        last = 0
-        while True:
-            rows = self._q(
-                f"SELECT seq, {_COLUMNS}, coalesce(embedding, pending)::text FROM units WHERE seq > %s AND {where} ORDER BY seq LIMIT 1000",
-                (last, *params), viewer=viewer,
-            )
-            if not rows:
-                break
-            for r in rows:
-                rec = {"record": "unit", **_row_unit(r[1:-1]).to_dict()}
-                if r[-1] is not None:
-                    rec["vector"] = vector_field(_parse_vec(r[-1]))
-                yield rec
-            last = rows[-1][0]
-        rel_sql = "SELECT r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r"
-        rel_params: list[Any] = []
-        ep_sql, ep_params = "SELECT body FROM episodes", []
-        if not viewer.operator:
-            ws, ps = _where(viewer, ANY_STATUS, alias="s")
-            wd, pd = _where(viewer, ANY_STATUS, alias="d")
-            rel_sql += f" JOIN units s ON s.id = r.src JOIN units d ON d.id = r.dst WHERE {ws} AND {wd}"
-            rel_params = [*ps, *pd]
-            ep_sql, ep_params = "SELECT body FROM episodes WHERE agent = %s", [viewer.agent or ""]
-        for r in self._q(rel_sql + " ORDER BY r.seq", rel_params, viewer=viewer):
-            yield {"record": "relation", **Relation(*r).to_dict()}
-        for (body,) in self._q(ep_sql + " ORDER BY created_at, id", ep_params):
-            yield {"record": "episode", **json.loads(body)}
-        if not viewer.operator:
-            return
-        for key, value in sorted(self.settings().items()):
-            yield setting_record(key, value)
-        last = 0
-        while True:
-            rows = self._q(
-                "SELECT seq, ts, op, unit_id, actor, data FROM events WHERE seq > %s AND NOT (op = ANY(%s::text[])) "
-                "ORDER BY seq LIMIT 1000",
-                (last, sorted(CHANGE_OPS)),
-            )
-            if not rows:
-                break
-            for _seq, ts, op, uid, who, data in rows:
-                yield event_record(ts, op, uid, who, json.loads(data))
-            last = rows[-1][0]
-
-    def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
-        now = time.time()
-        batch = parse_records(records)
-        batch.check_embedder(self.settings().get("embedder"))
-        matrix = check_vectors(batch.vectors, len(batch.units), self._dim) if batch.vectors is not None else None
-        bulk = matrix is not None and len(matrix) >= BULK_MIN and len(matrix) >= self._q(
-            "SELECT count(*) FROM units WHERE embedding IS NOT NULL OR pending IS NOT NULL")[0][0]
-        with self.bulk_load() if bulk else contextlib.nullcontext():
-            return self._import(batch, matrix, actor=actor, now=now)
-
-    def _import(self, batch: ImportBatch, matrix: np.ndarray | None, *, actor: str, now: float) -> int:
-        with self._tx() as db:
-            if batch.units:
-                self._fix_dim(db, matrix)
-                self._insert_units(db, batch.units, matrix, actor=actor, now=now, log=False)
-            known = {u.id for u in batch.units}
-            ends = sorted({e for rel in batch.relations for e in (rel.src, rel.dst)} - known)
-            found = {r[0] for r in db.execute("SELECT id FROM units WHERE id = ANY(%s::text[])", (ends,))} if ends else set()
-            for rel in batch.relations:
-                for end in (rel.src, rel.dst):
-                    if end not in known and end not in found:
-                        raise NotFoundError(f"relation {rel.src} -> {rel.dst}: no unit with id {end}")
-                self._upsert_relation(db, rel)
-            for ep in batch.episodes:
-                self._insert_episode(db, ep)
-            for key, value in batch.settings.items():
-                _no_nul(key, "a setting key")
-                _no_nul(value, "a setting value")
-                db.execute("INSERT INTO settings VALUES (%s, %s) ON CONFLICT (key) DO NOTHING", (key, value))
-            for _ts, op, uid, who, _data in batch.events:
-                for value in (op, who, uid or ""):
-                    _no_nul(value, "an event field")
-            self._log_many(db, batch.events)
-            self._log(db, "import", None, actor, {
-                "units": len(batch.units), "relations": len(batch.relations), "episodes": len(batch.episodes),
-                "settings": len(batch.settings), "events": len(batch.events)})
-        return batch.count
-
-    def stats(self) -> dict[str, Any]:
-        by_kind = dict(self._q("SELECT kind, count(*) FROM units GROUP BY kind ORDER BY kind"))
-        by_status = dict(self._q("SELECT status, count(*) FROM units GROUP BY status ORDER BY status"))
-        by_scope = dict(self._q("SELECT scope, count(*) FROM units GROUP BY scope ORDER BY scope"))
+    def _stats_extra(self) -> dict[str, Any]:
         return {
-            "units": sum(by_kind.values()),
-            "by_kind": by_kind,
-            "by_status": by_status,
-            "by_scope": by_scope,
-            "relations": self._q("SELECT count(*) FROM relations")[0][0],
-            "episodes": self._q("SELECT count(*) FROM episodes")[0][0],
-            "events": self._q("SELECT count(*) FROM events")[0][0],
-            "dim": self._dim,
             "pending_vectors": self._q("SELECT count(*) FROM units WHERE pending IS NOT NULL")[0][0],
             "indexes_missing": self._missing_indexes(),  # during a bulk load: searches scan instead
             "embedder": self.settings().get("embedder"),

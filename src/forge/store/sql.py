@@ -9,19 +9,38 @@ the same units. Each backend's dialect lives in the backend's module, beside its
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from forge.errors import NotFoundError, ValidationError
+from forge.errors import ConflictError, DimensionError, NotFoundError, ValidationError
 from forge.model import Episode, Relation, RelationType, Status, Unit, Viewer
-from forge.store.base import ANY_STATUS, Event, Filter
-from forge.store.common import count_arg, int_arg, redact_events, row_unit, unit_row
+from forge.store.base import ANY_STATUS, CHANGE_OPS, Event, Filter, check_event_op, check_setting
+from forge.store.common import (
+    check_vectors,
+    count_arg,
+    diff,
+    int_arg,
+    query_words,
+    redact_events,
+    row_unit,
+    unit_row,
+)
+from forge.store.records import (
+    ImportBatch,
+    event_record,
+    parse_records,
+    setting_record,
+    vector_field,
+)
 
-__all__ = ["COLUMNS", "Dialect", "SQLStore"]
+__all__ = ["COLUMNS", "Dialect", "Duplicate", "SQLStore"]
 
 #: The ``units`` columns a unit is read from, in the order of :func:`forge.store.common.unit_row`.
 COLUMNS = (
@@ -126,6 +145,15 @@ class Dialect:
         return (" AND ".join(clauses) or self.true), params
 
 
+class Duplicate(ConflictError):
+    """A unique key refused a row: what a backend's :meth:`SQLStore._savepoint` raises, for
+    the shared code to say which row it was."""
+
+
+#: An event as it is written: (ts, op, unit id, actor, data).
+EventRow = tuple[float, str, str | None, str, Mapping[str, Any]]
+
+
 class SQLStore(ABC):
     """What a :class:`~forge.store.base.Store` on SQL does the same on every database: reads,
     the event log, export and import, written once over :attr:`dialect` and a few hooks.
@@ -139,12 +167,69 @@ class SQLStore(ABC):
     _KEY: ClassVar[str]
     #: The SQL expression of a unit's stored vector, decoded by :meth:`_vector_value`.
     _VECTOR: ClassVar[str]
+    #: The table of the memory's settings, and the keys in it that are the backend's own.
+    _SETTINGS: ClassVar[str]
+    _INTERNAL_KEYS: ClassVar[frozenset[str]] = frozenset()
+    #: What a read of the row an update rewrites ends with (a row lock, where there is one).
+    _LOCK_ROW: ClassVar[str] = ""
     _dim: int | None
 
     # -- hooks ----------------------------------------------------------------------------
     @abstractmethod
     def _q(self, sql: str, params: Sequence[Any] = (), *, viewer: Viewer | None = None) -> list[tuple]:
         """Rows of one read; ``viewer`` is who reads (a backend may check it a second time)."""
+
+    @abstractmethod
+    def _tx(self) -> AbstractContextManager[Any]:
+        """One write transaction (a savepoint when nested), undone whole on any error; it
+        yields the connection to write on."""
+
+    @abstractmethod
+    def _savepoint(self, db: Any) -> AbstractContextManager[None]:
+        """Around one statement that may hit a unique key: when it does, the statement is
+        undone alone and :class:`Duplicate` raised."""
+
+    @abstractmethod
+    def _fix_dim(self, db: Any, vectors: np.ndarray | None) -> None:
+        """Inside a write: the first vectors fix the memory's dimension."""
+
+    @abstractmethod
+    def _insert_units(
+        self, db: Any, units: list[Unit], vectors: np.ndarray | None, *, actor: str, now: float, log: bool = True
+    ) -> None:
+        """Insert new units (and their vectors); log an ``add`` event for each unless told not to."""
+
+    @abstractmethod
+    def _vector_sets(self, db: Any, vector: np.ndarray) -> tuple[str, list[Any]]:
+        """The SET clause (starting with a comma) that stores ``vector`` in an update, and its parameters."""
+
+    @abstractmethod
+    def _log_many(self, db: Any, events: Sequence[EventRow]) -> None:
+        """Append events inside a write."""
+
+    @abstractmethod
+    def _stats_extra(self) -> dict[str, Any]:
+        """The backend's own lines of :meth:`stats`."""
+
+    def _check_text(self, value: str, what: str) -> None:
+        """Refuse text the database cannot hold (default: it holds any)."""
+        return
+
+    def _wrote(self, vectors: np.ndarray | None) -> None:
+        """Inside a write transaction that stored ``vectors`` (default: nothing to do)."""
+        return
+
+    def _after_update(self, db: Any, unit: Unit) -> None:
+        """Inside an update, after the unit's row was rewritten (default: nothing to do)."""
+        return
+
+    def _importing(self, matrix: np.ndarray | None) -> AbstractContextManager[None]:
+        """What an import of ``matrix`` runs inside (default: nothing)."""
+        return contextlib.nullcontext()
+
+    def _current_dim(self) -> int | None:
+        """The dimension to check a vector query against."""
+        return self._dim
 
     @abstractmethod
     def _vector_value(self, raw: Any) -> np.ndarray:
@@ -162,6 +247,180 @@ class SQLStore(ABC):
     @property
     def dim(self) -> int | None:
         return self._dim
+
+    def settings(self) -> dict[str, str]:
+        return {k: v for k, v in self._q(f"SELECT key, value FROM {self._SETTINGS}") if k not in self._INTERNAL_KEYS}
+
+    def set_setting(self, key: str, value: str) -> None:
+        key, value = check_setting(key, value)
+        if key in self._INTERNAL_KEYS:
+            raise ValidationError(f"{key!r} is the store's own bookkeeping, not a setting")
+        self._check_text(key, "a setting key")
+        self._check_text(value, "a setting value")
+        with self._tx() as db:
+            db.execute(
+                f"INSERT INTO {self._SETTINGS} VALUES ({self.dialect.marks(2)}) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    def claim(self, key: str) -> bool:
+        key, _ = check_setting(key, "")
+        self._check_text(key, "a claim key")
+        with self._tx() as db:
+            # A concurrent insert of the same key waits on this one's transaction (unique key).
+            return db.execute(
+                f"INSERT INTO claims VALUES ({self.dialect.marks(2)}) ON CONFLICT (key) DO NOTHING", (key, time.time())
+            ).rowcount == 1
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group several writes into one atomic transaction: all of them land, or none.
+
+        Writes made inside (``add``, ``update``, ``relate``, settings...) join it; nested
+        ``transaction()`` blocks are savepoints, so an inner block that fails is undone
+        alone and the outer one may go on. Other threads of this process wait until it
+        ends; other processes see it all at once on commit. Side effects outside the
+        database (SQLite's vector index, PostgreSQL's background indexer) wait for the
+        outermost commit.
+        """
+        with self._tx():
+            yield
+
+    def stats(self) -> dict[str, Any]:
+        by = {col: dict(self._q(f"SELECT {col}, count(*) FROM units GROUP BY {col} ORDER BY {col}"))
+              for col in ("kind", "status", "scope")}
+        return {
+            "units": sum(by["kind"].values()),
+            "by_kind": by["kind"],
+            "by_status": by["status"],
+            "by_scope": by["scope"],
+            **{table: self._q(f"SELECT count(*) FROM {table}")[0][0] for table in ("relations", "episodes", "events")},
+            "dim": self._dim,
+            **self._stats_extra(),
+        }
+
+    # -- writes ---------------------------------------------------------------------------
+    def add(self, units: Sequence[Unit], vectors: np.ndarray | None = None, *, actor: str = "") -> list[str]:
+        units = list(units)
+        if not units:
+            return []
+        vectors = check_vectors(vectors, len(units), self._dim)
+        ids = [u.id for u in units]
+        if len(set(ids)) != len(ids):
+            raise ValidationError("duplicate unit ids in one batch")
+        now = time.time()
+        with self._tx() as db:
+            self._fix_dim(db, vectors)
+            self._insert_units(db, units, vectors, actor=actor, now=now)
+            self._wrote(vectors)
+        return ids
+
+    def _duplicate(self, db: Any, ids: list[str]) -> ConflictError:
+        """The error for a batch of units whose insert a taken id refused (and undid)."""
+        existing = self._existing(db, ids)
+        first = next((i for i, uid in enumerate(ids) if uid in existing), None)
+        where = f"unit {first + 1} of {len(ids)}, id {ids[first]}" if first is not None else "unknown unit"
+        return ConflictError(f"unit id already exists: {where}")
+
+    def _existing(self, db: Any, ids: Iterable[str]) -> set[str]:
+        """Which of ``ids`` name units, read inside a write."""
+        found: set[str] = set()
+        for batch in self._id_batches(ids):
+            if batch:
+                member, mp = self.dialect.in_("id", batch)
+                found.update(r[0] for r in db.execute(f"SELECT id FROM units WHERE {member}", mp))
+        return found
+
+    def update(self, unit: Unit, vector: np.ndarray | None = None, *, actor: str = "") -> Unit:
+        vectors = check_vectors(vector, 1, self._dim)
+        now = time.time()
+        d, m = self.dialect, self.dialect.mark
+        with self._tx() as db:
+            old = db.execute(f"SELECT {COLUMNS} FROM units WHERE id = {m}{self._LOCK_ROW}", (unit.id,)).fetchone()
+            if old is None:
+                raise NotFoundError(f"no unit with id {unit.id}")
+            before = d.row_unit(old)
+            unit = unit.replace(updated_at=now)
+            self._fix_dim(db, vectors)
+            sets = ", ".join(f"{c.strip()} = {m}" for c in COLUMNS.split(",")[1:]) + f", search_text = {m}"
+            params = list(d.unit_row(unit)[1:])
+            if vectors is not None:
+                more, values = self._vector_sets(db, vectors[0])
+                sets += more
+                params += values
+            db.execute(f"UPDATE units SET {sets} WHERE id = {m}", (*params, unit.id))
+            self._after_update(db, unit)
+            self._log(db, "update", unit.id, actor, diff(before.to_dict(), unit.to_dict()), at=now)
+            self._wrote(vectors)
+        return unit
+
+    def set_status(self, unit_id: str, status: Status, *, reason: str, actor: str = "") -> None:
+        status = Status.parse(status)
+        now = time.time()
+        m = self.dialect.mark
+        with self._tx() as db:
+            row = db.execute(f"SELECT status FROM units WHERE id = {m}{self._LOCK_ROW}", (unit_id,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"no unit with id {unit_id}")
+            db.execute(f"UPDATE units SET status = {m}, updated_at = {m} WHERE id = {m}", (status.value, now, unit_id))
+            self._log(db, "status", unit_id, actor, {"from": row[0], "to": status.value, "reason": reason}, at=now)
+
+    def relate(self, relation: Relation, *, actor: str = "") -> None:
+        with self._tx() as db:
+            found = self._existing(db, [relation.src, relation.dst])
+            missing = [i for i in (relation.src, relation.dst) if i not in found]
+            if missing:
+                raise NotFoundError(f"cannot relate: no unit with id {missing[0]}")
+            self._upsert_relation(db, relation)
+            self._log(db, "relate", relation.src, actor, relation.to_dict())
+
+    def _upsert_relation(self, db: Any, rel: Relation) -> None:
+        self._check_text(rel.note, "a relation note")
+        db.execute(
+            f"INSERT INTO relations (src, dst, type, weight, created_at, note) VALUES ({self.dialect.marks(6)}) "
+            "ON CONFLICT (src, dst, type) DO UPDATE SET weight = excluded.weight, "
+            "created_at = excluded.created_at, note = excluded.note",
+            (rel.src, rel.dst, rel.type.value, rel.weight, rel.created_at, rel.note),
+        )
+
+    def add_episode(self, episode: Episode, *, actor: str = "") -> str:
+        with self._tx() as db:
+            self._insert_episode(db, episode)
+            self._log(db, "episode", None, actor, {"episode": episode.id, "steps": len(episode.steps)})
+        return episode.id
+
+    def _insert_episode(self, db: Any, ep: Episode) -> None:
+        for value, name in ((ep.id, "episode id"), (ep.agent, "agent"), (ep.task, "task"), (ep.env, "env")):
+            self._check_text(value, name)
+        try:
+            with self._savepoint(db):
+                db.execute(
+                    f"INSERT INTO episodes VALUES ({self.dialect.marks(6)})",
+                    (ep.id, ep.agent, ep.task, ep.env, ep.created_at, json.dumps(ep.to_dict())),
+                )
+        except Duplicate:
+            raise ConflictError(f"episode id already exists: {ep.id}") from None
+
+    # -- the event log --------------------------------------------------------------------
+    def append_event(
+        self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None,
+        at: float | None = None,
+    ) -> int:
+        op = check_event_op(op)
+        with self._tx() as db:
+            return self._log(db, op, unit_id, actor, data or {}, at=at)
+
+    log_event = append_event  # the older name, kept for callers written before append_event
+
+    def _log(self, db: Any, op: str, unit_id: str | None, actor: str, data: Mapping[str, Any], *, at: float | None = None) -> int:
+        """Append one event inside a write; its seq."""
+        for value, what in ((op, "an event op"), (actor, "an event actor"), (unit_id or "", "an event unit id")):
+            self._check_text(value, what)
+        return db.execute(
+            f"INSERT INTO events (ts, op, unit_id, actor, data) VALUES ({self.dialect.marks(5)}) RETURNING seq",
+            (time.time() if at is None else float(at), op, unit_id, actor, json.dumps(dict(data), default=str)),
+        ).fetchall()[0][0]
 
     # -- reads ----------------------------------------------------------------------------
     def get(self, unit_id: str, *, viewer: Viewer) -> Unit:
@@ -335,6 +594,107 @@ class SQLStore(ABC):
         named = {json.loads(r[5]).get(k) for r in rows if r[2] == "relate" for k in ("src", "dst")}
         visible_named = self._visible_ids([n for n in named if isinstance(n, str)], viewer)
         return redact_events(rows, later, visible_named, viewer)
+
+    # -- search arguments -------------------------------------------------------------------
+    def _search_vector(self, query: Any) -> np.ndarray:
+        """A vector query as float32, or the error that says what is wrong with it."""
+        try:
+            query = np.asarray(query, dtype=np.float32).reshape(-1)
+        except (TypeError, ValueError):
+            raise ValidationError("a vector query must be a list of numbers") from None
+        if not np.isfinite(query).all():
+            raise ValidationError("the query vector contains NaN or infinite values")
+        dim = self._current_dim()
+        if dim is not None and query.shape[0] != dim:
+            raise DimensionError(dim, query.shape[0])
+        return query
+
+    def _search_words(self, query: Any) -> list[str]:
+        """The words a keyword query matches, or the error for a query that is not text."""
+        if not isinstance(query, str):
+            raise ValidationError(f"a keyword query must be a string, got {type(query).__name__}")
+        return query_words(query)
+
+    # -- bulk -----------------------------------------------------------------------------
+    def export_records(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
+        """Every unit (with its vector), relation and episode ``viewer`` may see, as JSON-ready
+        records: the operator gets everything (settings and appended events too); an agent
+        its visible units, the relations between them, and its own episodes."""
+        d, m, key = self.dialect, self.dialect.mark, self._KEY
+        where, params = d.where(viewer, ANY_STATUS)
+        last = 0
+        while rows := self._q(
+            f"SELECT {key}, {COLUMNS}, {self._VECTOR} FROM units WHERE {key} > {m} AND {where} ORDER BY {key} LIMIT 1000",
+            (last, *params), viewer=viewer,
+        ):
+            for r in rows:
+                rec = {"record": "unit", **self._touched(d.row_unit(r[1:-1])).to_dict()}
+                if r[-1] is not None:
+                    rec["vector"] = vector_field(self._vector_value(r[-1]))
+                yield rec
+            last = rows[-1][0]
+        rel_sql, rel_params = self._relations_sql(viewer)
+        for r in self._q(f"{rel_sql} ORDER BY r.{key}", rel_params, viewer=viewer):
+            yield {"record": "relation", **Relation(*r).to_dict()}
+        ep_sql, ep_params = "SELECT body FROM episodes", []
+        if not viewer.operator:
+            ep_sql, ep_params = f"SELECT body FROM episodes WHERE agent = {m}", [viewer.agent or d.nobody]
+        for (body,) in self._q(ep_sql + " ORDER BY created_at, id", ep_params):
+            yield {"record": "episode", **json.loads(body)}
+        if not viewer.operator:
+            return
+        for k, value in sorted(self.settings().items()):
+            yield setting_record(k, value)
+        changes, cp = d.in_("op", sorted(CHANGE_OPS))
+        last = 0
+        while rows := self._q(
+            f"SELECT seq, ts, op, unit_id, actor, data FROM events WHERE seq > {m} AND NOT ({changes}) ORDER BY seq LIMIT 1000",
+            (last, *cp),
+        ):
+            for _seq, ts, op, uid, who, data in rows:
+                yield event_record(ts, op, uid, who, json.loads(data))
+            last = rows[-1][0]
+
+    def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
+        now = time.time()
+        batch = parse_records(records)
+        batch.check_embedder(self.settings().get("embedder"))
+        matrix = check_vectors(batch.vectors, len(batch.units), self._dim) if batch.vectors is not None else None
+        with self._importing(matrix):
+            return self._import(batch, matrix, actor=actor, now=now)
+
+    def _import(self, batch: ImportBatch, matrix: np.ndarray | None, *, actor: str, now: float) -> int:
+        """Write validated records in one transaction."""
+        with self._tx() as db:
+            if batch.units:
+                self._fix_dim(db, matrix)
+                self._insert_units(db, batch.units, matrix, actor=actor, now=now, log=False)
+            known = {u.id for u in batch.units}
+            found = self._existing(db, sorted({e for rel in batch.relations for e in (rel.src, rel.dst)} - known))
+            for rel in batch.relations:
+                for end in (rel.src, rel.dst):
+                    if end not in known and end not in found:
+                        raise NotFoundError(f"relation {rel.src} -> {rel.dst}: no unit with id {end}")
+                self._upsert_relation(db, rel)
+            for ep in batch.episodes:
+                self._insert_episode(db, ep)
+            for key, value in batch.settings.items():
+                if key not in self._INTERNAL_KEYS:
+                    self._check_text(key, "a setting key")
+                    self._check_text(value, "a setting value")
+                    db.execute(
+                        f"INSERT INTO {self._SETTINGS} VALUES ({self.dialect.marks(2)}) ON CONFLICT (key) DO NOTHING",
+                        (key, value),
+                    )
+            for _ts, op, uid, who, _data in batch.events:
+                for value in (op, who, uid or ""):
+                    self._check_text(value, "an event field")
+            self._log_many(db, batch.events)
+            self._log(db, "import", None, actor, {
+                "units": len(batch.units), "relations": len(batch.relations), "episodes": len(batch.episodes),
+                "settings": len(batch.settings), "events": len(batch.events)}, at=now)
+            self._wrote(matrix)
+        return batch.count
 
     def __enter__(self) -> Self:
         return self

@@ -24,38 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from forge.errors import (
-    ConfigError,
-    ConflictError,
-    DimensionError,
-    NotFoundError,
-    StoreError,
-    ValidationError,
-)
-from forge.model import (
-    Episode,
-    Relation,
-    Status,
-    Unit,
-    Viewer,
-)
-from forge.store.base import (
-    ANY_STATUS,
-    CHANGE_OPS,
-    Filter,
-    Hit,
-    check_event_op,
-    check_setting,
-)
-from forge.store.common import check_vectors, query_words
+from forge.errors import ConfigError, NotFoundError, StoreError
+from forge.model import Status, Unit, Viewer  # noqa: F401  (Status: forge.store.sqlite.Status, as before)
+from forge.store.base import Filter, Hit
 from forge.store.common import count_arg as _count_arg
-from forge.store.common import diff as _diff
+from forge.store.common import query_words
 from forge.store.facts import COLUMNS as FACT_COLUMNS
 from forge.store.facts import Facts, member
 from forge.store.keywords import KeywordIndex, stem, tokens, top
-from forge.store.records import event_record, parse_records, setting_record, vector_field
 from forge.store.sql import COLUMNS as _COLUMNS
-from forge.store.sql import Dialect, SQLStore
+from forge.store.sql import Dialect, Duplicate, EventRow, SQLStore
 from forge.store.vectors import VectorIndex
 
 __all__ = ["SQLiteStore"]
@@ -223,6 +201,8 @@ class SQLiteStore(SQLStore):
     dialect = SQLITE
     _KEY = "rowid"
     _VECTOR = "vector"
+    _SETTINGS = "meta"
+    _INTERNAL_KEYS = _INTERNAL_KEYS
 
     def __init__(
         self, path: str | Path = ":memory:", *, create: bool = True, readonly: bool | None = None, concurrent_reads: bool = True,
@@ -385,18 +365,6 @@ class SQLiteStore(SQLStore):
             # Binds the vector index file to this database (see forge.store.vectors).
             with self._tx(check=False) as db:
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('db_id', ?)", (os.urandom(8).hex(),))
-
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """Group several writes into one atomic transaction: all of them land, or none.
-
-        Writes made inside (``add``, ``update``, ``relate``, settings...) join it; nested
-        ``transaction()`` blocks are savepoints, so an inner block that fails is undone
-        alone and the outer one may go on. Other threads wait until it ends. Side effects
-        outside the file (the vector index) happen only once the outermost block commits.
-        """
-        with self._tx():
-            yield
 
     def _on_commit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` now, or when the enclosing transaction commits (never if it rolls back)."""
@@ -572,21 +540,6 @@ class SQLiteStore(SQLStore):
                 "fts": "bm25-in-memory" if self._keyword_index else "fts5", "dim": self._dim, "readonly": self.readonly,
                 "warming": self._warming is not None and self._warming.is_alive()}
 
-    def settings(self) -> dict[str, str]:
-        return {k: v for k, v in self._q("SELECT key, value FROM meta") if k not in _INTERNAL_KEYS}
-
-    def claim(self, key: str) -> bool:
-        key, _ = check_setting(key, "")
-        with self._tx() as db:
-            return db.execute("INSERT OR IGNORE INTO claims VALUES (?, ?)", (key, time.time())).rowcount == 1
-
-    def set_setting(self, key: str, value: str) -> None:
-        key, value = check_setting(key, value)
-        if key in _INTERNAL_KEYS:
-            raise ValidationError(f"{key!r} is the store's own bookkeeping, not a setting")
-        with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, str(value)))
-
     # -- writes ---------------------------------------------------------------------------
     def _fix_dim(self, db: sqlite3.Connection, vectors: np.ndarray | None) -> None:
         if vectors is not None and self._dim is None:
@@ -598,21 +551,6 @@ class SQLiteStore(SQLStore):
             self._tx_vseq = seq - 1  # what is committed: the index may catch up to here
         db.execute("UPDATE meta SET value = ? WHERE key = 'vseq'", (str(seq),))
         return seq
-
-    def add(self, units: Sequence[Unit], vectors: np.ndarray | None = None, *, actor: str = "") -> list[str]:
-        units = list(units)
-        if not units:
-            return []
-        vectors = check_vectors(vectors, len(units), self._dim)
-        ids = [u.id for u in units]
-        if len(set(ids)) != len(ids):
-            raise ValidationError("duplicate unit ids in one batch")
-        now = time.time()
-        with self._tx() as db:
-            self._fix_dim(db, vectors)
-            self._insert_units(db, units, vectors, actor=actor, now=now)
-            self._wrote(vectors)
-        return ids
 
     def _wrote(self, vectors: np.ndarray | None) -> None:
         """Inside a write transaction that stored ``vectors``: fix the dimension now (later
@@ -636,82 +574,43 @@ class SQLiteStore(SQLStore):
         rows = []
         for i, u in enumerate(units):
             rows.append(_unit_row(u) + ((vectors[i].tobytes() if vectors is not None else None), seq))
-        db.execute("SAVEPOINT forge_insert")
         try:
-            db.executemany(
-                f"INSERT INTO units ({_COLUMNS}, search_text, vector, vseq) "
-                f"VALUES ({','.join('?' * 22)})",
-                rows,
-            )
-        except sqlite3.IntegrityError:
-            # Undo the rows of this batch that went in, so the ids found are the ones that
-            # were there before (not this batch's own first rows).
-            db.execute("ROLLBACK TO forge_insert")
-            db.execute("RELEASE forge_insert")
-            existing: set[str] = set()
-            batch_ids = [u.id for u in units]
-            for chunk in _chunks(batch_ids, 500):
-                existing.update(
-                    r[0] for r in db.execute(f"SELECT id FROM units WHERE id IN ({','.join('?' * len(chunk))})", chunk)
-                )
-            first = next((i for i, uid in enumerate(batch_ids) if uid in existing), None)
-            where = f"unit {first + 1} of {len(units)}, id {batch_ids[first]}" if first is not None else "unknown unit"
-            raise ConflictError(f"unit id already exists: {where}") from None
-        db.execute("RELEASE forge_insert")
-        tag_rows = [(u.id, t) for u in units for t in u.context.tags]
-        if tag_rows:
-            db.executemany(
-                "INSERT OR IGNORE INTO unit_tags SELECT rowid, ? FROM units WHERE id = ?",
-                [(t, uid) for uid, t in tag_rows],
-            )
+            with self._savepoint(db):  # undone alone: the ids then found taken were there before
+                db.executemany(f"INSERT INTO units ({_COLUMNS}, search_text, vector, vseq) VALUES ({SQLITE.marks(22)})", rows)
+        except Duplicate:
+            raise self._duplicate(db, [u.id for u in units]) from None
+        self._tag(db, [(u.id, t) for u in units for t in u.context.tags])
         if log:
-            db.executemany(
-                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'add', ?, ?, ?)",
-                [(now, u.id, actor, json.dumps({"kind": u.kind.value, "scope": str(u.scope)})) for u in units],
-            )
+            self._log_many(db, [(now, "add", u.id, actor, {"kind": u.kind.value, "scope": str(u.scope)}) for u in units])
 
-    def update(self, unit: Unit, vector: np.ndarray | None = None, *, actor: str = "") -> Unit:
-        vectors = check_vectors(vector, 1, self._dim)
-        now = time.time()
-        with self._tx() as db:
-            old = db.execute(f"SELECT {_COLUMNS} FROM units WHERE id = ?", (unit.id,)).fetchone()
-            if old is None:
-                raise NotFoundError(f"no unit with id {unit.id}")
-            before = _row_unit(old)
-            unit = unit.replace(updated_at=now)
-            row = _unit_row(unit)
-            self._fix_dim(db, vectors)
-            sets = ", ".join(f"{c.strip()} = ?" for c in _COLUMNS.split(",")[1:]) + ", search_text = ?"
-            params = list(row[1:])
-            if vectors is not None:
-                sets += ", vector = ?, vseq = ?"
-                params += [vectors[0].tobytes(), self._next_vseq(db)]
-            db.execute(f"UPDATE units SET {sets} WHERE id = ?", (*params, unit.id))
-            db.execute("DELETE FROM unit_tags WHERE unit_rowid = (SELECT rowid FROM units WHERE id = ?)", (unit.id,))
-            db.executemany(
-                "INSERT OR IGNORE INTO unit_tags SELECT rowid, ? FROM units WHERE id = ?",
-                [(t, unit.id) for t in unit.context.tags],
-            )
-            changes = _diff(before.to_dict(), unit.to_dict())
-            db.execute(
-                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'update', ?, ?, ?)",
-                (now, unit.id, actor, json.dumps(changes)),
-            )
-            self._wrote(vectors)
-        return unit
+    def _tag(self, db: sqlite3.Connection, tags: list[tuple[str, str]]) -> None:
+        """Index (unit id, tag) pairs in unit_tags, which tag filters read."""
+        if tags:
+            db.executemany("INSERT OR IGNORE INTO unit_tags SELECT rowid, ? FROM units WHERE id = ?", [(t, uid) for uid, t in tags])
 
-    def set_status(self, unit_id: str, status: Status, *, reason: str, actor: str = "") -> None:
-        status = Status.parse(status)
-        now = time.time()
-        with self._tx() as db:
-            row = db.execute("SELECT status FROM units WHERE id = ?", (unit_id,)).fetchone()
-            if row is None:
-                raise NotFoundError(f"no unit with id {unit_id}")
-            db.execute("UPDATE units SET status = ?, updated_at = ? WHERE id = ?", (status.value, now, unit_id))
-            db.execute(
-                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'status', ?, ?, ?)",
-                (now, unit_id, actor, json.dumps({"from": row[0], "to": status.value, "reason": reason})),
-            )
+    def _after_update(self, db: sqlite3.Connection, unit: Unit) -> None:
+        db.execute("DELETE FROM unit_tags WHERE unit_rowid = (SELECT rowid FROM units WHERE id = ?)", (unit.id,))
+        self._tag(db, [(unit.id, t) for t in unit.context.tags])
+
+    def _vector_sets(self, db: sqlite3.Connection, vector: np.ndarray) -> tuple[str, list[Any]]:
+        return ", vector = ?, vseq = ?", [vector.tobytes(), self._next_vseq(db)]
+
+    @contextmanager
+    def _savepoint(self, db: sqlite3.Connection) -> Iterator[None]:
+        db.execute("SAVEPOINT forge_stmt")
+        try:
+            yield
+        except sqlite3.IntegrityError:
+            db.execute("ROLLBACK TO forge_stmt")
+            db.execute("RELEASE forge_stmt")
+            raise Duplicate("a unique key refused the row") from None
+        db.execute("RELEASE forge_stmt")
+
+    def _log_many(self, db: sqlite3.Connection, events: Sequence[EventRow]) -> None:
+        db.executemany(
+            "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, ?, ?, ?, ?)",
+            [(ts, op, uid, who, json.dumps(dict(data), default=str)) for ts, op, uid, who, data in events],
+        )
 
     def touch(self, ids: Sequence[str], *, at: float | None = None) -> None:
         """Count a recall of ``ids``; written within TOUCH_DELAY_S, with the next write, or on close.
@@ -776,51 +675,6 @@ class SQLiteStore(SQLStore):
         n, at = pending
         return unit.replace(access_count=unit.access_count + n, last_access=max(unit.last_access or at, at))
 
-    def relate(self, relation: Relation, *, actor: str = "") -> None:
-        with self._tx() as db:
-            missing = [
-                i for i in (relation.src, relation.dst) if db.execute("SELECT 1 FROM units WHERE id = ?", (i,)).fetchone() is None
-            ]
-            if missing:
-                raise NotFoundError(f"cannot relate: no unit with id {missing[0]}")
-            db.execute(
-                "INSERT OR REPLACE INTO relations VALUES (?, ?, ?, ?, ?, ?)",
-                (relation.src, relation.dst, relation.type.value, relation.weight, relation.created_at, relation.note),
-            )
-            db.execute(
-                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'relate', ?, ?, ?)",
-                (time.time(), relation.src, actor, json.dumps(relation.to_dict())),
-            )
-
-    def add_episode(self, episode: Episode, *, actor: str = "") -> str:
-        with self._tx() as db:
-            try:
-                db.execute(
-                    "INSERT INTO episodes VALUES (?, ?, ?, ?, ?, ?)",
-                    (episode.id, episode.agent, episode.task, episode.env, episode.created_at, json.dumps(episode.to_dict())),
-                )
-            except sqlite3.IntegrityError:
-                raise ConflictError(f"episode id already exists: {episode.id}") from None
-            db.execute(
-                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'episode', NULL, ?, ?)",
-                (time.time(), actor, json.dumps({"episode": episode.id, "steps": len(episode.steps)})),
-            )
-        return episode.id
-
-    def append_event(
-        self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None,
-        at: float | None = None,
-    ) -> int:
-        op = check_event_op(op)
-        with self._tx() as db:
-            cur = db.execute(
-                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, ?, ?, ?, ?)",
-                (time.time() if at is None else float(at), op, unit_id, actor, json.dumps(dict(data or {}), default=str)),
-            )
-            return int(cur.lastrowid)
-
-    log_event = append_event  # the older name, kept for callers written before append_event
-
     # -- search ---------------------------------------------------------------------------
     def _sync_index_after_write(self) -> None:
         if self._index is not None:
@@ -882,14 +736,7 @@ class SQLiteStore(SQLStore):
 
     def vector_search(self, query: np.ndarray, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
         k = _count_arg(k, "k")
-        try:
-            query = np.asarray(query, dtype=np.float32).reshape(-1)
-        except (TypeError, ValueError):
-            raise ValidationError("a vector query must be a list of numbers") from None
-        if not np.isfinite(query).all():
-            raise ValidationError("the query vector contains NaN or infinite values")
-        if self._dim is not None and query.shape[0] != self._dim:
-            raise DimensionError(self._dim, query.shape[0])
+        query = self._search_vector(query)
         self._searched_at = time.monotonic()
         index = self._ensure_index()
         if index is None or k <= 0:
@@ -992,9 +839,7 @@ class SQLiteStore(SQLStore):
 
     def keyword_search(self, query: str, *, k: int, viewer: Viewer, filter: Filter = Filter()) -> list[Hit]:
         k = _count_arg(k, "k")
-        if not isinstance(query, str):
-            raise ValidationError(f"a keyword query must be a string, got {type(query).__name__}")
-        words = query_words(query)
+        words = self._search_words(query)
         if not words or k <= 0:
             return []
         self._searched_at = time.monotonic()
@@ -1135,114 +980,8 @@ class SQLiteStore(SQLStore):
         return keep or [min(present or words, key=freq.__getitem__)]
 
     # -- bulk -----------------------------------------------------------------------------
-    def export_records(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:
-        """Every unit (with its vector), relation and episode ``viewer`` may see, as JSON-ready
-        records: the operator gets everything (settings and appended events too); an agent
-        its visible units, the relations between them, and its own episodes."""
-        where, params = _where(viewer, ANY_STATUS)
-        last = 0
-        while True:
-            rows = self._q(
-                f"SELECT rowid, {_COLUMNS}, vector FROM units WHERE rowid > ? AND {where} ORDER BY rowid LIMIT 1000",
-                (last, *params),
-            )
-            if not rows:
-                break
-            for r in rows:
-                rec = {"record": "unit", **self._touched(_row_unit(r[1:-1])).to_dict()}
-                if r[-1] is not None:
-                    rec["vector"] = vector_field(np.frombuffer(r[-1], dtype=np.float32))
-                yield rec
-            last = rows[-1][0]
-        rel_sql = "SELECT r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r"
-        rel_params: list[Any] = []
-        ep_sql, ep_params = "SELECT body FROM episodes", []
-        if not viewer.operator:
-            ws, ps = _where(viewer, ANY_STATUS, alias="s")
-            wd, pd = _where(viewer, ANY_STATUS, alias="d")
-            rel_sql += f" JOIN units s ON s.id = r.src JOIN units d ON d.id = r.dst WHERE {ws} AND {wd}"
-            rel_params = [*ps, *pd]
-            ep_sql, ep_params = "SELECT body FROM episodes WHERE agent = ?", [viewer.agent or "\x00"]
-        for r in self._q(rel_sql + " ORDER BY r.rowid", rel_params):
-            yield {"record": "relation", **Relation(*r).to_dict()}
-        for (body,) in self._q(ep_sql + " ORDER BY created_at, id", ep_params):
-            yield {"record": "episode", **json.loads(body)}
-        if not viewer.operator:
-            return
-        for key, value in sorted(self.settings().items()):
-            yield setting_record(key, value)
-        changes = sorted(CHANGE_OPS)
-        last = 0
-        while True:
-            rows = self._q(
-                f"SELECT seq, ts, op, unit_id, actor, data FROM events WHERE seq > ? "
-                f"AND op NOT IN ({','.join('?' * len(changes))}) ORDER BY seq LIMIT 1000",
-                (last, *changes),
-            )
-            if not rows:
-                break
-            for _seq, ts, op, uid, actor, data in rows:
-                yield event_record(ts, op, uid, actor, json.loads(data))
-            last = rows[-1][0]
-
-    def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
-        now = time.time()
-        batch = parse_records(records)
-        units, relations, episodes = batch.units, batch.relations, batch.episodes
-        batch.check_embedder(self.settings().get("embedder"))
-        matrix = check_vectors(batch.vectors, len(units), self._dim) if batch.vectors is not None else None
-        with self._tx() as db:
-            if units:
-                self._fix_dim(db, matrix)
-                self._insert_units(db, units, matrix, actor=actor, now=now, log=False)
-            known = {u.id for u in units}
-            for rel in relations:
-                for end in (rel.src, rel.dst):
-                    if end not in known and db.execute("SELECT 1 FROM units WHERE id = ?", (end,)).fetchone() is None:
-                        raise NotFoundError(f"relation {rel.src} -> {rel.dst}: no unit with id {end}")
-                db.execute(
-                    "INSERT OR REPLACE INTO relations VALUES (?, ?, ?, ?, ?, ?)",
-                    (rel.src, rel.dst, rel.type.value, rel.weight, rel.created_at, rel.note),
-                )
-            for ep in episodes:
-                try:
-                    db.execute(
-                        "INSERT INTO episodes VALUES (?, ?, ?, ?, ?, ?)",
-                        (ep.id, ep.agent, ep.task, ep.env, ep.created_at, json.dumps(ep.to_dict())),
-                    )
-                except sqlite3.IntegrityError:
-                    raise ConflictError(f"episode id already exists: {ep.id}") from None
-            for key, value in batch.settings.items():
-                if key not in _INTERNAL_KEYS:
-                    db.execute("INSERT OR IGNORE INTO meta VALUES (?, ?)", (key, value))
-            db.executemany(
-                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, ?, ?, ?, ?)",
-                [(ts, op, uid, who, json.dumps(data, default=str)) for ts, op, uid, who, data in batch.events],
-            )
-            db.execute(
-                "INSERT INTO events (ts, op, unit_id, actor, data) VALUES (?, 'import', NULL, ?, ?)",
-                (now, actor, json.dumps({"units": len(units), "relations": len(relations), "episodes": len(episodes),
-                                         "settings": len(batch.settings), "events": len(batch.events)})),
-            )
-            self._wrote(matrix)
-        return batch.count
-
-    def stats(self) -> dict[str, Any]:
-        by_kind = dict(self._q("SELECT kind, count(*) FROM units GROUP BY kind ORDER BY kind"))
-        by_status = dict(self._q("SELECT status, count(*) FROM units GROUP BY status ORDER BY status"))
-        by_scope = dict(self._q("SELECT scope, count(*) FROM units GROUP BY scope ORDER BY scope"))
-        return {
-            "units": sum(by_kind.values()),
-            "by_kind": by_kind,
-            "by_status": by_status,
-            "by_scope": by_scope,
-            "relations": self._q("SELECT count(*) FROM relations")[0][0],
-            "episodes": self._q("SELECT count(*) FROM episodes")[0][0],
-            "events": self._q("SELECT count(*) FROM events")[0][0],
-            "dim": self._dim,
-            "embedder": self._setting("embedder"),
-            "path": self.path,
-        }
+    def _stats_extra(self) -> dict[str, Any]:
+        return {"embedder": self._setting("embedder"), "path": self.path}
 
     def flush(self) -> None:
         """Write pending access statistics and persist the vector index now (close does both).
