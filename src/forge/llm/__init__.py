@@ -38,7 +38,7 @@ __all__ = [
     "open_llm",
 ]
 
-_SPECS = "'local', 'local:/path/model.gguf', 'openai:MODEL' or 'test'"
+_SPECS = "'local', 'local:/path/model.gguf', 'openai:MODEL', 'test' or 'test:walker'"
 
 
 def open_llm(spec: str = "local", **kwargs: Any) -> LLM:
@@ -75,4 +75,8 @@ def open_llm(spec: str = "local", **kwargs: Any) -> LLM:
         return OpenAICompatLLM(model=rest, base_url=base_url, **kwargs)
     if kind == "test" and not rest:
         return ScriptedLLM(**kwargs)
+    if kind == "test" and rest == "walker":
+        from forge.llm.testing import WalkerLLM
+
+        return WalkerLLM(**kwargs)  # a seeded walk that obeys its rules: learning smoke runs
     raise ConfigError(f"unknown LLM spec {spec!r}; use {_SPECS}")
