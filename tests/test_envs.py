@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -11,15 +12,18 @@ from forge.errors import ConfigError, UserError, ValidationError
 
 pytest.importorskip("gymnasium", reason="gymnasium is an optional extra: pip install '.[envs]'")
 
+RANDOM_LAKES = [f"frozenlake-random-{n}x{n}{tail}" for n in (4, 5, 6) for tail in ("", "-slippery")]
 GYM_ENVS = [
     "frozenlake-4x4",
     "frozenlake-4x4-slippery",
     "frozenlake-8x8",
     "frozenlake-8x8-slippery",
+    *RANDOM_LAKES,
     "cliffwalking",
     "taxi",
 ]
-DETERMINISTIC = ["frozenlake-4x4", "frozenlake-8x8", "cliffwalking", "taxi"]
+LAKES = [n for n in GYM_ENVS if n.startswith("frozenlake")]
+DETERMINISTIC = ["frozenlake-4x4", "frozenlake-8x8", "frozenlake-random-4x4", "frozenlake-random-6x6", "cliffwalking", "taxi"]
 
 
 def play(env: Env, *, seed: int, actions: list[str]) -> list[tuple[str, float, bool]]:
@@ -95,7 +99,7 @@ def test_same_seed_replays_the_same_episode(name: str) -> None:
     assert play(first, seed=5, actions=actions) == play(second, seed=5, actions=actions)
 
 
-@pytest.mark.parametrize("name", ["frozenlake-4x4-slippery", "taxi"])
+@pytest.mark.parametrize("name", ["frozenlake-4x4-slippery", "frozenlake-random-4x4", "taxi"])
 def test_the_seed_matters_where_the_env_is_random(name: str) -> None:
     env = make_env(name)
     actions = random_actions(env, n=10, seed=3)
@@ -240,3 +244,212 @@ def test_slippery_ice_is_narrated() -> None:
         env.reset(seed=seed)
         slips += "slipped" in env.step("right").observation
     assert 0 < slips < 5
+
+
+# random maps: a new task per seed, and seeds split into training and held-out maps
+
+
+def map_of(observation: str) -> list[str]:
+    """The map an observation draws, with the agent's "Y" put back as the tile it stands on."""
+    lines = observation.split("G goal):\n", 1)[1].split("\nLast step")[0].splitlines()
+    return [line.replace(" ", "") for line in lines]
+
+
+def test_random_lakes_are_registered_for_every_size() -> None:
+    from forge.envs.gym import RANDOM_SIZES
+
+    assert [f"frozenlake-random-{n}x{n}{t}" for n in RANDOM_SIZES for t in ("", "-slippery")] == RANDOM_LAKES
+    assert set(RANDOM_LAKES) <= set(available_envs())
+    spec = make_env("frozenlake-random-5x5").spec
+    assert (spec.tau, spec.success_return, spec.max_steps) == (-0.5, 1.0, 25)
+    assert make_env("frozenlake-random-5x5-slippery").spec.max_steps == 50
+    assert "new in every episode" in spec.description
+    with pytest.raises(ConfigError, match="3x3 to 12x12"):
+        from forge.envs.gym import FrozenLakeEnv
+
+        FrozenLakeEnv(size=20, random_map=True)
+
+
+@pytest.mark.parametrize("size", [4, 5, 6])
+def test_a_seed_plays_its_own_solvable_map_whatever_came_before(size: int) -> None:
+    from forge.envs.gym import random_map
+
+    name = f"frozenlake-random-{size}x{size}"
+    one, other = make_env(name), make_env(name)
+    maps = {}
+    for seed in range(12):
+        drawn = map_of(one.reset(seed=seed))
+        drawn[0] = "S" + drawn[0][1:]  # the agent starts on S
+        assert drawn == random_map(size, seed) and len(drawn) == size
+        assert drawn[0][0] == "S" and drawn[-1][-1] == "G"
+        maps[seed] = drawn
+    assert len({tuple(m) for m in maps.values()}) > 8  # seeds draw different maps
+    for seed in (7, 3, 11):  # another instance, other seeds in between, the same maps
+        other.reset(seed=seed + 1)
+        start = map_of(other.reset(seed=seed))
+        assert start[1:] == maps[seed][1:]
+    # solvable: the shortest safe path reaches the goal on every map
+    for seed in range(12):
+        one.reset(seed=seed)
+        result = None
+        for _ in range(one.spec.max_steps):
+            result = one.step(oracle_action(one))
+            if result.done:
+                break
+        assert result is not None and result.info["event"] == "goal"
+
+
+def test_training_and_held_out_seeds_draw_disjoint_sets_of_distinct_maps() -> None:
+    from forge.envs.gym import HELD_OUT_FIRST_SEED, held_out_seeds, random_map, train_seeds
+
+    for size in (4, 5, 6):
+        train, held = train_seeds(size), held_out_seeds(size)
+        assert len(train) == len(held) == 100
+        assert train[0] == 0 and min(held) >= HELD_OUT_FIRST_SEED > max(train)
+        train_maps = {tuple(random_map(size, s)) for s in train}
+        held_maps = {tuple(random_map(size, s)) for s in held}
+        assert len(train_maps) == len(held_maps) == 100  # every seed a different map
+        assert not train_maps & held_maps  # nothing learned on a training map is tested on it
+    # 4x4 has few maps: 30 of seeds 10,000-10,099 would draw a training map, so they are skipped
+    naive = {tuple(random_map(4, s)) for s in range(HELD_OUT_FIRST_SEED, HELD_OUT_FIRST_SEED + 100)}
+    assert naive & {tuple(random_map(4, s)) for s in train_seeds(4)}
+    assert held_out_seeds(4, 10) == held_out_seeds(4)[:10] and train_seeds(4) == train_seeds(4)
+
+
+# what a FrozenLake rule's "when" names: surroundings and the goal's direction, no coordinates
+
+
+def lake_observations(name: str, *, seeds: range = range(6), steps: int = 12) -> list[str]:
+    env = make_env(name)
+    out = []
+    for seed in seeds:
+        out.append(env.reset(seed=seed))
+        rng = random.Random(seed)
+        for _ in range(steps):
+            result = env.step(rng.choice(list(env.valid_actions())))
+            out.append(result.observation)
+            if result.done:
+                break
+    return out
+
+
+def test_frozenlake_situation_names_surroundings_and_the_goal_not_coordinates() -> None:
+    env = make_env("frozenlake-4x4")
+    start = env.reset(seed=0)
+    assert env.spec.situation(start) == (
+        "on the start tile; left: edge; down: frozen; right: frozen; up: edge; goal: down-right at distance 6"
+    )
+    ahead = env.step("right").observation  # row 0, col 1: the hole is below
+    assert env.spec.situation(ahead) == (
+        "on a frozen tile; left: frozen; down: hole; right: frozen; up: edge; goal: down-right at distance 5"
+    )
+    for _ in range(2):
+        env.step("right")
+    corner = env.step("down").observation  # row 1, col 3 is a hole
+    assert env.spec.situation(corner).startswith("in a hole; ") and "goal: down at distance 2" in env.spec.situation(corner)
+    assert "goal" in env.spec.situation(env.reset(seed=0).replace("right: frozen (safe)", "right: GOAL"))
+
+
+@pytest.mark.parametrize("name", LAKES)
+def test_no_frozenlake_situation_names_a_coordinate(name: str) -> None:
+    env = make_env(name)
+    for obs in lake_observations(name):
+        situation = env.spec.situation(obs)
+        assert env.spec.instance_terms(situation) == [], situation
+        assert not re.search(r"\b(?:row|col)\b|\d+\s*,\s*\d+", situation), situation
+        assert re.fullmatch(
+            r"(on the start tile|on a frozen tile|in a hole|on the goal)"
+            r"(; (left|down|right|up): (edge|frozen|hole|goal)){4}; goal: (here|((down|up)(-(left|right))?|left|right) at distance \d+)",
+            situation,
+        ), situation
+        assert situation == env.spec.situation(obs)  # a pure function of the text
+        assert ("on the start tile" in situation) == (", on a start (frozen, safe) tile" in obs)
+
+
+@pytest.mark.parametrize("name", ["frozenlake-random-4x4", "frozenlake-random-6x6", "frozenlake-8x8"])
+def test_a_move_changes_the_situation_and_a_bump_does_not(name: str) -> None:
+    """Reflection tells a bump from a move by the situation: a move changes the distance."""
+    env = make_env(name)
+    for seed in range(8):
+        before = env.reset(seed=seed)
+        rng = random.Random(seed)
+        for _ in range(15):
+            result = env.step(rng.choice(list(env.valid_actions())))
+            moved = result.info["event"] != "bump"
+            assert (env.spec.situation(result.observation) != env.spec.situation(before)) == moved
+            if result.done:
+                break
+            before = result.observation
+
+
+def test_a_situation_recurs_on_maps_never_trained_on() -> None:
+    """What the situation names transfers: most of what the held-out maps show the agent was
+    already seen on a training map, where no coordinate pair would mean the same tile."""
+    from forge.envs.gym import held_out_seeds, train_seeds
+
+    name = "frozenlake-random-6x6"
+    trained = {make_env(name).spec.situation(o) for o in lake_observations(name, seeds=train_seeds(6)[:40])}
+    tested = [make_env(name).spec.situation(o) for o in lake_observations(name, seeds=held_out_seeds(6)[:20])]
+    assert sum(s in trained for s in tested) > len(tested) / 2
+
+
+def test_frozenlake_instance_terms_and_abstract() -> None:
+    from forge.envs.gym import frozenlake_abstract, frozenlake_instance_terms
+
+    text = "when you are at row 2, col 0, on a frozen tile, do not down; at (2, 0) or at 2,0 seed 7"
+    assert frozenlake_instance_terms(text) == ["row 2, col 0", "(2, 0)", "at 2,0", "seed 7"]
+    assert frozenlake_instance_terms("when down: hole; goal: down-right at distance 4, do not down") == []
+    assert frozenlake_abstract("when you are at row 2, col 0, on a frozen tile, do not down") == (
+        "when you are on a frozen tile, do not down"
+    )
+    # nothing true elsewhere replaces a bare coordinate: the rule is left without a situation
+    assert frozenlake_abstract("when at row 2, col 0, do not down") == "when, do not down"
+    env = make_env("frozenlake-random-5x5")
+    for obs in lake_observations("frozenlake-random-5x5", seeds=range(3), steps=4):
+        general = frozenlake_abstract(obs)
+        assert frozenlake_instance_terms(general) == [] and frozenlake_instance_terms(obs)
+        assert "Next to you:" in general and "The goal is " in general  # the surroundings stay
+        assert env.spec.abstract is frozenlake_abstract and env.spec.instance_terms is frozenlake_instance_terms
+    start = make_env("frozenlake-4x4").reset(seed=0)
+    assert "You are on a start (frozen, safe) tile. The goal is down-right at distance 6." in frozenlake_abstract(start)
+
+
+def test_text_that_is_no_lake_observation_gets_the_generic_summary_without_coordinates() -> None:
+    situation = make_env("frozenlake-4x4").spec.situation
+    assert situation("Step 1 of 5.\nYou are at row 2, col 0, near the hole. More.") == "You are near the hole"
+    assert situation("Step 1 of 5.\nThe ice creaks.") == "The ice creaks"
+
+
+def test_the_walker_obeys_a_rule_named_by_the_lake_situation() -> None:
+    """The scripted test model takes the prompt's word for which rules hold here: a rule
+    learned on one map ("down: hole") keeps it out of the hole on another map."""
+    from forge.engine.memory import Memory
+    from forge.learn.policy import FlatPolicy
+    from forge.learn.prompt import recollect
+    from forge.llm.testing import WalkerLLM
+    from forge.model import Kind, Unit, Viewer
+
+    env = make_env("frozenlake-random-6x6")
+    rule = Unit("when down: hole, do not down", kind=Kind.RULE, owner="a", scope="private")
+
+    def moves(with_rule: bool) -> list[tuple[str, str]]:
+        out = []
+        with Memory.open(":memory:", embedder="hash") as mem:
+            if with_rule:
+                mem.add([rule])
+            policy = FlatPolicy(llm=lambda role: WalkerLLM(seed=1), spec=env.spec)
+            for seed in range(30):
+                obs = env.reset(seed=seed)
+                rec = recollect(mem, viewer=Viewer.of("a"), query=obs, role="actor", valid_actions=env.valid_actions())
+                for _ in range(6):
+                    action = policy.act(observation=obs, valid_actions=env.valid_actions(), history=[], memory={"actor": rec}).action
+                    out.append((env.spec.situation(obs), action))
+                    result = env.step(action)
+                    if result.done:
+                        break
+                    obs = result.observation
+        return out
+
+    above_a_hole = [a for s, a in moves(True) if "down: hole" in s]
+    assert above_a_hole and "down" not in above_a_hole
+    assert "down" in [a for s, a in moves(False) if "down: hole" in s]  # without the rule it falls

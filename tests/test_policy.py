@@ -19,6 +19,10 @@ def test_summarize_observation_is_one_short_sentence():
     assert "Map" not in strip_map(obs) and "Next to you" in strip_map(obs) and "Last step" in strip_map(obs)
 
 
+# frozenlake-4x4's start as its rules name it (EnvSpec.situation): surroundings, no coordinates
+START = "on the start tile; left: edge; down: frozen; right: frozen; up: edge; goal: down-right at distance 6"
+
+
 def _memory(*units: Unit) -> Memory:
     mem = Memory.open(":memory:", embedder="hash")
     mem.add(list(units))
@@ -28,7 +32,7 @@ def _memory(*units: Unit) -> Memory:
 def test_flat_policy_uses_constrained_choice_and_memory():
     env = make_env("frozenlake-4x4")
     llm = ScriptedLLM()  # obeys: first option
-    rule = Unit("when you are at row 0, col 0, on a start tile, do not left; down was safe there", kind=Kind.RULE, owner="a", scope="private")
+    rule = Unit(f"when {START}, do not left; down was safe there", kind=Kind.RULE, owner="a", scope="private")
     with _memory(rule) as mem:
         obs = env.reset(seed=0)
         rec = recollect(mem, viewer=Viewer.of("a"), query=obs, role="actor", valid_actions=env.valid_actions())
@@ -50,7 +54,7 @@ def test_flat_policy_uses_constrained_choice_and_memory():
 def test_the_guard_without_a_named_safe_action_excludes_only_the_forbidden():
     env = make_env("frozenlake-4x4")
     llm = ScriptedLLM()
-    rule = Unit("when you are at row 0, col 0, on a start tile, do not left", kind=Kind.RULE, owner="a", scope="private")
+    rule = Unit(f"when {START}, do not left", kind=Kind.RULE, owner="a", scope="private")
     with _memory(rule) as mem:
         obs = env.reset(seed=0)
         rec = recollect(mem, viewer=Viewer.of("a"), query=obs, role="actor", valid_actions=env.valid_actions())

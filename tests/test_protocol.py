@@ -107,7 +107,8 @@ def test_valid_reflection_is_used_and_invented_names_dropped(tmp_path):
     res = json.loads((tmp_path / "run/checkpoints/stage-00/inst-00.result.json").read_text())
     refl = res["attempts"][0]["reflection"]
     assert refl["fallback"] is False
-    assert refl["edits"][0]["add"] == ["when you are at row 2, col 0, on a frozen tile, then do not down"]
+    # the failing situation (row 2, col 0, above the hole) as FrozenLake's situation names it
+    assert refl["edits"][0]["add"] == ["when on a frozen tile; left: edge; down: hole; right: frozen; up: frozen; goal: down-right at distance 4, then do not down"]
     assert any("teleport_home" in d for d in refl["dropped"])
 
 

@@ -1,7 +1,8 @@
 """A deterministic toy "model" for protocol tests, and checks that it behaves as designed.
 
 It plays FrozenLake greedily (down until the last row, then right) and obeys rules of the
-form "when <situation>, do not <action>" found in its prompt (parsed by forge.learn.rules), so memory written by
+form "when <situation>, do not <action>" found in its prompt (parsed by forge.learn.rules), where
+the situation is FrozenLake's own (``frozenlake_situation``: surroundings, no coordinates), so memory written by
 reflection really changes its behaviour. Reflection requests get ``reflection`` (garbage by
 default, so the fallback path is exercised). Module-level and picklable: worker processes
 and subprocess runs import it by name.
@@ -13,7 +14,7 @@ import functools
 import json
 import re
 
-from forge.envs.situation import summarize_observation
+from forge.envs.gym import frozenlake_situation
 from forge.learn import rules
 from forge.llm.base import Request
 from forge.llm.testing import ScriptedLLM
@@ -21,11 +22,12 @@ from forge.llm.testing import ScriptedLLM
 MOVES = ("left", "down", "right", "up")
 
 
+def _user(request: Request) -> str:
+    return next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+
+
 def _situation(request: Request) -> str:
-    for m in reversed(request.messages):
-        if m.role == "user":
-            return summarize_observation(m.content)
-    return ""
+    return frozenlake_situation(_user(request))
 
 
 def _banned(request: Request, situation: str) -> set[str]:
@@ -49,7 +51,7 @@ def answer(request: Request, *, reflection: str = "I think you should be careful
         return options[0]  # analyst tools, proposals
     situation = _situation(request)
     banned = _banned(request, situation)
-    row = re.search(r"row (\d+)", situation)
+    row = re.search(r"You are at row (\d+)", _user(request))
     prefs = ["down", "right", "left", "up"] if not row or int(row.group(1)) < 3 else ["right", "down", "up", "left"]
     for p in prefs:
         if p in options and p not in banned:
@@ -70,10 +72,15 @@ def valid_factory() -> ScriptedLLM:
 
 
 def test_toy_llm_obeys_rules_in_its_prompt():
+    from forge.envs import make_env
     from forge.llm.base import Message
 
-    obs = "Step 2 of 20.\nYou are at row 2, col 0 (rows 0-3), on a frozen (safe) tile. The goal is at row 3, col 3."
+    env = make_env("frozenlake-4x4")
+    env.reset(seed=0)
+    env.step("down")
+    obs = env.step("down").observation  # row 2, col 0: the hole is below
+    assert frozenlake_situation(obs) == "on a frozen tile; left: edge; down: hole; right: frozen; up: frozen; goal: down-right at distance 4"
     plain = Request(messages=[Message("system", "x"), Message("user", obs)], choices=MOVES)
-    ruled = Request(messages=[Message("system", "## Rules\n[0] when you are at row 2, col 0, on a frozen tile, then do not down"), Message("user", obs)], choices=MOVES)
+    ruled = Request(messages=[Message("system", "## Rules\n[0] when left: edge; down: hole, then do not down"), Message("user", obs)], choices=MOVES)
     assert answer(plain) == "down"
     assert answer(ruled) == "right"

@@ -233,6 +233,7 @@ def test_safe_alternatives_name_moves_that_change_the_situation_not_bumps():
     assert safe_alternatives(env, seed=0, prefix=[], failed="left", tau=-0.5) == ("down", "right")
     assert safe_alternatives(env, seed=0, prefix=[], failed="left", tau=-0.5, must_move=True) == ("down", "right")
     # in a stall, moves to situations the episode has not seen come first
-    seen = {"You are at row 0, col 0, on a start tile", "You are at row 1, col 0, on a frozen tile"}
+    start = env.reset(seed=0)
+    seen = {env.spec.situation(start), env.spec.situation(env.step("down").observation)}  # the start, row 1, col 0
     assert safe_alternatives(env, seed=0, prefix=["down"], failed="left", tau=-0.5, must_move=True, seen=seen) == ("down",)
     assert safe_alternatives(env, seed=0, prefix=["down"], failed="left", tau=-0.5, must_move=True) == ("down", "up")

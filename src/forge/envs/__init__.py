@@ -25,11 +25,11 @@ __all__ = [
 ]
 
 
-def _frozenlake(size: int, slippery: bool) -> Callable[..., Env]:
+def _frozenlake(size: int, slippery: bool, random_map: bool = False) -> Callable[..., Env]:
     def build(**kwargs: Any) -> Env:
         from forge.envs.gym import FrozenLakeEnv
 
-        return FrozenLakeEnv(size=size, slippery=slippery, **kwargs)
+        return FrozenLakeEnv(size=size, slippery=slippery, random_map=random_map, **kwargs)
 
     return build
 
@@ -63,6 +63,12 @@ _REGISTRY: dict[str, Callable[..., Env]] = {
     "frozenlake-4x4-slippery": _frozenlake(4, True),
     "frozenlake-8x8": _frozenlake(8, False),
     "frozenlake-8x8-slippery": _frozenlake(8, True),
+    # a new map per episode seed (forge.envs.gym.train_seeds / held_out_seeds split them)
+    **{
+        f"frozenlake-random-{n}x{n}{tail}": _frozenlake(n, slippery, random_map=True)
+        for n in (4, 5, 6)
+        for tail, slippery in (("", False), ("-slippery", True))
+    },
     "cliffwalking": _cliffwalking,
     "taxi": _taxi,
     "cyborg-cage2": _cyborg,

@@ -13,6 +13,7 @@ env                           tau    theta   success  major failure  max_steps
 ============================  =====  ======  =======  =============  ==================
 frozenlake-4x4[-slippery]     -0.5   1.0     >= 1.0   <= -1.0        20 (slippery 40)
 frozenlake-8x8[-slippery]     -0.5   1.0     >= 1.0   <= -1.0        60 (slippery 120)
+frozenlake-random-NxN[-sl.]   -0.5   1.0     >= 1.0   <= -1.0        5N (slippery 10N)
 cliffwalking                  -50    -20     >= -30   <= -100        60
 taxi                          -5     3       >= 0     <= -10         60
 ============================  =====  ======  =======  =============  ==================
@@ -20,22 +21,50 @@ taxi                          -5     3       >= 0     <= -10         60
 Seeding: ``reset(seed=s)`` passes ``s`` to the gymnasium env, which reseeds its ``np_random``;
 slippery transitions and Taxi's start state therefore replay exactly for the same seed and
 actions.
+
+Random maps (``frozenlake-random-4x4``, ``-5x5``, ``-6x6``, each also ``-slippery``): the map of
+an episode is gymnasium's ``generate_random_map(size, p=0.8, seed=s)`` for its seed ``s`` and
+nothing else, so ``reset(seed=s)`` plays the same solvable map on every machine, and another
+seed is another map: a task the agent never saw, to test whether what it learned transfers.
+Learning runs train on :func:`train_seeds` and are judged on :func:`held_out_seeds`, whose
+maps are none of the training maps (on 4x4, 30 of seeds 10,000-10,099 draw a map that one of
+seeds 0-99 also draws, so plain seed ranges would leak training maps into the test).
+
+What a FrozenLake rule's "when" names (``spec.situation``): what lies in each direction, where
+the goal lies relative to the agent and how far, and whether it is on the start tile, e.g.
+``on a frozen tile; left: frozen; down: hole; right: frozen; up: edge; goal: down-right at
+distance 4``. Never a row or column: a rule learned at "row 1, col 0" of one map means nothing
+on the next, while "down: hole" means the same everywhere. The distance (steps, ignoring holes)
+makes every move change the situation, so a bump into an edge still reads as one. The
+observation itself keeps its coordinates and map for the model.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from forge.envs.base import EnvSpec, StepResult, check_action
+from forge.envs.situation import summarize_observation
 from forge.errors import ConfigError, UserError
 
 __all__ = [
+    "HELD_OUT_FIRST_SEED",
+    "RANDOM_SIZES",
+    "TRAIN_FIRST_SEED",
     "CliffWalkingEnv",
     "FrozenLakeEnv",
     "TaxiEnv",
+    "frozenlake_abstract",
+    "frozenlake_instance_terms",
+    "frozenlake_situation",
+    "held_out_seeds",
     "oracle_action",
+    "random_map",
+    "train_seeds",
 ]
 
 _MOVES = {"left": (0, -1), "down": (1, 0), "right": (0, 1), "up": (-1, 0)}
@@ -55,6 +84,155 @@ def _make(gym_id: str, *, max_steps: int, **kwargs: Any) -> Any:
 
 def _rc(row: int, col: int) -> str:
     return f"row {row}, col {col}"
+
+
+# -- random maps and their seed splits ----------------------------------------------------------
+
+#: Map sizes with a registered ``frozenlake-random-NxN`` env.
+RANDOM_SIZES = (4, 5, 6)
+#: Where the training seeds and the held-out seeds of random maps start.
+TRAIN_FIRST_SEED = 0
+HELD_OUT_FIRST_SEED = 10_000
+_FROZEN_P = 0.8  # gymnasium's default share of frozen tiles
+
+
+@functools.lru_cache(maxsize=4096)
+def _random_map(size: int, seed: int, p: float) -> tuple[str, ...]:
+    try:
+        from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ConfigError(
+            "gymnasium is not installed; install it with: pip install 'forge-memory[envs]'"
+        ) from exc
+    return tuple(generate_random_map(size=size, p=p, seed=seed))
+
+
+def random_map(size: int, seed: int, *, p: float = _FROZEN_P) -> list[str]:
+    """The map episode ``seed`` plays on a random ``size`` x ``size`` lake (rows of S/F/H/G).
+
+    gymnasium's generator: S top-left, G bottom-right, each other tile frozen with probability
+    ``p``, redrawn until a path joins them. A function of its arguments only.
+    """
+    if not 3 <= size <= 12:
+        raise ConfigError(f"a random FrozenLake map is 3x3 to 12x12, got {size}x{size}")
+    return list(_random_map(size, int(seed), float(p)))
+
+
+def _first_map(size: int) -> list[str]:
+    """The map a random-map env holds before its first reset (it plays none)."""
+    return random_map(size, TRAIN_FIRST_SEED)
+
+
+def _distinct_seeds(size: int, start: int, n: int, taken: frozenset[tuple[str, ...]]) -> tuple[int, ...]:
+    out: list[int] = []
+    seen = set(taken)
+    seed = start
+    while len(out) < n:
+        board = _random_map(size, seed, _FROZEN_P)
+        if board not in seen:
+            seen.add(board)
+            out.append(seed)
+        seed += 1
+    return tuple(out)
+
+
+@functools.cache
+def train_seeds(size: int, n: int = 100) -> tuple[int, ...]:
+    """The seeds a learning run on ``frozenlake-random-NxN`` may train on: the first ``n``
+    seeds from :data:`TRAIN_FIRST_SEED` that draw a map no earlier one drew."""
+    random_map(size, TRAIN_FIRST_SEED)  # checks the size
+    return _distinct_seeds(size, TRAIN_FIRST_SEED, n, frozenset())
+
+
+@functools.cache
+def held_out_seeds(size: int, n: int = 100) -> tuple[int, ...]:
+    """The seeds learning is judged on: the first ``n`` from :data:`HELD_OUT_FIRST_SEED` whose
+    maps are new, and none of the maps of ``train_seeds(size)`` (100 of them, whatever ``n``)."""
+    trained = frozenset(_random_map(size, s, _FROZEN_P) for s in train_seeds(size))
+    return _distinct_seeds(size, HELD_OUT_FIRST_SEED, n, trained)
+
+
+# -- what a FrozenLake rule names ---------------------------------------------------------------
+
+_AT = re.compile(r"You are at row (\d+), col (\d+)")
+_GOAL_AT = re.compile(r"The goal is at row (\d+), col (\d+)")
+_ON_TILE = re.compile(r"You are at [^\n]*?, on an? (start|frozen|HOLE|GOAL)\b")
+_NEXT_TO = re.compile(r"^Next to you: (.*?)\.?\s*$", re.M)
+_NEAR_WORDS = {"start": "frozen", "frozen": "frozen", "hole": "hole", "goal": "goal", "edge": "edge"}
+_HERE = {
+    "start": "on the start tile",
+    "frozen": "on a frozen tile",
+    "HOLE": "in a hole",
+    "GOAL": "on the goal",
+}
+
+# Absolute coordinates as an agent or a model writes them: "row 2, col 0", "(2, 0)",
+# "at 2,0", "row 2", "column 3", "state 14", and a seed.
+_PAIR = r"rows?\s+\d+\s*(?:,|and)?\s*(?:col(?:umn)?s?)\s+\d+"
+_COORD = re.compile(
+    rf"\b{_PAIR}\b|\(\s*\d+\s*,\s*\d+\s*\)|\bat\s+\d+\s*,\s*\d+\b"
+    r"|\b(?:row|col|column)\s+\d+\b|\b(?:state|tile|cell|square|position)\s+#?\d+\b"
+    r"|\bseed\s*[=:]?\s*\d+\b",
+    re.IGNORECASE,
+)
+_LEAD_IN = re.compile(
+    r"\s*\b(?:at|in|on|from|to|into|of|near)\s+(?:the\s+)?(?:tile|square|cell|position)?\s*(?=\(|row|col|\d)",
+    re.IGNORECASE,
+)
+_RANGES = re.compile(r"\s*\((?:[^()]*\b(?:rows?|cols?)\s+\d+\s*-\s*\d+[^()]*)\)", re.IGNORECASE)
+
+
+def _goal_words(dr: int, dc: int) -> str:
+    way = "-".join(w for w in ("down" if dr > 0 else "up" if dr < 0 else "", "right" if dc > 0 else "left" if dc < 0 else "") if w)
+    return f"{way} at distance {abs(dr) + abs(dc)}" if way else "here"
+
+
+def frozenlake_situation(observation: str) -> str:
+    """A FrozenLake observation as what transfers to another map: the tile the agent is on
+    (start or frozen), what lies in each direction (frozen, hole, goal, edge), and the goal's
+    direction and distance, e.g. ``on a frozen tile; left: frozen; down: hole; right: frozen;
+    up: edge; goal: down-right at distance 4``. No row or column.
+
+    A pure function of the text (reflection calls it on recorded observations); text that is
+    not a FrozenLake observation gets the generic summary, its coordinates taken out.
+    """
+    at, goal = _AT.search(observation), _GOAL_AT.search(observation)
+    tile, near = _ON_TILE.search(observation), _NEXT_TO.search(observation)
+    if not (at and goal and tile and near):
+        return frozenlake_abstract(summarize_observation(observation))
+    parts = [_HERE[tile.group(1)]]
+    for item in near.group(1).split("; "):
+        way, _, what = item.partition(": ")
+        word = what.split(" ", 1)[0].strip("(),").lower()
+        parts.append(f"{way}: {_NEAR_WORDS.get(word, word)}")
+    (r, c), (gr, gc) = (map(int, at.groups())), (map(int, goal.groups()))
+    parts.append(f"goal: {_goal_words(gr - r, gc - c)}")
+    return "; ".join(parts)
+
+
+def frozenlake_instance_terms(text: str) -> list[str]:
+    """The absolute coordinates (and seeds) a text names: what holds on one map only."""
+    return list(dict.fromkeys(m.group(0) for m in _COORD.finditer(text)))
+
+
+def frozenlake_abstract(text: str) -> str:
+    """``text`` without its coordinates: nothing true on another map can replace "at row 2,
+    col 0", so the phrase goes (with its "at"); where the text also says where the agent is,
+    the goal's position becomes its direction and distance ("The goal is down-right at
+    distance 4"). What is left names no coordinate (:func:`frozenlake_instance_terms` finds
+    none)."""
+    at, goal = _AT.search(text), _GOAL_AT.search(text)
+    if at and goal:
+        (r, c), (gr, gc) = map(int, at.groups()), map(int, goal.groups())
+        text = text[: goal.start()] + f"The goal is {_goal_words(gr - r, gc - c)}" + text[goal.end() :]
+    text = _RANGES.sub("", text)
+    # the coordinate with the preposition that led to it, then any stray coordinate
+    text = re.sub(rf"{_LEAD_IN.pattern}(?:{_COORD.pattern})", "", text, flags=re.IGNORECASE)
+    text = _COORD.sub("", text)
+    text = re.sub(r"\b(are|is|be|was|were)\s*,\s*", r"\1 ", text)
+    text = re.sub(r"\s*,\s*(?=[,.;:])|\(\s*\)", "", text)
+    text = re.sub(r"[ \t]{2,}", " ", text)
+    return re.sub(r"[ \t]+([,.;:])", r"\1", text).strip()
 
 
 class _ToyTextEnv:
@@ -197,13 +375,16 @@ class _GridEnv(_ToyTextEnv):
 
 
 class FrozenLakeEnv(_GridEnv):
-    """FrozenLake-v1 (4x4 or 8x8 map, optionally slippery) as text.
+    """FrozenLake-v1 (the fixed 4x4 or 8x8 map, or a random map per seed) as text.
 
     Rewards come from the real env with ``reward_schedule=(1, -1, 0)``: +1 on reaching the
     goal, -1 on falling into a hole (ends the episode), 0 for any other step. With tau = -0.5
     only a hole is below tau. Return 1.0 is a success, -1.0 a major failure; running out of
     steps returns 0 (neither). When slippery the ice moves you in the chosen direction only
     1/3 of the time and to one of the two perpendicular directions otherwise.
+
+    ``random_map=True`` plays :func:`random_map` of the episode's seed (any size 3-12): the
+    real gymnasium env is rebuilt on that map at each reset whose seed draws another one.
     """
 
     _ACTION_IDS = {"left": 0, "down": 1, "right": 2, "up": 3}
@@ -215,12 +396,29 @@ class FrozenLakeEnv(_GridEnv):
     }
 
     def __init__(
-        self, *, size: int = 4, slippery: bool = False, max_steps: int | None = None
+        self,
+        *,
+        size: int = 4,
+        slippery: bool = False,
+        max_steps: int | None = None,
+        random_map: bool = False,
     ) -> None:
-        if size not in (4, 8):
-            raise ConfigError(f"FrozenLake size must be 4 or 8, got {size}")
-        name = f"frozenlake-{size}x{size}" + ("-slippery" if slippery else "")
-        default_steps = {(4, False): 20, (4, True): 40, (8, False): 60, (8, True): 120}
+        if random_map:
+            board = _first_map(size)
+            name = f"frozenlake-random-{size}x{size}"
+            steps = 5 * size * (2 if slippery else 1)
+            where = (
+                "The map is new in every episode (drawn from the episode's seed): read what "
+                "lies next to you instead of remembering where the holes were. "
+            )
+        elif size in (4, 8):
+            board = None
+            name = f"frozenlake-{size}x{size}"
+            steps = {(4, False): 20, (4, True): 40, (8, False): 60, (8, True): 120}[(size, slippery)]
+            where = ""
+        else:
+            raise ConfigError(f"FrozenLake size must be 4 or 8 (any of 3-12 with a random map), got {size}")
+        name += "-slippery" if slippery else ""
         slip = (
             " The ice is slippery: you move in the chosen direction only 1/3 of the time, "
             "otherwise to one of the two perpendicular directions, so keep away from holes."
@@ -233,26 +431,35 @@ class FrozenLakeEnv(_GridEnv):
                 f"You walk on a {size}x{size} frozen lake from the start S (top-left) to the "
                 "goal G (bottom-right). Tiles: F frozen (safe), H hole. Falling into a hole "
                 "ends the episode in failure (reward -1); reaching the goal wins (reward +1). "
-                "Actions: left, down, right, up move one tile; row 0 is the top row and col 0 "
+                + where
+                + "Actions: left, down, right, up move one tile; row 0 is the top row and col 0 "
                 "the left column; moving into the edge leaves you in place." + slip
             ),
-            max_steps=max_steps or default_steps[(size, slippery)],
+            max_steps=max_steps or steps,
             tau=-0.5,
             theta=1.0,
             success_return=1.0,
             major_failure_return=-1.0,
+            situation=frozenlake_situation,
+            abstract=frozenlake_abstract,
+            instance_terms=frozenlake_instance_terms,
         )
-        super().__init__(
-            spec=spec,
-            gym_id="FrozenLake-v1",
-            gym_kwargs={
-                "map_name": f"{size}x{size}",
-                "is_slippery": slippery,
-                "reward_schedule": (1, -1, 0),
-            },
-        )
+        self.size = size
         self.slippery = slippery
+        self.random_map = random_map
+        self._gym_kwargs: dict[str, Any] = {"is_slippery": slippery, "reward_schedule": (1, -1, 0)}
+        where_kw = {"desc": board} if board is not None else {"map_name": f"{size}x{size}"}
+        super().__init__(spec=spec, gym_id="FrozenLake-v1", gym_kwargs={**where_kw, **self._gym_kwargs})
         self._rows = [bytes(r).decode() for r in self.unwrapped.desc]
+
+    def reset(self, *, seed: int) -> str:
+        if self.random_map:
+            board = random_map(self.size, seed)
+            if board != self._rows:
+                self._env.close()
+                self._env = _make("FrozenLake-v1", max_steps=self.spec.max_steps, desc=board, **self._gym_kwargs)
+                self._rows = board
+        return super().reset(seed=seed)
 
     def _grid(self) -> list[str]:
         return self._rows

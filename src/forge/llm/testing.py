@@ -186,15 +186,39 @@ class EchoLLM(ScriptedLLM):
 
 
 _LEAN = {"down": 3.0, "right": 3.0}  # FrozenLake's goal is bottom-right: a walk that gets there sometimes
+_HERE = "Memory for this situation:"
+
+
+def _flagged_here(user: str, options: Sequence[str]) -> set[str]:
+    """What the rules the prompt lists under "Memory for this situation:" forbid.
+
+    The policy matched those rules to the env's own situation (``EnvSpec.situation``: "down:
+    hole", "exploit on a User host"), which the stand-in cannot compute from the prompt, so it
+    takes the prompt's word that they apply here, as a model reading it would.
+    """
+    from forge.learn import rules
+
+    _, found, block = user.partition(_HERE)
+    out: set[str] = set()
+    if not found:
+        return out
+    for line in block.splitlines()[1:]:
+        if not line.startswith("- "):
+            break
+        parsed = rules.parse(line[2:].strip(), options)
+        if parsed is not None:
+            out.update(parsed.avoid)
+    return out
 
 
 class WalkerLLM:
     """A deterministic stand-in model for agents and swarms: a seeded walk that obeys its rules.
 
     For an action choice it removes the actions that a rule in the prompt ("when <situation>,
-    do not <action>", parsed by :mod:`forge.learn.rules`) forbids in the current situation, then
-    picks among the rest at random, seeded by ``seed`` and the prompt (so the same agent in the
-    same state with the same memory does the same thing). Reflection requests get a minimal
+    do not <action>", parsed by :mod:`forge.learn.rules`) forbids in the current situation (its
+    first sentence, or the prompt's "Memory for this situation" list), then picks among the
+    rest at random, seeded by ``seed`` and the prompt (so the same agent in the same state
+    with the same memory does the same thing). Reflection requests get a minimal
     schema answer, which makes reflection fall back to the rule derived from the trajectory.
     """
 
@@ -223,6 +247,7 @@ class WalkerLLM:
         situation = summarize_observation(user)
         options = list(request.choices or ())
         banned = rules.forbidden_in((m.content for m in request.messages), situation, options)
+        banned |= _flagged_here(user, options)
         allowed = [c for c in options if c not in banned] or options
         rng = random.Random(f"{self.seed}|{user}")
         return rng.choices(allowed, weights=[self.lean.get(o, 1.0) for o in allowed])[0]
