@@ -130,9 +130,9 @@ def test_rate_limit_gives_a_clear_429(tmp_path: Path) -> None:
 def test_a_server_without_keys_answers_loopback_only(tmp_path: Path) -> None:
     mem = Memory(SQLiteStore(tmp_path / "local.db"), HashingEmbedder(64))
     keys = KeyStore(tmp_path / "none.keys.json")
-    with TestClient(create_app(mem, keys=keys), client=("127.0.0.1", 5000)) as c:
+    with TestClient(create_app(mem, keys=keys), client=("127.0.0.1", 5000), base_url="http://127.0.0.1:8765") as c:
         assert c.get("/v1/whoami").json()["admin"] is True
-    with TestClient(create_app(mem, keys=keys), client=("10.1.2.3", 5000)) as c:
+    with TestClient(create_app(mem, keys=keys), client=("10.1.2.3", 5000), base_url="http://127.0.0.1:8765") as c:
         assert "loopback" in _error(c.get("/v1/whoami"), 401, "unauthorized")
     mem.close()
 

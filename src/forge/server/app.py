@@ -28,9 +28,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from forge.engine.memory import Memory
 from forge.engine.recall import Recalled
-from forge.errors import ForgeError
+from forge.errors import ConfigError, ForgeError
 from forge.server import models as m
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
+from forge.server.edge import Edge
 from forge.server.errors import error_response, status_of
 from forge.server.keys import KeyStore, Principal
 from forge.server.service import Service, event_dict
@@ -65,6 +66,9 @@ async def current_principal(request: Request) -> Principal:
     Async on purpose: it only hashes the key and stats the key file, and a sync dependency
     would cost every request a hop through the thread pool before the endpoint's own.
     """
+    found = request.scope.get("state", {}).get("principal")  # the edge checked the key before the body
+    if found is not None:
+        return found
     client = request.client.host if request.client else None
     return request.app.state.auth.principal(token_from(request.headers, request.cookies), client)
 
@@ -99,6 +103,9 @@ def create_app(
     curate_policy: Any = None,
     workers: int = 1,
     read_audit_delay_s: float = 0.05,
+    max_body: int = 8 * 2**20,
+    max_import_body: int = 128 * 2**20,
+    allowed_hosts: tuple[str, ...] = (),
 ) -> FastAPI:
     """The ASGI app over one Memory. ``close_memory`` closes it at shutdown (``forge serve``).
 
@@ -108,7 +115,13 @@ def create_app(
     --workers``): each then enforces its share of every key's rate, and MCP runs stateless,
     since consecutive requests of one MCP session may reach different processes.
     ``read_audit_delay_s``: see :class:`~forge.server.service.Service`.
+    ``max_body`` caps a request body in bytes (``max_import_body`` for ``/v1/import``): a
+    larger one is answered 413 without being read. ``allowed_hosts``: Host names a server
+    without keys answers to beyond loopback and ``host`` (:mod:`forge.server.edge`).
     """
+    for name, value in (("max_body", max_body), ("max_import_body", max_import_body)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive number of bytes")
     service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret, capsule_keyring=capsule_keyring,
                       read_audit_delay_s=read_audit_delay_s)
     auth = Authenticator(keys, rate=rate, burst=burst, share=workers, **({"clock": clock} if clock else {}))
@@ -145,12 +158,13 @@ def create_app(
         version="0.1.0",
         description="Shared, scoped, audited memory for LLM agents. Authenticate with 'Authorization: Bearer <key>'.",
         lifespan=lifespan,
-        responses={code: m.ERRORS[code] for code in (400, 401, 403, 404, 409, 422, 429, 500, 503)},
+        responses={code: m.ERRORS[code] for code in (400, 401, 403, 404, 409, 413, 421, 422, 429, 500, 503)},
         **_no_telemetry(),
     )
     app.state.service = service
     app.state.auth = auth
     app.state.curation = curation
+    app.add_middleware(Edge, auth=auth, hosts=(host, *allowed_hosts), max_body=max_body, bigger={"/v1/import": max_import_body})
 
     # -- errors: one shape ---------------------------------------------------------------
     @app.exception_handler(ForgeError)
@@ -179,7 +193,7 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status_code, "http_error")
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:  # Starlette names only the first route's methods; name every route's
             headers["Allow"] = ", ".join(_allowed(app, request))
@@ -291,8 +305,8 @@ def create_app(
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    @app.post("/v1/import", response_model=m.CountOut, tags=["bulk"], responses={k: E[k] for k in (400, 403, 404, 409, 422)})
-    def import_records(p: Who, body: Annotated[str, Body(media_type="application/x-ndjson", max_length=100_000_000)] = "") -> dict[str, Any]:
+    @app.post("/v1/import", response_model=m.CountOut, tags=["bulk"], responses={k: E[k] for k in (400, 403, 404, 409, 413, 422)})
+    def import_records(p: Who, body: Annotated[str, Body(media_type="application/x-ndjson")] = "") -> dict[str, Any]:
         """JSON lines as written by export; one transaction: every record lands or none does (admin)."""
         from forge.errors import ValidationError
 
@@ -404,6 +418,15 @@ def create_app(
     if mcp_server is not None:
         from forge.server.mcp import guard
 
-        app.mount("/", guard(mcp_server.streamable_http_app(streamable_http_path="/mcp", host=host, stateless_http=workers > 1), auth))
+        async def unrouted(scope: Any, receive: Any, send: Any) -> None:
+            """Paths the MCP mount (the fallback at "/") catches: 405 where a route has the path."""
+            allowed = _allowed(app, Request(scope))
+            if allowed:
+                await error_response(405, "method_not_allowed", "Method Not Allowed", {"Allow": ", ".join(allowed)})(scope, receive, send)
+            else:
+                await error_response(404, "not_found", f"no route {scope.get('path', '')}")(scope, receive, send)
+
+        mcp_app = mcp_server.streamable_http_app(streamable_http_path="/mcp", host=host, stateless_http=workers > 1)
+        app.mount("/", guard(mcp_app, auth, unrouted=unrouted))
 
     return app

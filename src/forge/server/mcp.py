@@ -142,13 +142,19 @@ def http_principal(auth: Authenticator, ctx: Context) -> Principal:
     return found[0]
 
 
-def guard(app: Any, auth: Authenticator) -> Any:
-    """ASGI wrapper: MCP over HTTP needs the same key (and obeys the same rate limit) as REST."""
+def guard(app: Any, auth: Authenticator, *, unrouted: Any = None) -> Any:
+    """ASGI wrapper: MCP over HTTP needs the same key (and obeys the same rate limit) as REST.
+
+    Mounted at the root as the fallback route, it hands every other path to ``unrouted``
+    (the app's 404 or 405), or answers 404.
+    """
 
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and not scope.get("path", "").startswith("/mcp"):
-            # Mounted at the root as the fallback route: everything else is an unknown path.
-            await error_response(404, "not_found", f"no route {scope.get('path', '')}")(scope, receive, send)
+            if unrouted is not None:
+                await unrouted(scope, receive, send)
+            else:
+                await error_response(404, "not_found", f"no route {scope.get('path', '')}")(scope, receive, send)
             return
         if scope["type"] == "http":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}

@@ -261,6 +261,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "malformed request", 401: "missing or unknown API key", 403: "the key may not do this",
         404: "not found (or not visible to this key)", 409: "the id already exists",
+        413: "request body too large", 421: "wrong Host for a server without keys (DNS rebinding)",
         422: "invalid input", 429: "rate limit exceeded", 500: "backend failure", 503: "backend unavailable",
     }.items()
 }
