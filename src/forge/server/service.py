@@ -12,6 +12,7 @@ call one method here, and render.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -35,6 +36,14 @@ __all__ = ["ReadLog", "Service"]
 UPDATABLE = frozenset({"content", "kind", "context", "scope", "confidence", "importance", "meta", "provenance"})
 #: Change ops a non-admin sees in a unit's history (reads by other agents are theirs to know).
 _CHANGE_OPS = ("add", "update", "status")
+#: Meta keys the system records (the exchange, consensus and curation write them): who wrote
+#: a unit, how it travelled, who corroborated it, where it was promoted. An agent key may not
+#: set or change them, or it could forge provenance and consensus.
+SYSTEM_META = frozenset({
+    "origin", "via", "sender", "capsule", "remote_id", "hops", "received_scope", "received_at", "authored_at", "hash",
+    "origin_sig", "assessment", "promoted_to", "promoted_at", "consensus_of", "witnesses", "corroboration", "merged",
+    "quarantine",
+})
 
 
 class ReadLog:
@@ -161,16 +170,38 @@ class Service:
         if not units:
             raise ValidationError("no units to add")
         built = [self._own(who, Unit.from_dict(self._defaults(who, u))) for u in units]
+        if not who.admin:
+            self._parents_visible(who, built)
         return self.memory.add(built, actor=who.actor)
 
     def _defaults(self, who: Principal, data: Mapping[str, Any]) -> dict[str, Any]:
+        """The server's stamps on a unit an agent sends: its owner, its source, no system meta.
+
+        ``provenance.source`` is ``api:<agent>`` (a label the caller gave follows it, as
+        ``api:<agent>/<label>``); the operator's writes keep the source they give.
+        """
         d = dict(data)
-        if not who.admin:
-            d.setdefault("owner", who.agent)
         prov = dict(d.get("provenance") or {})
-        prov.setdefault("source", f"api:{who.agent}")
+        if who.admin:
+            prov.setdefault("source", f"api:{who.agent}")
+        else:
+            d.setdefault("owner", who.agent)
+            _no_system_meta(d.get("meta") or {}, {})
+            stamp, claimed = f"api:{who.agent}", str(prov.get("source") or "")
+            prov["source"] = stamp if claimed in ("", stamp) else f"{stamp}/{claimed}"
         d["provenance"] = prov
         return d
+
+    def _parents_visible(self, who: Principal, units: Sequence[Unit]) -> None:
+        """An agent's unit may name as parents only units it can see (same answer for absent ones)."""
+        parents = sorted({pid for u in units for pid in u.provenance.derived_from})
+        if not parents:
+            return
+        seen = {u.id for u in self.store.get_many(parents, viewer=who.viewer)}
+        unseen = [pid for pid in parents if pid not in seen]
+        if unseen:
+            raise ValidationError(f"provenance.derived_from names units this key cannot see or that do not exist: "
+                                  f"{', '.join(unseen[:5])}; name only units you can read")
 
     def _own(self, who: Principal, unit: Unit) -> Unit:
         """Refuse an agent writing as someone else or into a group it is not in."""
@@ -185,7 +216,23 @@ class Service:
     def get(self, who: Principal, unit_id: str) -> Unit:
         unit = self.memory.get(unit_id, viewer=who.viewer)
         self.reads.record("read", unit_id=unit.id, actor=who.actor, data={"key": who.key_id})
-        return unit
+        return self.shown(who, [unit])[0]
+
+    def shown(self, who: Principal, units: Sequence[Unit]) -> list[Unit]:
+        """``units`` as ``who`` may see them: parents it cannot see are not named in their
+        provenance (an id alone says that a unit exists, and the ids carry creation times)."""
+        units = list(units)
+        parents = {pid for u in units for pid in u.provenance.derived_from}
+        if who.admin or not parents:
+            return units
+        visible = {u.id for u in self.store.get_many(sorted(parents), viewer=who.viewer)}
+        return [u if visible.issuperset(u.provenance.derived_from) else
+                u.replace(provenance=dataclasses.replace(u.provenance, derived_from=tuple(p for p in u.provenance.derived_from if p in visible)))
+                for u in units]
+
+    def _shown_recalled(self, who: Principal, results: Sequence[Recalled]) -> list[Recalled]:
+        units = self.shown(who, [r.unit for r in results])
+        return [r if u is r.unit else dataclasses.replace(r, unit=u) for r, u in zip(results, units, strict=True)]
 
     def list(self, who: Principal, *, filter: Filter = Filter(), limit: int = 50, offset: int = 0) -> tuple[list[Unit], int]:
         _page(limit, offset)
@@ -193,17 +240,24 @@ class Service:
         total = self.store.count(viewer=who.viewer, filter=filter)
         if units:
             self.reads.record("list", actor=who.actor, data={"key": who.key_id, "ids": [u.id for u in units]})
-        return units, total
+        return self.shown(who, units), total
 
     def update(self, who: Principal, unit_id: str, changes: Mapping[str, Any]) -> Unit:
         unknown = set(changes) - UPDATABLE
         if unknown:
             raise ValidationError(f"cannot update field(s): {', '.join(sorted(unknown))}; updatable: {', '.join(sorted(UPDATABLE))}")
         unit = self._writable(who, unit_id)
-        data = {**unit.to_dict(), **{k: v for k, v in changes.items() if v is not None}}
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if not who.admin:
+            if "provenance" in changes:
+                raise ValidationError("provenance is recorded by the server; it cannot be changed through an agent key")
+            if "meta" in changes:  # the system's keys stay as recorded; the rest is the caller's
+                _no_system_meta(changes["meta"], unit.meta)
+                changes["meta"] = {**changes["meta"], **{k: v for k, v in unit.meta.items() if k in SYSTEM_META}}
+        data = {**unit.to_dict(), **changes}
         new = self._own(who, Unit.from_dict(data))
         reembed = new.text != unit.text
-        return self.memory.update(new, actor=who.actor, reembed=reembed)
+        return self.shown(who, [self.memory.update(new, actor=who.actor, reembed=reembed)])[0]
 
     def set_status(self, who: Principal, unit_id: str, status: str, *, reason: str) -> Unit:
         """Change a unit's status with a reason (archive = forget, quarantine review, ...)."""
@@ -214,7 +268,7 @@ class Service:
         if unit.status is Status.QUARANTINED and new is Status.ACTIVE and not who.admin and unit.owner != who.agent:
             raise AccessError("only an admin or the unit's owner can release it from quarantine")
         self.memory.set_status(unit_id, new, reason=reason.strip(), actor=who.actor)
-        return self.store.get(unit_id, viewer=Viewer.admin())
+        return self.shown(who, [self.store.get(unit_id, viewer=Viewer.admin())])[0]
 
     def _writable(self, who: Principal, unit_id: str) -> Unit:
         unit = self.memory.get(unit_id, viewer=who.viewer)  # NotFound for what it cannot see
@@ -237,7 +291,7 @@ class Service:
                 "hits": [{"id": r.unit.id, "score": round(r.score, 6), "reasons": r.reasons} for r in results],
             },
         )
-        return results
+        return self._shown_recalled(who, results)
 
     def context(self, who: Principal, query: str, *, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1) -> Packed:
         if not 1 <= budget <= 100_000:
@@ -250,7 +304,10 @@ class Service:
             data={"key": who.key_id, "query": query[:500], "budget": budget, "tokens": packed.tokens,
                   "hits": [{"id": r.unit.id, "reasons": r.reasons} for rs in packed.sections.values() for r in rs]},
         )
-        return packed
+        if who.admin:
+            return packed
+        return dataclasses.replace(packed, sections={k: self._shown_recalled(who, rs) for k, rs in packed.sections.items()},
+                                   dropped=self._shown_recalled(who, packed.dropped))
 
     # -- relations and history -------------------------------------------------------------
     def relate(self, who: Principal, src: str, dst: str, type: str = "related_to", *, weight: float = 1.0, note: str = "") -> Relation:
@@ -292,6 +349,8 @@ class Service:
         )
         if not who.admin:
             t["history"] = [e for e in t["history"] if e["op"] in _CHANGE_OPS]
+            t["derived_from"] = t["made_by"]["derived_from"] = _seen_parents(t["made_by"]["derived_from"])
+            t["unit"] = self.shown(who, [Unit.from_dict(t["unit"])])[0].to_dict()
         return t
 
     # -- episodes -------------------------------------------------------------------------
@@ -391,7 +450,7 @@ class Service:
 
     def quarantine(self, who: Principal, *, limit: int = 100) -> list[Unit]:
         f = Filter.make(status=["quarantined"], owner=None if who.admin else who.agent)
-        return self.store.list(viewer=who.viewer, filter=f, limit=limit)
+        return self.shown(who, self.store.list(viewer=who.viewer, filter=f, limit=limit))
 
     def decisions(self, who: Principal, *, outcomes: Iterable[str] = ("conflict", "resolved"), limit: int = 200) -> list[dict[str, Any]]:
         """Ledger decisions (conflicts and resolutions by default) across every agent's ledger."""
@@ -452,6 +511,22 @@ class Service:
         if self.runs_dir is None or "/" in name or name in ("", ".", "..") or not (self.runs_dir / name).is_dir():
             raise NotFoundError(f"no run named {name!r}")
         return self.runs_dir / name
+
+
+def _no_system_meta(meta: Any, recorded: Mapping[str, Any]) -> None:
+    """Refuse system meta keys an agent sets to other than what was recorded."""
+    if not isinstance(meta, Mapping):
+        return  # Unit.from_dict says what is wrong with it
+    forged = sorted(k for k in meta if k in SYSTEM_META and (k not in recorded or meta[k] != recorded[k]))
+    if forged:
+        raise ValidationError(f"meta {', '.join(forged)} {'is' if len(forged) == 1 else 'are'} recorded by the server "
+                              "(provenance, travel, consensus); leave them out")
+
+
+def _seen_parents(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A trace's parent tree without the parents its viewer could not see (trace marks them missing)."""
+    return [{**n, **({"derived_from": _seen_parents(n["derived_from"])} if "derived_from" in n else {})}
+            for n in nodes if not n.get("missing")]
 
 
 def _admin(who: Principal, what: str) -> None:
