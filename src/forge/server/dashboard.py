@@ -84,7 +84,7 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
     def viewing(p: Principal, agent: str, groups: str) -> Principal:
         """An admin may look through any agent's eyes; an agent only through its own."""
         if agent.strip() and p.admin:
-            return Principal(agent.strip(), frozenset(g.strip() for g in groups.split(",") if g.strip()), False, p.key_id)
+            return Principal(agent.strip(), frozenset(g.strip() for g in groups.split(",") if g.strip()), False, p.key_id, by=p.actor)
         return p
 
     @router.get("/", response_class=HTMLResponse)

@@ -27,9 +27,30 @@ from typing import Any
 from forge.errors import NotFoundError, StoreError, ValidationError
 from forge.model import Viewer
 
-__all__ = ["KeyRecord", "KeyStore", "Principal"]
+__all__ = ["RESERVED_AGENTS", "KeyRecord", "KeyStore", "Principal", "check_agent_id"]
 
 _PREFIX = "fk_"
+
+#: Agent ids a key may not take: the names the audit log gives the operator and the system's
+#: own writers. An agent key named "admin" would otherwise read the admin key's trail (its
+#: queries and what they returned), since an agent reads the entries its name wrote.
+RESERVED_AGENTS = frozenset({"admin", "operator", "cli", "cli-curate", "curate", "import", "seed", "system", "forge", "team", "demo"})
+
+
+def check_agent_id(agent: str) -> str:
+    """``agent`` if a key may act as it, else a ValidationError that says why.
+
+    Reserved: the names in :data:`RESERVED_AGENTS` (any case) and any id with a colon,
+    the form of the system's actors (``exchange:<agent>``, ``consensus:<agent>``, ``api:<agent>``).
+    """
+    if agent != agent.strip() or not agent or any(c.isspace() or not c.isprintable() for c in agent):
+        raise ValidationError(f"agent id {agent!r} is not usable: use letters, digits, '-', '_' or '.' without spaces")
+    if agent.lower() in RESERVED_AGENTS or ":" in agent:
+        raise ValidationError(f"agent id {agent!r} is reserved for the operator or the system's own writers "
+                              f"({', '.join(sorted(RESERVED_AGENTS))}, or any id with ':'); choose another")
+    if len(agent) > 200:
+        raise ValidationError("an agent id is at most 200 characters")
+    return agent
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +61,7 @@ class Principal:
     groups: frozenset[str] = frozenset()
     admin: bool = False
     key_id: str = ""
+    by: str = ""  # who is looking through this agent's eyes (an admin on the dashboard), if not the agent
 
     @property
     def viewer(self) -> Viewer:
@@ -47,8 +69,9 @@ class Principal:
 
     @property
     def actor(self) -> str:
-        """How this principal is written in the audit log."""
-        return self.agent
+        """How this principal is written in the audit log: an admin viewing as an agent is
+        written ``"admin as scout"``, so its queries never join that agent's own trail."""
+        return f"{self.by} as {self.agent}" if self.by else self.agent
 
     @classmethod
     def local(cls) -> Principal:
@@ -131,6 +154,10 @@ class KeyStore:
         """Make a key and return it; this is the only time the key itself is seen."""
         if not admin and not agent:
             raise ValidationError("an agent key needs an agent id (or make an --admin key)")
+        if not admin:
+            check_agent_id(agent)
+        elif agent:
+            raise ValidationError("an admin key acts as the operator ('admin' in the audit log); leave out --agent")
         if rate is not None and rate <= 0:
             raise ValidationError("a rate limit must be positive (requests per second)")
         groups = tuple(sorted({g.strip() for g in groups if g.strip()}))
@@ -174,7 +201,17 @@ class KeyStore:
             rec = self._load().get(key_id)
         if rec is None or rec.revoked_at is not None or not hmac.compare_digest(rec.hash, _hash(token)):
             return None
+        if not rec.admin and not _usable(rec.agent):
+            return None  # a key made before reserved ids were refused: it would read the operator's trail
         return Principal(rec.agent, frozenset(rec.groups), rec.admin, rec.id), rec
+
+
+def _usable(agent: str) -> bool:
+    try:
+        check_agent_id(agent)
+    except ValidationError:
+        return False
+    return True
 
 
 def _hash(token: str) -> str:
