@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -429,3 +430,88 @@ def test_a_database_on_a_read_only_file_system_can_be_read(tmp_path):
     assert out.returncode == 0, out.stderr[-500:]
     assert out.stdout.split() == ["True", "10", "1"]
     assert sorted(p.name for p in src.iterdir()) == ["ro.db"]  # nothing was written beside it
+
+
+# -- issue 25: command-line breaks ----------------------------------------------------------
+def _forge(capsys, *args: str) -> tuple[int, str, str]:
+    """``forge ARGS`` through the real entry point: its exit status, stdout and stderr."""
+    from forge.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(list(args))
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return int(stop.value.code or 0), out.out, out.err
+
+
+def _one_line_error(code: int, err: str, expected: int = 2) -> str:
+    assert code == expected, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    return err
+
+
+@pytest.fixture
+def filled_db(tmp_path, capsys):
+    db = tmp_path / "x.db"
+    assert _forge(capsys, "--db", str(db), "--embedder", "hash:64", "add", "When the ice is thin, step back.")[0] == 0
+    return db
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "device"])
+def test_export_refuses_what_is_not_a_regular_file_and_leaves_it(tmp_path, capsys, filled_db, kind):
+    import os
+    import stat
+
+    target = tmp_path / "out"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "symlink":
+        (tmp_path / "real.jsonl").write_text("kept\n")
+        target.symlink_to(tmp_path / "real.jsonl")
+    else:
+        target = Path("/dev/null")
+    before = os.lstat(target)
+    code, _, err = _forge(capsys, "--db", str(filled_db), "export", str(target))
+    assert kind.replace("fifo", "FIFO").replace("symlink", "symbolic link") in _one_line_error(code, err)
+    after = os.lstat(target)
+    assert (after.st_ino, stat.S_IFMT(after.st_mode)) == (before.st_ino, stat.S_IFMT(before.st_mode))
+    if kind == "symlink":
+        assert (tmp_path / "real.jsonl").read_text() == "kept\n"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no temporary file left
+
+
+def test_export_still_replaces_a_regular_file(tmp_path, capsys, filled_db):
+    target = tmp_path / "out.jsonl"
+    target.write_text("old\n")
+    assert _forge(capsys, "--db", str(filled_db), "export", str(target))[0] == 0
+    assert "thin" in target.read_text()
+
+
+@pytest.mark.parametrize("spec", ["hash:0", "hash:-5", "bogus:thing", "hash:99999999999", "hash:x", "openai:"])
+def test_a_bad_embedder_creates_nothing_on_disk(tmp_path, capsys, spec):
+    db = tmp_path / "new.db"
+    code, _, err = _forge(capsys, "--db", str(db), "--embedder", spec, "add", "a rule")
+    _one_line_error(code, err)
+    assert "internal error" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "0", "65536"])
+def test_serve_refuses_ports_out_of_range_in_one_line(tmp_path, capsys, port):
+    pytest.importorskip("fastapi")
+    code, _, err = _forge(capsys, "--db", str(tmp_path / "s.db"), "serve", "--port", port)
+    assert "between 1 and 65535" in _one_line_error(code, err)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("query", ["", "   "])
+def test_recall_of_nothing_is_a_user_error_not_every_unit(capsys, filled_db, query):
+    code, out, err = _forge(capsys, "--db", str(filled_db), "recall", query)
+    assert "query is empty" in _one_line_error(code, err) and out == ""
+
+
+@pytest.mark.parametrize("before", ["nan", "inf", "-1"])
+def test_audit_refuses_a_before_that_is_no_time(capsys, filled_db, before):
+    pytest.importorskip("fastapi")
+    code, _, err = _forge(capsys, "--db", str(filled_db), "audit", "--before", before)
+    assert "--before" in _one_line_error(code, err)

@@ -56,7 +56,9 @@ class _Ctx:
         server = self.db.startswith(("postgresql://", "postgres://"))  # the server says what exists
         if must_exist and self.db != ":memory:" and not server and not Path(self.db).exists():
             raise UserError(f"{self.db}: no such database; create it with 'forge add' or 'forge import'")
-        return Memory.open(self.db, embedder=self.embedder)
+        # The embedder is built before the store is opened: a bad --embedder leaves no
+        # new, empty database (nor its -wal/-shm files) behind.
+        return Memory.open(self.db, embedder=_embedder(self.embedder) if self.embedder else None)
 
     def emit(self, data: Any, human: str) -> None:
         click.echo(json.dumps(data, indent=2, default=str) if self.as_json else human)
@@ -158,6 +160,8 @@ def recall(obj: _Ctx, query: str, k: int, kinds: tuple[str, ...], tags: tuple[st
     from forge.engine.recall import pack
     from forge.store import Filter
 
+    if not query.strip():
+        raise ValidationError("the query is empty; say what to recall, e.g. forge recall 'thin ice'")
     flt = Filter.make(kinds=kinds, tags_all=tags, tags_any=any_tags, domain=domain, task=task, role=role,
                       status=statuses or None)
     with obj.memory(must_exist=True) as mem:
@@ -272,6 +276,26 @@ def demo(obj: _Ctx, out_dir: str) -> None:
 # -- helpers ------------------------------------------------------------------------------
 
 
+#: The largest hashing-embedder dimension accepted (a vector of 65,536 floats is 256 KiB).
+MAX_HASH_DIM = 65_536
+
+
+def _embedder(spec: str) -> Any:
+    """The embedder ``--embedder`` names, checked and built (nothing is opened on disk)."""
+    from forge.engine.embed import open_embedder
+    from forge.errors import ConfigError
+
+    name, _, arg = spec.partition(":")
+    if name == "hash" and arg:
+        try:
+            dim = int(arg)
+        except ValueError:
+            raise ConfigError(f"--embedder {spec}: the dimension must be a whole number, e.g. hash:256") from None
+        if not 8 <= dim <= MAX_HASH_DIM:
+            raise ConfigError(f"--embedder {spec}: the hashing dimension must be between 8 and {MAX_HASH_DIM:,}")
+    return open_embedder(spec)
+
+
 def _json_object(text: str, what: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -305,10 +329,27 @@ def _write_jsonl(fh: Any, records: Any) -> int:
 
 
 def _export_target(path: str) -> Path:
-    """Where an export goes, checked before anything is read or written."""
+    """Where an export goes, checked before anything is read or written.
+
+    Only a regular file (or a new name) is written, by renaming a finished temporary file
+    onto it: a FIFO, a device or a symbolic link there would be replaced, not written
+    through, so they are refused.
+    """
+    import stat
+
     target = Path(path)
     if target.is_dir():
         raise UserError(f"{path}: is a directory; give a file name to export to")
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot check it ({exc.strerror or exc})") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        what = ("a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise UserError(f"{path}: is {what}; export writes regular files only (give a new file name, or '-' to write to standard output)")
     parent = target.parent
     if not parent.is_dir():
         raise UserError(f"{parent}: no such directory")

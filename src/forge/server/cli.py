@@ -41,7 +41,7 @@ def _emit(obj: Any, data: Any, human: str) -> None:
 
 @click.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind; non-loopback needs API keys.")
-@click.option("--port", type=int, default=8765, show_default=True)
+@click.option("--port", type=int, default=8765, show_default=True, help="TCP port, 1-65535.")
 @click.option("--keys", "keys_path", default=None, help="API key file. Default: <db>.keys.json.")
 @click.option("--runs", "runs_dir", default="runs", show_default=True, help="Folder of evolution runs shown by /v1/runs and the dashboard.")
 @click.option("--rate", type=float, default=50.0, show_default=True, help="Default requests/s per key (a key can set its own).")
@@ -51,17 +51,28 @@ def _emit(obj: Any, data: Any, human: str) -> None:
 @click.option("--curate-every", type=float, default=None, help="Run a curation pass (forge curate's defaults) every this many seconds.")
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Server processes sharing the port and the database: one per core serves more requests at once.")
+@click.option("--max-body-mb", type=float, default=8.0, show_default=True,
+              help="Largest request body accepted, in MiB (413 above it; /v1/import accepts 16 times as much).")
 @click.option("--read-audit-ms", type=float, default=50.0, show_default=True,
               help="Read audit records (recall, read, list, context) are written in batches at most this old; "
                    "a crash loses at most this much of them. 0 writes each at once (a write transaction per read).")
 @click.pass_obj
 def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_dir: str, rate: float, capsule_keys: str | None,
-                  no_mcp: bool, no_dashboard: bool, curate_every: float | None, workers: int, read_audit_ms: float) -> None:
+                  no_mcp: bool, no_dashboard: bool, curate_every: float | None, workers: int, max_body_mb: float,
+                  read_audit_ms: float) -> None:
     """Serve the REST API (/v1, docs at /docs), MCP (/mcp) and the dashboard (/ui) over one memory."""
+    import math
+
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port {port}: a TCP port is between 1 and 65535")
+    if not (math.isfinite(max_body_mb) and 0.001 <= max_body_mb <= 4096):
+        raise ConfigError("--max-body-mb must be between 0.001 and 4096")
+    if curate_every is not None and not (math.isfinite(curate_every) and curate_every > 0):
+        raise ConfigError("--curate-every must be a positive number of seconds")
     _need_server_extra(mcp=not no_mcp)  # --no-mcp serves without the MCP SDK installed
     if workers < 1:
         raise ConfigError("--workers must be 1 or more")
-    if not 0 <= read_audit_ms <= 60_000:
+    if not 0 <= read_audit_ms <= 60_000:  # (NaN fails this too)
         raise ConfigError("--read-audit-ms must be between 0 and 60000")
     if workers > 1 and str(obj.db) in (":memory:", "sqlite://"):
         raise ConfigError("--workers needs a database file or PostgreSQL: each process would have its own in-memory store")
@@ -76,13 +87,14 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
             click.echo(f"no API keys in {keys.path}: binding to 127.0.0.1 only, not {host} (create one with 'forge keys create')", err=True)
         host = "127.0.0.1"
         click.echo("local mode: no API keys configured; only this machine (127.0.0.1) can connect, as the operator", err=True)
-    if rate <= 0:
-        raise ConfigError("--rate must be positive")
+    if not (math.isfinite(rate) and rate > 0):
+        raise ConfigError("--rate must be a positive number of requests per second")
     keyring = None
     if capsule_keys:
         from forge.share.capsule import Keyring
 
         keyring = Keyring.load(capsule_keys)
+    max_body = int(max_body_mb * 2**20)
     mem = obj.memory()
     served = f"FORGE serving {obj.db} on http://{host}:{port}  (API /v1, docs /docs{'' if no_mcp else ', MCP /mcp'}{'' if no_dashboard else ', dashboard /ui'})"
     run = {"host": host, "port": port, "log_level": "warning", "timeout_graceful_shutdown": 10, "access_log": False}
@@ -94,14 +106,14 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
         os.environ[_WORKER_ENV] = json.dumps({
             "db": str(obj.db), "embedder": embedder, "keys": str(keys.path), "rate": rate, "runs": runs_dir,
             "capsule_keys": capsule_keys, "host": host, "mcp": not no_mcp, "dashboard": not no_dashboard,
-            "curate_every": curate_every, "workers": workers, "read_audit_s": read_audit_ms / 1000,
+            "curate_every": curate_every, "workers": workers, "read_audit_s": read_audit_ms / 1000, "max_body": max_body,
         })
         click.echo(f"{served}, {workers} worker processes", err=True)
         uvicorn.run("forge.server.cli:worker_app", factory=True, workers=workers, **run)
         return
     app = create_app(mem, keys=keys, rate=rate, runs_dir=runs_dir, capsule_secret=os.environ.get("FORGE_CAPSULE_SECRET"), capsule_keyring=keyring,
                      host=host, mcp=not no_mcp, dashboard=not no_dashboard, close_memory=True, curate_every=curate_every,
-                     read_audit_delay_s=read_audit_ms / 1000)
+                     read_audit_delay_s=read_audit_ms / 1000, max_body=max_body, max_import_body=16 * max_body)
     click.echo(served, err=True)
     uvicorn.run(app, **run)
 
@@ -129,6 +141,7 @@ def worker_app() -> Any:
         capsule_keyring=Keyring.load(cfg["capsule_keys"]) if cfg["capsule_keys"] else None,
         host=cfg["host"], mcp=cfg["mcp"], dashboard=cfg["dashboard"], close_memory=True, curate_every=curate_every,
         workers=cfg["workers"], read_audit_delay_s=cfg.get("read_audit_s", 0.05),
+        max_body=cfg.get("max_body", 8 * 2**20), max_import_body=16 * cfg.get("max_body", 8 * 2**20),
     )
 
 
@@ -206,6 +219,12 @@ def keys_revoke(obj: Any, key_id: str, keys_path: str | None) -> None:
 @click.pass_obj
 def audit_command(obj: Any, agent: str | None, ops: tuple[str, ...], unit_id: str | None, since_seq: int, before: float | None, limit: int, seen_by: str | None) -> None:
     """Query the audit log: who did what to which unit, when, and why it was recalled."""
+    import math
+
+    if before is not None and not (math.isfinite(before) and before >= 0):
+        raise ConfigError("--before must be a Unix time in seconds (a finite number, 0 or more)")
+    if limit < 1 or since_seq < 0:
+        raise ConfigError("--limit must be 1 or more and --since-seq 0 or more")
     from forge.server.keys import Principal
     from forge.server.service import Service, event_dict
 
