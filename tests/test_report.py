@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
 
 from forge.errors import ConfigError, NotFoundError
+from forge.learn import rules
 from forge.llm.base import forbid_real_llms
 from forge.protocols import ForgeConfig, evolve
 from forge.protocols.report import build_report, memory_markdown
@@ -47,8 +49,8 @@ def test_report_shows_which_memories_drove_which_actions(runs, tmp_path):
     assert learned and all(set(d) >= {"situation", "action", "memory", "shown"} for d in learned)
     driven = [d for d in learned if d["memory"]]
     assert driven, "the reflexion champion's evaluation used none of its rules"
-    for d in driven:  # each listed memory names the situation the action was taken in
-        assert any(d["situation"].lower() in m.lower() for m in d["memory"])
+    for d in driven:  # each listed memory is a rule for the situation the action was taken in
+        assert any(rules.applies(rules.parse(m, ["left", "down", "right", "up"]), d["situation"]) for m in d["memory"])
     assert "Which memories drove which actions" in paths["html"].read_text()
 
 
@@ -72,3 +74,23 @@ def test_memory_markdown_empty_and_fallback_marked():
     assert "empty memory" in memory_markdown([])
     md = memory_markdown([{"role": "actor", "kind": "rule", "content": "when x, then up", "source": "reflection", "stage": 1, "meta": {"fallback": True}}])
     assert "0. when x, then up" in md and "(fallback)" in md
+
+
+def test_the_first_line_says_what_was_learned_and_whether_it_beat_zero_shot(runs, tmp_path):
+    paths = build_report([runs / "zero-shot", runs / "reflexion"], tmp_path / "rep")
+    summary = json.loads(paths["json"].read_text())
+    line = summary["verdict"]
+    assert line.startswith("reflexion/rules learned ") and "vs zero-shot" in line
+    assert "not held out" in line  # these runs evaluated on derived seeds, not held-out tasks
+    assert summary["differences"] == []
+    assert html.escape(line) in paths["html"].read_text()
+
+
+def test_compared_runs_that_differ_in_settings_are_flagged(runs, tmp_path):
+    other = tmp_path / "short"
+    with forbid_real_llms():
+        evolve(ForgeConfig(condition="forge", representation="rules", **{**BASE, "stages": 1}, rule_guard=True), other, llm_factory=toy_factory)
+    summary = json.loads(build_report([runs / "zero-shot", other], tmp_path / "rep")["json"].read_text())
+    assert any(d.startswith("stages differs") for d in summary["differences"])
+    assert any(d.startswith("rule_guard differs") for d in summary["differences"])
+    assert "Beware: stages differs" in summary["verdict"]

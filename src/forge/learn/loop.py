@@ -180,6 +180,7 @@ def play_episode(
     query = f"{env.spec.name}: {situation_of(obs, env.spec)}"
     traj.recollections = {role: recall(role, query) for role in policy.roles}
     for _ in range(max_steps or env.spec.max_steps):
+        situation = situation_of(obs, env.spec)
         choice = policy.act(observation=obs, valid_actions=list(env.valid_actions()), history=traj.actions, memory=traj.recollections)
         result = env.step(choice.action)
         t = len(traj.actions)
@@ -196,7 +197,7 @@ def play_episode(
                 reward = float(result.reward)
                 info.update(
                     event=result.info.get("event", ""), shown=list(choice.shown), now=list(choice.now),
-                    rule_shown=bool(choice.now), rule_followed=choice.followed,
+                    situation=situation, rule_shown=bool(choice.now), rule_followed=choice.followed,
                 )
             traj.steps.append(Step(observation=s.observation, thought=s.thought, action=s.action, reward=reward, role=s.role, info=info))
         obs = result.observation

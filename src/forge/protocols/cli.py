@@ -182,6 +182,9 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
         click.echo(f"{best['condition']} vs {base['condition']}: mean return {best['mean_return']:+.3f} vs {base['mean_return']:+.3f}, success {best['success_rate']:.0%} vs {base['success_rate']:.0%}")
     click.echo(f"run: {run_path} ({seconds}s)")
     if report_paths:
+        verdict = json.loads(Path(report_paths["json"]).read_text(encoding="utf-8")).get("verdict")
+        if verdict:
+            click.echo(verdict)
         click.echo(f"report: {report_paths.get('html')}")
 
 

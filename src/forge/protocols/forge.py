@@ -680,6 +680,8 @@ class _Protocol:
                 "success_rate": sum(1 for r in flat if r["success"]) / len(flat),
                 "major_failure_rate": sum(1 for r in flat if r["major_failure"]) / len(flat),
                 "returns": [r["return"] for r in flat],
+                # held-out decisions with a rule for their situation in the prompt, and followed
+                "rules": {k: sum(int((r.get("rules") or {}).get(k, 0)) for r in flat) for k in ("decisions", "rule_shown", "rule_followed")},
             },
             "graduated": sum(1 for i in self.instances if i.graduated),
             "reflections": reflections,

@@ -105,16 +105,72 @@ def decisions(run: Mapping[str, Any], *, limit: int = 40) -> list[dict[str, Any]
             info = step.get("info") or {}
             if "now" not in info:
                 continue  # a non-acting role's step
-            rows.append({
+            row = {
                 "seed": ep.get("meta", {}).get("seed"),
                 "t": info.get("t"),
-                "situation": summarize_observation(step.get("observation", "")),
+                "situation": info.get("situation") or summarize_observation(step.get("observation", "")),
                 "action": step.get("action", ""),
                 "reward": step.get("reward", 0.0),
                 "memory": [content.get(i, i) for i in info.get("now", [])],
                 "shown": len(info.get("shown", [])),
-            })
+                "against_memory": info.get("rule_followed") is False,
+                "repeats": 1,
+            }
+            last = rows[-1] if rows else None
+            if last is not None and (last["seed"], last["situation"], last["action"], last["memory"]) == (row["seed"], row["situation"], row["action"], row["memory"]):
+                last["repeats"] += 1  # a stall: one row, counted, not twenty alike
+                continue
+            rows.append(row)
     return rows[:limit]
+
+
+#: Settings that change what a run measures: runs compared side by side should share them.
+_COMPARED = ("env", "llm", "instances", "stages", "attempts", "eval_episodes", "max_steps", "rule_guard", "memory_tokens", "policy", "eval_seeds", "train_seeds")
+
+
+def differences(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The settings (beyond condition and representation) in which compared runs differ."""
+    out = []
+    for key in _COMPARED:
+        values = [r["config"].get(key) for r in runs]
+        if any(v != values[0] for v in values[1:]):
+            shown = ", ".join(f"{r['label']}: {r['config'].get(key)!r}" for r in runs)
+            out.append(f"{key} differs ({shown})")
+    return out
+
+
+def verdict(rows: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]) -> str:
+    """One line: what was learned, and whether it beat the baseline on the evaluation tasks
+    (held out when the runs named eval seeds no instance trained on)."""
+    learners = [(r, run) for r, run in zip(rows, runs, strict=True) if r["condition"] != "zero-shot"]
+    base = next((r for r in rows if r["condition"] == "zero-shot"), None)
+    if not learners:
+        return f"{rows[0]['label']}: success {rows[0]['success_rate']:.0%} (nothing learns in zero-shot)."
+    best, run = max(learners, key=lambda rr: (rr[0]["success_rate"], rr[0]["mean_return"]))
+    memory = run["champion"]["memory"]
+    rules = [m for m in memory if m.get("kind") in ("rule", "example")]
+    held = bool(run["config"].get("eval_seeds"))
+    where = f"{best['eval_episodes']} held-out {'tasks' if held else 'episodes'}" + ("" if held else " (not held out: the same tasks as training)")
+    learned = f"{best['label']} learned {len(rules)} rule(s)/example(s)" + (f", e.g. \"{_clip(rules[0]['content'], 90)}\"" if rules else "")
+    if base is None:
+        return f"{learned}; success {best['success_rate']:.0%} on {where}."
+    gain = best["success_rate"] - base["success_rate"]
+    outcome = "it transferred" if gain > 0 or (gain == 0 and best["mean_return"] > base["mean_return"]) else "it did not beat zero-shot"
+    why = ""
+    if best.get("rule_shown_rate") is not None and outcome != "it transferred":
+        why = f" (a rule for the situation was in front of the model in {best['rule_shown_rate']:.0%} of decisions"
+        why += f", followed in {best['rule_followed_rate']:.0%} of those)" if best.get("rule_followed_rate") is not None else ")"
+    diff = differences(runs)
+    caveat = f" Beware: {'; '.join(diff)}." if diff else ""
+    return (
+        f"{learned}; on {where} {outcome}: success {best['success_rate']:.0%} vs zero-shot {base['success_rate']:.0%}, "
+        f"mean return {best['mean_return']:+.2f} vs {base['mean_return']:+.2f}{why}.{caveat}"
+    )
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _summary_row(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,6 +197,15 @@ def _summary_row(run: Mapping[str, Any]) -> dict[str, Any]:
         "curve": [s.get("mean_checkpoint_return") for s in run["stages"]],
         "graduation": [s.get("graduated_total", 0) for s in run["stages"]],
         "champion": run["champion"]["instance"],
+        **_rule_rates(ev.get("rules") or {}),
+    }
+
+
+def _rule_rates(rec: Mapping[str, Any]) -> dict[str, float | None]:
+    decided, shown = int(rec.get("decisions", 0)), int(rec.get("rule_shown", 0))
+    return {
+        "rule_shown_rate": shown / decided if decided else None,
+        "rule_followed_rate": int(rec.get("rule_followed", 0)) / shown if shown else None,
     }
 
 
@@ -214,14 +279,17 @@ def _figures(runs: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]
 REPORT_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
 th{background:#f3f3f3}td:first-child{text-align:left}.figs{display:flex;flex-wrap:wrap;gap:12px}
-pre{background:#f8f8f8;padding:1em;overflow-x:auto;white-space:pre-wrap}"""
+pre{background:#f8f8f8;padding:1em;overflow-x:auto;white-space:pre-wrap}
+tr.against td{background:#fde8e8}.verdict{font-size:1.1em;background:#f3f7ff;padding:.6em 1em;border-left:4px solid #36c}"""
 
 
 def _decisions_html(label: str, rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return ""
     body = "".join(
-        f"<tr><td>{html.escape(str(r['seed']))}/{r['t']}</td><td>{html.escape(r['situation'])}</td><td>{html.escape(r['action'])}</td>"
+        f"<tr{' class=against' if r.get('against_memory') else ''}><td>{html.escape(str(r['seed']))}/{r['t']}"
+        f"{' (x' + str(r['repeats']) + ')' if r.get('repeats', 1) > 1 else ''}</td><td>{html.escape(r['situation'])}</td>"
+        f"<td>{html.escape(r['action'])}{' <b>against memory</b>' if r.get('against_memory') else ''}</td>"
         f"<td>{r['reward']:g}</td><td>{r['shown']}</td><td style='text-align:left'>{'<br>'.join(html.escape(m) for m in r['memory']) or '-'}</td></tr>"
         for r in rows
     )
@@ -229,20 +297,24 @@ def _decisions_html(label: str, rows: Sequence[Mapping[str, Any]]) -> str:
             f"<th>units shown</th><th>memory for this situation</th></tr>{body}</table>")
 
 
-def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: Mapping[str, str], drove: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> str:
+def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: Mapping[str, str], drove: Mapping[str, Sequence[Mapping[str, Any]]] | None = None, *, verdict: str = "") -> str:
     cols = [
         ("run", "label"),
         ("mean return", "mean_return"),
         ("success", "success_rate"),
         ("major failure", "major_failure_rate"),
         ("graduated", "graduated"),
-        ("fallback reflections", "fallback_rate"),
+        ("rule shown", "rule_shown_rate"),
+        ("followed", "rule_followed_rate"),
+        ("fallback reflections*", "fallback_rate"),
         ("training tokens", "training_tokens"),
         ("eval tokens", "evaluation_tokens"),
     ]
 
     def cell(key: str, value: Any) -> str:
-        if key in ("success_rate", "major_failure_rate", "fallback_rate"):
+        if value is None:
+            return "-"
+        if key in ("success_rate", "major_failure_rate", "fallback_rate", "rule_shown_rate", "rule_followed_rate"):
             return f"{value:.0%}"
         if isinstance(value, float):
             return f"{value:.3f}"
@@ -261,7 +333,10 @@ def _html(rows: Sequence[Mapping[str, Any]], figs: Mapping[str, str], memories: 
     mem = "".join(f"<h3>{html.escape(label)}</h3><pre>{html.escape(md)}</pre>" for label, md in memories.items())
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>FORGE report</title><style>{REPORT_CSS}</style></head><body>"
-        f"<h1>FORGE report</h1><ul>{settings}</ul><table><tr>{head}</tr>{body}</table>"
+        f"<h1>FORGE report</h1><p class='verdict'><strong>{html.escape(verdict)}</strong></p><ul>{settings}</ul><table><tr>{head}</tr>{body}</table>"
+        "<p><small>* fallback reflections: failures the LLM's reflection could not turn into a usable rule (no valid answer, or a rule "
+        "the check refused), so the rule was derived from the trajectory instead. Rule shown: evaluation decisions with a rule for "
+        "their situation in the prompt; followed: of those, the ones whose action the rule allowed.</small></p>"
         f"<h2>Figures</h2><div class='figs'>{images}</div><h2>Final champion memory</h2>{mem}"
         f"<h2>Which memories drove which actions (champion's evaluation)</h2>"
         f"{''.join(_decisions_html(k, v) for k, v in (drove or {}).items()) or '<p>(no recorded decisions)</p>'}</body></html>"
@@ -293,11 +368,12 @@ def build_report(run_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.P
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "summary.json", "html": out / "report.html", "markdown": out / "memory.md"}
     drove = {r["label"]: decisions(r) for r in runs}
-    summary: dict[str, Any] = {"runs": rows, "decisions": drove}
+    line = verdict(rows, runs)
+    summary: dict[str, Any] = {"verdict": line, "differences": differences(runs), "runs": rows, "decisions": drove}
     if len(rows) > 1:
         summary["ratios"] = _ratios(rows)
     paths["json"].write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    paths["html"].write_text(_html(rows, figs, memories, drove), encoding="utf-8")
+    paths["html"].write_text(_html(rows, figs, memories, drove, verdict=line), encoding="utf-8")
     paths["markdown"].write_text("\n\n".join(memories.values()), encoding="utf-8")
     return paths
 
