@@ -62,7 +62,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge.envs.base import EnvSpec, StepResult, check_action
-from forge.errors import ConfigError, EnvError, UserError
+from forge.errors import EnvError, UserError
+from forge.store import pg
+from forge.store.pg import psycopg as _psycopg
 
 __all__ = [
     "ANOMALIES",
@@ -186,16 +188,6 @@ def accuracy(outcomes: Iterable[tuple[str, str | None]]) -> float:
 # --------------------------------------------------------------------------- connections
 
 
-def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError as exc:
-        raise ConfigError(
-            "psycopg is not installed; install it with: pip install 'forge-memory[postgres]'"
-        ) from exc
-    return psycopg
-
-
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
@@ -203,21 +195,11 @@ def _one_line(exc: BaseException) -> str:
 def _connect(
     dsn: str, *, dbname: str | None = None, app: str, timeout: float, autocommit: bool = True
 ) -> Any:
-    psycopg = _psycopg()
     kwargs: dict[str, Any] = {"connect_timeout": max(1, round(timeout)), "application_name": app}
     if dbname is not None:
         kwargs["dbname"] = dbname
-    try:
-        return psycopg.connect(dsn, autocommit=autocommit, **kwargs)
-    except psycopg.Error as exc:
-        raise PostgresEnvError(
-            f"cannot connect to PostgreSQL at {_redact(dsn)}: {_one_line(exc)}; start the "
-            "server or pass dsn=... (or set FORGE_PG_DSN)"
-        ) from None
-
-
-def _redact(dsn: str) -> str:
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
+    return pg.connect(dsn, autocommit=autocommit, error=PostgresEnvError,
+                      advice="; start the server or pass dsn=... (or set FORGE_PG_DSN)", **kwargs)
 
 
 def _close_quietly(conn: Any) -> None:

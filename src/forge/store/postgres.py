@@ -77,8 +77,10 @@ from forge.errors import (
     ValidationError,
 )
 from forge.model import Unit, Viewer
+from forge.store import pg
 from forge.store.base import Filter, Hit
 from forge.store.common import count_arg as _count_arg
+from forge.store.pg import redact_dsn
 from forge.store.sql import COLUMNS as _COLUMNS
 from forge.store.sql import Dialect, Duplicate, EventRow, SQLStore
 
@@ -324,26 +326,6 @@ def _register_vector(conn: Any) -> None:
     register_vector(conn)
 
 
-def _psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - depends on the install
-        raise ConfigError(
-            "a postgresql:// store needs psycopg: pip install 'forge-memory[postgres]'"
-        ) from None
-    return psycopg
-
-
-def redact_dsn(url: str) -> str:
-    """``url`` without a password, for messages and ``info``."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
 def parse_url(url: str) -> tuple[str, str]:
     """(libpq connection URL, schema) from a ``postgresql://`` store URL."""
     parts = urlsplit(url)
@@ -378,7 +360,7 @@ def migrate(conn: Any, schema: str, *, upto: int | None = None) -> int:
     once apply each step exactly once. A schema newer than this code is refused, and so is
     one that holds tables that are not FORGE's.
     """
-    psycopg = _psycopg()
+    psycopg = pg.psycopg()
     target = SCHEMA_VERSION if upto is None else upto
     ident = psycopg.sql.Identifier(schema)
     row = conn.execute(
@@ -420,7 +402,7 @@ class PostgresStore(SQLStore):
     _LOCK_ROW = " FOR UPDATE"
 
     def __init__(self, url: str, *, create: bool = True) -> None:
-        psycopg = _psycopg()
+        psycopg = pg.psycopg()
         self._psycopg = psycopg
         self.url = redact_dsn(url)
         dsn, self.schema = parse_url(url)
@@ -438,10 +420,7 @@ class PostgresStore(SQLStore):
         self._closing = threading.Event()
         self._wake_indexer = False
         self._bulk = 0  # depth of bulk_load blocks: writes go straight to the table, no HNSW upkeep
-        try:
-            self._conn = psycopg.connect(dsn, autocommit=True)
-        except psycopg.Error as exc:
-            raise StoreError(f"{self.url}: cannot connect ({_first_line(exc)})") from None
+        self._conn = pg.connect(dsn)
         try:
             self._setup()
         except psycopg.Error as exc:
@@ -744,7 +723,7 @@ class PostgresStore(SQLStore):
         indexed. Rows another process is indexing right now are skipped, not waited for.
         """
         moved = 0
-        conn = self._psycopg.connect(self._dsn, autocommit=True)
+        conn = pg.connect(self._dsn)
         try:
             conn.execute("SELECT set_config('search_path', %s, false), set_config('forge.operator', 'on', false)",
                          (self._search_path,))
