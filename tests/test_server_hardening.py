@@ -285,3 +285,26 @@ def test_delete_on_the_units_collection_is_405_with_allow(s) -> None:
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
     assert set(r.headers["allow"].replace(" ", "").split(",")) == {"GET", "POST"}
     assert s.c.delete("/v1/nothing-here", headers=s.h(s.bob)).status_code == 404
+
+
+def test_dashboard_pages_carry_csp_frame_and_nosniff_headers(s) -> None:
+    for path in ("/ui/login", "/ui/", "/ui/static/htmx.min.js"):
+        r = s.c.get(path, headers=s.h(s.admin))
+        assert r.status_code == 200, path
+        csp = r.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp and "'unsafe-inline'" not in csp
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+    api = s.c.get("/v1/health")
+    assert api.headers["x-content-type-options"] == "nosniff" and "content-security-policy" not in api.headers
+    assert "<style>" not in s.c.get("/ui/login").text  # the styles are a file the CSP allows
+
+
+@pytest.mark.parametrize("path", ["/ui/login", "/ui/logout"])
+def test_sign_in_and_out_refuse_cross_origin_posts(s, path: str) -> None:
+    form = {"key": s.alice} if path == "/ui/login" else {}
+    for foreign in ({"Origin": "https://evil.example"}, {"Referer": "https://evil.example/page"}, {"Origin": "null"}):
+        r = s.c.post(path, data=form, headers=foreign, follow_redirects=False)
+        assert r.status_code == 403 and "set-cookie" not in r.headers, foreign
+    for own in ({"Origin": "http://testserver"}, {"Referer": "http://testserver/ui/login"}, {}):
+        r = s.c.post(path, data=form, headers=own, follow_redirects=False)
+        assert r.status_code == 303 and "forge_key" in r.headers["set-cookie"], own

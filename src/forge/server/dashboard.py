@@ -66,6 +66,8 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
 
     @router.post("/login")
     def login(request: Request, key: Annotated[str, Form(max_length=500)]) -> Response:
+        if not _same_origin(request):
+            return HTMLResponse("sign-in is accepted only from this server's own login page", status_code=403)
         client = request.client.host if request.client else None
         try:
             auth.principal(key.strip(), client)
@@ -76,7 +78,9 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
         return resp
 
     @router.post("/logout")
-    def logout() -> Response:
+    def logout(request: Request) -> Response:
+        if not _same_origin(request):
+            return HTMLResponse("sign-out is accepted only from this server's own pages", status_code=403)
         resp = RedirectResponse("/ui/login", status_code=303)
         resp.delete_cookie("forge_key", path="/")
         return resp
@@ -157,6 +161,21 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
 
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=str(_HERE / "static")), name="ui-static")
+
+
+def _same_origin(request: Request) -> bool:
+    """A form post from this server's own pages: its Origin (else its Referer) names this
+    host. A browser sends one of them on a cross-site post, so another site cannot sign a
+    visitor in with its own key, or out; a client that sends neither is not a browser form."""
+    from urllib.parse import urlsplit
+
+    claimed = request.headers.get("origin") or request.headers.get("referer")
+    if not claimed:
+        return True
+    if claimed == "null":  # sandboxed frames, file: pages, some redirects
+        return False
+    here = request.headers.get("host", "")
+    return urlsplit(claimed).netloc.lower() == here.lower() and bool(here)
 
 
 def _search(service: Service, p: Principal, q: str, kind: str, status: str) -> dict[str, Any]:

@@ -12,6 +12,9 @@
   JSON and is logged; it is not re-raised to the server, which would reset the keep-alive
   connection and fail the caller's next request too.
 
+- **Headers a browser obeys.** Every answer says ``X-Content-Type-Options: nosniff``; the
+  dashboard's pages also carry a Content-Security-Policy (scripts, styles and requests from
+  this server only, no framing, forms posting only here) and ``X-Frame-Options: DENY``.
 - **A cap on bodies.** A body larger than ``max_body`` bytes (a few paths may have a
   bigger cap) is answered 413: at once when its Content-Length says so, else as soon as
   that many bytes have arrived, never buffered whole. (FastAPI's own ``max_body_size``
@@ -44,6 +47,14 @@ LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 _PUBLIC = frozenset({"/v1/health"})
 #: Paths only an admin key may call (refused before their body is read).
 _ADMIN_ONLY = frozenset({"/v1/import"})
+#: Headers on every answer, and on the dashboard's (``/ui``) answers besides.
+_ALWAYS = [(b"x-content-type-options", b"nosniff")]
+_PAGES = [
+    (b"content-security-policy", b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+     b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+]
 
 
 def host_name(value: str) -> str:
@@ -87,11 +98,14 @@ class Edge:
             return
         limit = self.bigger.get(scope.get("path", ""), self.max_body)
         started, received = False, 0
+        extra = _ALWAYS + (_PAGES if scope.get("path", "").startswith("/ui") else [])
 
         async def tracked(message: Any) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                present = {k.lower() for k, _ in message.get("headers", ())}
+                message = {**message, "headers": [*message.get("headers", ()), *(h for h in extra if h[0] not in present)]}
             await send(message)
 
         async def capped() -> Any:
