@@ -24,6 +24,7 @@ from typing import Any
 from forge.curate.exposure import Exposure
 from forge.curate.seeds import WarmUp
 from forge.errors import ConfigError
+from forge.learn.reflect import REPRESENTATIONS
 
 __all__ = [
     "CONDITIONS",
@@ -34,7 +35,6 @@ __all__ = [
     "derive_seed",
 ]
 
-REPRESENTATIONS = ("rules", "examples", "mixed")
 POLICIES = ("flat", "hierarchical")
 
 
