@@ -515,3 +515,14 @@ def test_audit_refuses_a_before_that_is_no_time(capsys, filled_db, before):
     pytest.importorskip("fastapi")
     code, _, err = _forge(capsys, "--db", str(filled_db), "audit", "--before", before)
     assert "--before" in _one_line_error(code, err)
+
+
+def test_an_exact_text_match_is_recalled_when_the_vector_index_misses_it(memory, monkeypatch):
+    """HNSW is approximate (3 of 3,000 units were not found by their own vector at k=10 on a
+    20,000-unit store, 0 of 3,000 by hybrid recall): the keyword path finds the exact text."""
+    texts = [f"When the {w} door is locked, look under the {v} mat." for w in ("red", "blue", "green") for v in ("door", "porch")]
+    ids = memory.add([Unit(t) for t in texts])
+    monkeypatch.setattr(memory.store, "vector_search", lambda *a, **k: [])  # the ANN index returns nothing
+    for uid, text in zip(ids, texts, strict=True):
+        hits = memory.recall(text, viewer=ADMIN, k=1, touch=False)
+        assert [h.unit.id for h in hits] == [uid]
