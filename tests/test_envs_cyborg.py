@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from forge.envs import Env, EnvSpec, make_env, oracle_action
-from forge.envs.cyborg import cage2_situation, parse_cage2_situation, rule_based_action
+from forge.envs.cyborg import (
+    cage2_abstract,
+    cage2_instance_terms,
+    cage2_situation,
+    host_role,
+    parse_cage2_situation,
+    rule_based_action,
+)
 from forge.errors import ConfigError, UserError, ValidationError
 
 HAVE_CYBORG = importlib.util.find_spec("CybORG") is not None
@@ -33,13 +40,64 @@ OBS = (
 # -- pure text helpers (no CybORG needed) ------------------------------------------------------
 
 
-def test_situation_is_the_host_states_without_the_step_counter() -> None:
+def test_situation_is_the_host_states_by_role_without_the_step_counter() -> None:
     assert cage2_situation(OBS) == (
-        "Activity: exploit Enterprise1, scan User2; compromised: Enterprise1 user, "
-        "User1 privileged, User3 unknown"
+        "Activity: exploit on an Enterprise host, scan on a User host; compromised: an "
+        "Enterprise host (user), a User host (privileged), a User host (unknown)"
     )
     over = "Step 30 of 30. The episode is over. Activity: none; compromised: none.\nLast step: x"
     assert cage2_situation(over) == "Activity: none; compromised: none"
+    # roles in a fixed order, most valuable first, counted where they repeat
+    busy = (
+        "Step 9 of 30. Activity: scan User1, scan User4, exploit Op_Server0; compromised: "
+        "User4 privileged, User1 privileged, Defender user, Op_Host2 user.\nLast step: x"
+    )
+    assert cage2_situation(busy) == (
+        "Activity: exploit on the Op_Server, scan on 2 User hosts; compromised: an Op_Host "
+        "(user), the Defender (user), 2 User hosts (privileged)"
+    )
+
+
+def test_two_networks_in_the_same_state_by_role_share_one_situation() -> None:
+    """What a rule learned on one attack path needs to apply on another."""
+    here = "Step 3 of 30. Activity: exploit User1; compromised: User1 user.\nLast step: x"
+    there = "Step 5 of 30. Activity: exploit User3; compromised: User3 user.\nLast step: y"
+    assert cage2_situation(here) == cage2_situation(there) == (
+        "Activity: exploit on a User host; compromised: a User host (user)"
+    )
+
+
+SAMPLES = [
+    OBS,
+    "Step 0 of 30. Activity: none; compromised: none.\nLast step: the episode has just started.",
+    "Step 2 of 20. Activity: exploit User2; compromised: User2 user.\nLast step: sleep succeeded, reward 0.0.",
+    "Step 12 of 30. Activity: scan Op_Host0, exploit Enterprise0; compromised: Enterprise0 user, Op_Server0 privileged.\nLast step: restore Enterprise2 succeeded, reward -2.0.",
+]
+
+
+def test_instance_terms_are_host_names_with_numbers() -> None:
+    assert cage2_instance_terms(OBS) == ["Enterprise1", "User2", "User1", "User3"]
+    assert cage2_instance_terms("when red exploits user2, restore op_server0 (seed 4)") == ["user2", "op_server0", "seed 4"]
+    assert cage2_instance_terms("when the Defender and 2 User hosts are seen, monitor") == []
+    for text in SAMPLES:
+        assert cage2_instance_terms(cage2_situation(text)) == []
+
+
+def test_abstract_rewrites_host_names_into_roles() -> None:
+    assert cage2_abstract("remove User2") == "remove a User host"
+    assert cage2_abstract("restore Enterprise0, then Op_Server0") == "restore an Enterprise host, then the Op_Server"
+    rule = "when Activity: exploit User1; compromised: User1 user, do not sleep; remove User1 was safe there"
+    assert cage2_abstract(rule) == (
+        "when Activity: exploit on a User host; compromised: a User host (user), do not sleep; "
+        "remove a User host was safe there"
+    )
+    for text in [*SAMPLES, rule, "analyse user3 after seed 9"]:
+        general = cage2_abstract(text)
+        assert cage2_instance_terms(general) == [], general
+        assert cage2_abstract(general) == general  # nothing left to rewrite
+    assert [host_role(h) for h in ("User0", "Enterprise2", "Op_Server0", "Op_Host1", "Defender", "Printer")] == [
+        "User", "Enterprise", "Op_Server", "Op_Host", "Defender", "host",
+    ]
 
 
 def test_situation_parses_back_to_host_states() -> None:
@@ -157,10 +215,13 @@ def test_cage2_observation_is_host_states_without_addresses() -> None:
         assert not re.search(r"\d+\.\d+\.\d+\.\d+", obs)  # no IP or subnet columns
         situation = env.spec.situation(obs)
         assert situation == cage2_situation(obs) and "Step" not in situation
+        assert env.spec.instance_terms(situation) == []  # roles, not host names
     # Against a sleeping blue, B_line is seen exploiting hosts within 12 steps.
     seen = [env.spec.situation(o) for o in observations]
-    assert any(re.search(r"exploit \w+", s) for s in seen)
-    assert any(re.search(r"compromised: \w+ user", s) for s in seen)
+    assert any(re.search(r"exploit on (a|an|the) ", s) for s in seen)
+    assert any(re.search(r"compromised: .*\(user\)", s) for s in seen)
+    assert any(re.search(r"exploit User\d", o) for o in observations)  # the text keeps the names
+    assert env.spec.abstract is cage2_abstract and env.spec.instance_terms is cage2_instance_terms
 
 
 @needs_cyborg

@@ -1,9 +1,9 @@
 """Environment adapters behind one string factory.
 
 ``make_env("frozenlake-4x4")``, ``make_env("taxi")``, ``make_env("textarena:TowerOfHanoi-v0")``,
-``make_env("cyborg-cage2")``: each name imports its backend only when built, so ``forge.envs``
-costs nothing to import and a missing optional package surfaces as a ConfigError with an
-install hint.
+``make_env("cyborg-cage2")``, ``make_env("minicage")`` (CAGE-2's shape without CybORG): each
+name imports its backend only when built, so ``forge.envs`` costs nothing to import and a
+missing optional package surfaces as a ConfigError with an install hint.
 """
 
 from __future__ import annotations
@@ -58,6 +58,12 @@ def _cyborg(**kwargs: Any) -> Env:
     return CybORGCage2Env(**kwargs)
 
 
+def _minicage(**kwargs: Any) -> Env:
+    from forge.envs.minicage import MiniCageEnv
+
+    return MiniCageEnv(**kwargs)
+
+
 _REGISTRY: dict[str, Callable[..., Env]] = {
     "frozenlake-4x4": _frozenlake(4, False),
     "frozenlake-4x4-slippery": _frozenlake(4, True),
@@ -72,6 +78,7 @@ _REGISTRY: dict[str, Callable[..., Env]] = {
     "cliffwalking": _cliffwalking,
     "taxi": _taxi,
     "cyborg-cage2": _cyborg,
+    "minicage": _minicage,
     "postgres-diagnosis": _postgres,
 }
 

@@ -20,7 +20,13 @@ Text, built for small models on slow CPUs:
   columns (~70% of its tokens) are dropped: actions name hosts, never addresses, and the
   host-to-subnet map never changes within a scenario. The second line is the last action,
   whether CybORG says it succeeded, and the step's reward.
-- ``spec.situation`` returns that first line without the step counter, the "when" of a rule.
+- ``spec.situation`` is that first line without the step counter and with hosts named by
+  their role, the "when" of a rule: ``Activity: exploit on a User host, scan on a User host;
+  compromised: a User host (user)``. A rule about "User1" means nothing in a network whose
+  User1 is another machine; one about "a User host" red exploits means the same in every
+  CAGE-2 network (and in :mod:`forge.envs.minicage`). ``spec.abstract`` rewrites host names
+  into those roles and ``spec.instance_terms`` finds the ones a text still names. The
+  observation keeps the names: actions need them.
 
 Rewards are CybORG's, unchanged: each step's reward is minus the damage red holds that step
 (-0.1 per user host or Op_Host where red has root, -1 per Enterprise host or Op_Server0, -10
@@ -42,14 +48,22 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from forge.envs.base import EnvSpec, StepResult, check_action
 from forge.errors import ConfigError, UserError
 
-__all__ = ["CybORGCage2Env", "cage2_situation", "parse_cage2_situation", "rule_based_action"]
+__all__ = [
+    "CybORGCage2Env",
+    "cage2_abstract",
+    "cage2_instance_terms",
+    "cage2_situation",
+    "host_role",
+    "parse_cage2_situation",
+    "rule_based_action",
+]
 
 _HINT = (
     "CybORG is not installed; clone https://github.com/cage-challenge/cage-challenge-2 "
@@ -78,21 +92,103 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower()
 
 
-def cage2_situation(observation: str) -> str:
-    """The first line of a CAGE-2 observation without "Step N of M.": the host states.
-
-    E.g. ``"Activity: exploit User1, scan User2; compromised: User1 user"``. A pure function of
-    the text, so it also serves recorded observations; ``spec.situation`` points here.
-    """
+def _state_line(observation: str) -> str:
+    """The first line of an observation without "Step N of M.": the host states, by name."""
     first = observation.strip().split("\n", 1)[0]
     return _STEP_HEAD.sub("", first).rstrip(". ")
 
 
+# -- hosts by role: what a rule may name -------------------------------------------------------
+
+_ROLES = ("Op_Server", "Enterprise", "Op_Host", "Defender", "User")  # most valuable first
+_ONE = {
+    "Op_Server": "the Op_Server", "Enterprise": "an Enterprise host", "Op_Host": "an Op_Host",
+    "Defender": "the Defender", "User": "a User host",
+}
+_MANY = {
+    "Op_Server": "Op_Servers", "Enterprise": "Enterprise hosts", "Op_Host": "Op_Hosts",
+    "Defender": "Defenders", "User": "User hosts",
+}
+_CANON = {r.lower(): r for r in _ROLES}
+# A host name is a role and a number: the number is what holds in one network only.
+_HOST = re.compile(r"\b(user|enterprise|op_server|op_host)(\d+)\b", re.IGNORECASE)
+_SEED = re.compile(r"\bseed\s*[=:]?\s*\d+\b", re.IGNORECASE)
+_LEVELS = ("privileged", "user", "unknown")
+_STATE = re.compile(
+    r"Activity: (?P<act>none|[a-z]+ \w+(?:, [a-z]+ \w+)*); compromised: "
+    r"(?P<held>none|\w+ (?:user|privileged|unknown)(?:, \w+ (?:user|privileged|unknown))*)",
+    re.IGNORECASE,
+)
+
+
+def host_role(host: str) -> str:
+    """A host's role: ``"Enterprise1"`` -> ``"Enterprise"``, ``"Defender"`` -> ``"Defender"``;
+    a name of no known role is ``"host"``."""
+    m = re.fullmatch(r"(user|enterprise|op_server|op_host|defender)\d*", host.strip(), re.IGNORECASE)
+    return _CANON[m.group(1).lower()] if m else "host"
+
+
+def _hosts(role: str, n: int) -> str:
+    if role == "host":
+        return "a host" if n == 1 else f"{n} hosts"
+    return _ONE[role] if n == 1 else f"{n} {_MANY[role]}"
+
+
+def _by_role(state: Mapping[str, tuple[str, str]]) -> str:
+    order = {r: i for i, r in enumerate((*_ROLES, "host"))}
+    roles = sorted({host_role(h) for h in state}, key=order.__getitem__)
+    kinds = [*_ACTIVITY, *sorted({a for a, _ in state.values()} - {*_ACTIVITY, "none"})]
+    levels = [*_LEVELS, *sorted({c for _, c in state.values()} - {*_LEVELS, "no"})]
+
+    def count(role: str, pick: Callable[[tuple[str, str]], bool]) -> int:
+        return sum(1 for h, v in state.items() if host_role(h) == role and pick(v))
+
+    seen = [
+        f"{kind} on {_hosts(role, n)}"
+        for kind in kinds for role in roles if (n := count(role, lambda v, k=kind: v[0] == k))
+    ]
+    held = [
+        f"{_hosts(role, n)} ({level})"
+        for role in roles for level in levels if (n := count(role, lambda v, lv=level: v[1] == lv))
+    ]
+    return f"Activity: {', '.join(seen) or 'none'}; compromised: {', '.join(held) or 'none'}"
+
+
+def cage2_situation(observation: str) -> str:
+    """The host states of a CAGE-2 observation by role, without "Step N of M.": the "when" of
+    a rule, which must hold in another network too.
+
+    E.g. ``"Activity: exploit on a User host, scan on a User host; compromised: an Enterprise
+    host (user)"``, counted where a role repeats ("scan on 2 User hosts"), roles in a fixed
+    order (Op_Server, Enterprise, Op_Host, Defender, User). A pure function of the text, so it
+    also serves recorded observations; ``spec.situation`` points here.
+    """
+    return _by_role(parse_cage2_situation(observation))
+
+
+def cage2_instance_terms(text: str) -> list[str]:
+    """The host names (a role and a number: "User2", "Op_Server0") and seeds a text names."""
+    found = [m.group(0) for m in _HOST.finditer(text)] + [m.group(0) for m in _SEED.finditer(text)]
+    return list(dict.fromkeys(found))
+
+
+def cage2_abstract(text: str) -> str:
+    """``text`` with host names rewritten into their roles: a host-state list ("Activity:
+    exploit User1; compromised: User1 user") as :func:`cage2_situation` writes it, any other
+    name as its role ("remove User2" -> "remove a User host", "Op_Server0" -> "the
+    Op_Server"). What is left names no host (:func:`cage2_instance_terms` finds nothing)."""
+    text = _STATE.sub(lambda m: _by_role(parse_cage2_situation(m.group(0))), text)
+    text = _HOST.sub(lambda m: _ONE[_CANON[m.group(1).lower()]], text)
+    text = re.sub(r"\s*\(\s*\)", "", _SEED.sub("", text))
+    return re.sub(r"[ \t]{2,}", " ", text).strip()
+
+
 def parse_cage2_situation(situation: str) -> dict[str, tuple[str, str]]:
-    """Host -> (activity, compromise) for the hosts a situation names, in CybORG's words
-    lower-cased (``scan``/``exploit``; ``user``/``privileged``/``unknown``). Hosts left out
-    are ("none", "no"). Accepts a whole observation too; for policies that read the text."""
-    situation = cage2_situation(situation)
+    """Host -> (activity, compromise) for the hosts an observation's first line names, in
+    CybORG's words lower-cased (``scan``/``exploit``; ``user``/``privileged``/``unknown``).
+    Hosts left out are ("none", "no"). Takes a whole observation or its first line; for
+    policies that read the text (the role-based :func:`cage2_situation` names no host)."""
+    situation = _state_line(situation)
     state: dict[str, list[str]] = {}
     activity, _, compromised = situation.partition("; compromised: ")
     for item in activity.removeprefix("Activity: ").split(", "):
@@ -204,6 +300,8 @@ class CybORGCage2Env:
             ),
             situation=cage2_situation,
             actions_in_description=True,
+            abstract=cage2_abstract,
+            instance_terms=cage2_instance_terms,
         )
         self._started = False
         self._done = False
