@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import json
 import math
 import numbers
@@ -60,6 +61,7 @@ __all__ = [
     "Step",
     "Unit",
     "Viewer",
+    "derived_id",
     "new_id",
 ]
 
@@ -86,6 +88,19 @@ MAX_STEP_CHARS = 100_000
 def new_id() -> str:
     """A 20-hex-digit id that sorts by creation time (ms) and is unique across processes."""
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(4).hex()}"
+
+
+def derived_id(prefix: str, *parts: object, algorithm: str = "sha1", digits: int = 20, sep: str = ":") -> str:
+    """An id computed from what a record is, so writing it again finds the one already there
+    (a replayed team task, a rerun consolidation, a re-imported seed, a LangGraph key).
+
+    ``prefix + sep`` and the first ``digits`` hex digits of ``algorithm`` over ``parts``
+    joined by ``|`` (each part as ``str``; text UTF-8 cannot hold is replaced, so any text
+    gets an id). These ids are persisted: a caller that changed its parts or its digest would
+    orphan the units stored under the old ones.
+    """
+    text = "|".join(map(str, parts)).encode("utf-8", errors="replace")
+    return f"{prefix}{sep}{hashlib.new(algorithm, text).hexdigest()[:digits]}"
 
 
 # -- small validators ----------------------------------------------------------------------

@@ -17,7 +17,6 @@ stay restorable); the others stay active, linked to the generalisation.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from forge.model import (
     Status,
     Unit,
     Viewer,
+    derived_id,
     new_id,
 )
 from forge.store.base import Filter
@@ -213,7 +213,7 @@ def consolidate(
             centre /= np.linalg.norm(centre) or 1.0
             to_centre = [float(np.asarray(vecs[i], dtype=np.float64) @ centre / (np.linalg.norm(vecs[i]) or 1.0)) for i, _ in rows]
             central = mem[int(np.argmax(to_centre))]
-            gid = "gen:" + hashlib.sha1("|".join(sorted(u.id for u in mem)).encode()).hexdigest()[:20]
+            gid = derived_id("gen", *sorted(u.id for u in mem))
             base = dict(group=key, members=tuple(u.id for u in mem), similarities=tuple(round(s, 4) for s in to_centre))
             if store.get_many([gid], viewer=admin):
                 report.clusters.append(Cluster(**base, action="unchanged", reason="a generalisation of exactly these units exists", unit_id=gid))

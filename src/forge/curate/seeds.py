@@ -19,7 +19,6 @@ as the receiver's private units, so ownership alone cannot tell them apart.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -29,7 +28,7 @@ from typing import Any
 
 from forge.errors import ValidationError
 from forge.files import read_text
-from forge.model import Context, Provenance, Scope, Unit
+from forge.model import Context, Provenance, Scope, Unit, derived_id
 
 __all__ = ["SEED_FIELDS", "SEED_SOURCE", "WarmUp", "import_seed_pack", "load_seed_pack", "own", "read_seed_pack"]
 
@@ -68,7 +67,7 @@ def read_seed_pack(
             raise ValidationError(f"{where}: 'meta' must be a JSON object")
         try:
             content = rec["content"]
-            uid = rec.get("id") or "seed:" + hashlib.sha1(f"{name}|{scope_}|{content}".encode(errors="replace")).hexdigest()[:20]
+            uid = rec.get("id") or derived_id("seed", name, scope_, content)
             units.append(
                 Unit(
                     id=uid,

@@ -26,7 +26,6 @@ Search with ``query`` is FORGE's hybrid recall (``SearchItem.score`` is its fuse
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -45,7 +44,7 @@ from langgraph.store.base import (
     SearchOp,
 )
 
-from forge.model import Context, Provenance, Status, Unit, Viewer
+from forge.model import Context, Provenance, Status, Unit, Viewer, derived_id
 from forge.store import Filter
 
 __all__ = ["ForgeStore"]
@@ -60,8 +59,7 @@ def _ns_tag(prefix: tuple[str, ...]) -> str:
 
 
 def _unit_id(namespace: tuple[str, ...], key: str) -> str:
-    digest = hashlib.sha256(json.dumps([list(namespace), key]).encode()).hexdigest()[:32]
-    return f"lg-{digest}"
+    return derived_id("lg", json.dumps([list(namespace), key]), algorithm="sha256", digits=32, sep="-")
 
 
 class ForgeStore(BaseStore):

@@ -36,6 +36,7 @@ from forge.model import (
     Status,
     Unit,
     Viewer,
+    derived_id,
     new_id,
 )
 from forge.store import Filter
@@ -46,7 +47,6 @@ from forge.team.memories import (
     _clip,
     _Pool,
     smoothed,
-    stable_id,
 )
 
 __all__ = [
@@ -201,7 +201,7 @@ def consolidate(
                 planned.append((ClusterReport(**base, action="skipped", reason="no success in the cluster"), ""))
                 continue
             same = existing.get(frozenset(by_task))
-            pid = stable_id("procedure", tm.team, pool.key, *sorted({_task_index(u) for u in units}))
+            pid = derived_id("procedure", "procedure", tm.team, pool.key, *sorted({_task_index(u) for u in units}))
             if same is None and pid in known:
                 same = pid  # written before (and since archived): never twice
             if same is not None:

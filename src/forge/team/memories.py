@@ -21,7 +21,6 @@ puts memory into any FORGE prompt.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 import time
@@ -36,7 +35,18 @@ from forge.learn.loop import remember_reflection
 from forge.learn.prompt import PROMPT_WEIGHTS, Recollection, recollect
 from forge.learn.reflect import Reflection, RuleEdit
 from forge.llm.base import LLM
-from forge.model import Context, Episode, Kind, Provenance, Scope, Status, Step, Unit, Viewer
+from forge.model import (
+    Context,
+    Episode,
+    Kind,
+    Provenance,
+    Scope,
+    Status,
+    Step,
+    Unit,
+    Viewer,
+    derived_id,
+)
 from forge.store import Filter
 
 __all__ = [
@@ -99,12 +109,6 @@ def rho(successes: int, failures: int) -> float:
 def smoothed(successes: int, failures: int) -> float:
     """The validation :meth:`Memory.record_use` gives these counts: ``(1 + s) / (2 + s + f)``."""
     return (1.0 + successes) / (2.0 + successes + failures)
-
-
-def stable_id(*parts: object) -> str:
-    """A unit id derived from what the unit is, so a resumed run writes the same ids."""
-    digest = hashlib.sha1("|".join(map(str, parts)).encode()).hexdigest()[:20]
-    return f"{parts[0]}:{digest}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,7 +539,7 @@ class TeamMemory:
         if lesson.diagnosis:
             content += f"\nDiagnosis: {lesson.diagnosis}"
         return Unit(
-            id=stable_id("episode", self.team, index, pool.key),
+            id=derived_id("episode", "episode", self.team, index, pool.key),  # the kind is hashed too, as ids were
             content=content,
             kind=Kind.EPISODE,
             scope=pool.scope,
@@ -579,7 +583,7 @@ class TeamMemory:
 
             def store(units: list[Unit], pool: _Pool = pool) -> list[Unit]:
                 stamped = [
-                    u.replace(id=stable_id("rule", self.team, index, pool.key, i), meta={**u.meta, "task_index": index})
+                    u.replace(id=derived_id("rule", "rule", self.team, index, pool.key, i), meta={**u.meta, "task_index": index})
                     for i, u in enumerate(units)
                 ]
                 self.memory.add(stamped, actor=self.actor)
