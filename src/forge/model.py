@@ -511,7 +511,9 @@ class Unit:
 
     @property
     def text(self) -> str:
-        """The text that is embedded and keyword-indexed: content plus its context words."""
+        """Content plus its context words (domain, task, role, tags). What is embedded and
+        keyword-indexed is :func:`forge.store.base.indexed_text`: this plus the unit's search
+        context (``meta["search_context"]``), when it has one."""
         extra = " ".join(x for x in (self.context.domain, self.context.task, self.context.role) if x)
         tags = " ".join(self.context.tags)
         return " ".join(x for x in (self.content, extra, tags) if x)
