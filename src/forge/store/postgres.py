@@ -50,6 +50,8 @@ Works against any PostgreSQL >= 15 with pgvector >= 0.5 (HNSW). What lives where
   libpq reads ``PGPASSWORD`` or ``~/.pgpass``. Errors and ``info`` show the URL without it.
 
 Postgres text cannot hold NUL characters: a unit whose text contains one is refused.
+What reads and writes the same as on SQLite is :mod:`forge.store.sql`'s; connections go
+through :mod:`forge.store.pg`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ mark, a membership test, tag containment, how a unit's row is encoded. The filte
 (:meth:`Dialect.where`) turns a :class:`~forge.store.base.Filter` and a
 :class:`~forge.model.Viewer` into one SQL condition with it, so both backends admit exactly
 the same units. Each backend's dialect lives in the backend's module, beside its quirks.
+
+:class:`SQLStore` is the rest of a store that reads the same on both: get, list, count,
+relations, neighbours, episodes, the event log (and what a viewer may see of it), settings,
+claims, the writes around each backend's own insert, export and import. A backend
+subclasses it and fills in the hooks where its database differs (how it inserts a batch,
+where a vector lives, what a savepoint looks like, which text it cannot hold).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ ranks with BM25 in memory (:mod:`forge.store.keywords`, caught up from the file'
 a write transaction; a usearch index next to the file (``<db>.usearch``) gives vector
 search and is rebuilt from the file when missing or behind (see :mod:`forge.store.vectors`).
 Every public write is one transaction, so bad input never leaves half-written state.
+What reads and writes the same on PostgreSQL (reads, the event log, export, import) is
+:mod:`forge.store.sql`'s; this module holds SQLite's dialect and its own indexes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from forge.errors import ConfigError, NotFoundError, StoreError
-from forge.model import Status, Unit, Viewer  # noqa: F401  (Status: forge.store.sqlite.Status, as before)
+from forge.model import Status, Unit, Viewer  # noqa: F401  (Status: kept importable from here, tests use it)
 from forge.store.base import Filter, Hit
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import query_words
