@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from forge.errors import LLMError
+from forge.errors import ConfigError, LLMError
 from forge.llm import Message, MeteredLLM, Request, TokenLedger, choose, complete_json, open_llm
+from forge.llm.states import PrefixStates
 from forge.llm.structured import validate_json
 
 pytestmark = [
@@ -54,14 +55,119 @@ def test_native_choice_returns_exactly_an_option(llm):
         _ask("You are in a dark room with a door. What do you do?", choices=options, max_tokens=8)
     )
     assert out.text in options
-    assert out.meta["constraint"] == "choices"
+    assert out.meta["constraint"] == "scored"  # the default: one pass, options scored
     assert choose(llm, "You see a locked door and a key. Pick an action.", options) in options
 
 
-def test_choice_grammar_survives_awkward_strings(llm):
+@pytest.mark.parametrize("mode", ["score", "grammar"])
+def test_choice_survives_awkward_strings(llm, mode):
     options = ['say "hi"', "back\\slash", "two\nlines", "café ☕"]
-    out = llm.complete(_ask("Pick one.", choices=options, max_tokens=12))
+    llm.choice_mode = mode
+    try:
+        out = llm.complete(_ask("Pick one.", choices=options, max_tokens=12))
+    finally:
+        llm.choice_mode = "score"
     assert out.text in options
+    assert out.meta["constraint"] == {"score": "scored", "grammar": "choices"}[mode]
+
+
+SYSTEM = (
+    "You defend a network of user hosts and servers against an attacker. Red scans a host, "
+    "exploits it, then escalates to root. Valid actions: restore User1, restore User2, "
+    "remove User1, remove User2, analyse User2, sleep. Answer with exactly one of them.\n\n"
+    "Rules learned from earlier episodes:\n- When User2 shows a suspicious process, restore User2.\n"
+    "- When no host shows anything, sleep.\n- When User1 has a user-level implant, remove User1."
+)
+OPTIONS = ["restore User1", "restore User2", "remove User1", "remove User2", "analyse User2", "sleep"]
+
+
+def _step(text: str) -> Request:
+    return Request(messages=[Message("system", SYSTEM), Message("user", text)], choices=OPTIONS, max_tokens=12)
+
+
+def test_scored_prompts_are_the_tokens_llama_cpp_evaluates(llm):
+    """The scoring path renders the chat template itself: its prompt must be token for token
+    the one create_chat_completion builds, or the KV cache and saved states would not match."""
+    request = _step("User2 shows a new suspicious process.")
+    generated = llm.complete(Request(messages=request.messages, max_tokens=2))
+    scored = llm.complete(request)
+    assert scored.prompt_tokens == generated.prompt_tokens
+    assert scored.meta["prefix"] == "kv"  # the same system prompt, still in the KV cache
+    assert scored.meta["cached_tokens"] >= llm.count_tokens(SYSTEM)
+
+
+def test_a_restored_prefix_state_chooses_as_a_fresh_evaluation_does():
+    """Fresh, restored after eviction, and restored into a new instance: one answer, and the
+    restores evaluate only the tail of the prompt."""
+    states = PrefixStates()
+    first = open_llm("local:smollm2", n_ctx=2048, prefix_states=states)
+    try:
+        answers, kinds, decoded = [], [], []
+        for text in ("User2 shows a new suspicious process.", "No host shows anything new."):
+            before = first.decoded_tokens()
+            out = first.complete(_step(text))
+            decoded.append(first.decoded_tokens() - before)
+            answers.append(out.text)
+            kinds.append(out.meta["prefix"])
+            # another prompt takes the KV cache, as a reflection or another role would
+            first.complete(Request(messages=[Message("user", f"Say one word about {text}")], max_tokens=2))
+        before = first.decoded_tokens()
+        again = first.complete(_step("User2 shows a new suspicious process."))
+        restored_cost = first.decoded_tokens() - before
+    finally:
+        first.close()
+    assert kinds[0] == "evaluated"
+    assert kinds[1] == "restored"  # same system prompt, new observation, KV cache taken
+    assert again.meta["prefix"] == "restored" and again.text == answers[0]
+    assert restored_cost < again.prompt_tokens - 100  # the ~150-token system prompt was not re-read
+    assert decoded[1] < decoded[0] - 100
+
+    second = open_llm("local:smollm2", n_ctx=2048, prefix_states=states)
+    nothing = open_llm("local:smollm2", n_ctx=2048, prefix_states=PrefixStates(max_bytes=0))
+    try:
+        for text, expected in zip(("User2 shows a new suspicious process.", "No host shows anything new."), answers, strict=True):
+            new = second.complete(_step(text))
+            assert new.meta["prefix"] in {"restored", "kv"} and new.text == expected
+            fresh = nothing.complete(_step(text))
+            nothing.complete(Request(messages=[Message("user", "Say one word.")], max_tokens=1))
+            assert fresh.meta["prefix"] == "evaluated" and fresh.text == expected
+        assert second.prefix_stats.restored >= 1 and second.prefix_stats.evaluated == 0
+        assert len(nothing.prefix_states) == 0
+    finally:
+        second.close()
+        nothing.close()
+
+
+def test_saved_states_stay_within_their_bound():
+    states = PrefixStates(max_bytes=8 << 20, max_entries=16)  # SmolLM2: ~23 KB a token
+    model = open_llm("local:smollm2", n_ctx=2048, prefix_states=states)
+    try:
+        for i in range(6):
+            system = f"Task {i}: " + "Defend the hosts of the network against red. " * 20
+            model.complete(Request(messages=[Message("system", system), Message("user", "Go.")], choices=["a", "b"]))
+            assert states.nbytes <= 8 << 20
+        assert states.evictions >= 1 and 1 <= len(states) < 6
+        assert model.prefix_stats.saved == 6 and model.prefix_stats.evaluated == 6
+    finally:
+        model.close()
+
+
+def test_prefix_hits_reach_the_ledger(llm):
+    ledger = TokenLedger()
+    metered = MeteredLLM(llm, ledger, role="actor")
+    before = llm.prefix_stats.hits
+    for text in ("Step one.", "Step two.", "Step three."):
+        metered.complete(_step(text))
+    usage = ledger.total(role="actor")
+    assert usage.prefix_hits + usage.prefix_misses == 3
+    assert usage.prefix_hits >= 2  # the first may evaluate; the next two reuse it
+    assert usage.cached_tokens >= 2 * llm.count_tokens(SYSTEM)
+    assert llm.prefix_stats.hits - before == usage.prefix_hits
+
+
+def test_an_unknown_choice_mode_is_a_config_error():
+    with pytest.raises(ConfigError, match="choice_mode"):
+        open_llm("local:smollm2", choice_mode="beam")
 
 
 def test_json_schema_output_parses_and_validates(llm):

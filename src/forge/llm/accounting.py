@@ -4,6 +4,12 @@ Experiments compare conditions by cost as well as by score, so every call is rec
 free-form tags (role, instance, stage, condition...). ``MeteredLLM`` adds the recording by
 wrapping any backend, so nothing else has to know that accounting exists. Ledgers from
 worker processes travel as ``to_dict()`` and are combined with ``merge``.
+
+Backends that reuse evaluated prompt prefixes say so in each completion's meta (the embedded
+llama.cpp backend: ``prefix`` and ``cached_tokens``), and the ledger keeps those beside the
+tokens: ``cached_tokens`` (prompt tokens not evaluated again) and ``prefix_hits`` /
+``prefix_misses`` (calls whose static prefix came from the KV cache or a saved state, against
+those that evaluated some of it), so a run reports its cache hit rate with its cost.
 """
 
 from __future__ import annotations
@@ -31,10 +37,19 @@ class Usage:
     completion_tokens: int = 0
     seconds: float = 0.0
     errors: int = 0
+    cached_tokens: int = 0
+    prefix_hits: int = 0
+    prefix_misses: int = 0
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Share of the calls that reported on their prefix whose static prefix was reused."""
+        seen = self.prefix_hits + self.prefix_misses
+        return self.prefix_hits / seen if seen else None
 
     def add(self, other: Usage) -> None:
         self.calls += other.calls
@@ -42,9 +57,12 @@ class Usage:
         self.completion_tokens += other.completion_tokens
         self.seconds += other.seconds
         self.errors += other.errors
+        self.cached_tokens += other.cached_tokens
+        self.prefix_hits += other.prefix_hits
+        self.prefix_misses += other.prefix_misses
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "total_tokens": self.total_tokens}
+        return {**asdict(self), "total_tokens": self.total_tokens, "prefix_hit_rate": self.prefix_hit_rate}
 
 
 class TokenLedger:
@@ -67,9 +85,14 @@ class TokenLedger:
         seconds: float = 0.0,
         error: bool = False,
         tags: Mapping[str, Hashable] | None = None,
+        cached_tokens: int = 0,
+        prefix_hit: bool | None = None,
     ) -> None:
-        """Add one call under ``tags``."""
-        usage = Usage(1, prompt_tokens, completion_tokens, seconds, int(error))
+        """Add one call under ``tags``; ``prefix_hit`` is None when the backend did not say."""
+        usage = Usage(
+            1, prompt_tokens, completion_tokens, seconds, int(error), cached_tokens,
+            int(prefix_hit is True), int(prefix_hit is False),
+        )
         self._add(_key(tags or {}), usage)
 
     def _add(self, key: TagKey, usage: Usage) -> None:
@@ -135,6 +158,9 @@ class TokenLedger:
                             int(g.get("completion_tokens", 0)),
                             float(g.get("seconds", 0.0)),
                             int(g.get("errors", 0)),
+                            int(g.get("cached_tokens", 0)),
+                            int(g.get("prefix_hits", 0)),
+                            int(g.get("prefix_misses", 0)),
                         ),
                     )
                     for g in other["groups"]
@@ -150,6 +176,10 @@ class TokenLedger:
     def __repr__(self) -> str:
         t = self.total()
         return f"TokenLedger(calls={t.calls}, tokens={t.total_tokens})"
+
+
+#: A completion's ``meta["prefix"]`` (see forge.llm.local) as a hit, a miss, or no answer.
+_PREFIX_HIT: dict[Any, bool] = {"kv": True, "restored": True, "partial": False, "evaluated": False}
 
 
 def _key(tags: Mapping[str, Hashable]) -> TagKey:
@@ -191,11 +221,14 @@ class MeteredLLM:
                 tags=self.tags,
             )
             raise
+        meta = completion.meta if isinstance(completion.meta, Mapping) else {}
         self.ledger.record(
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
             seconds=time.perf_counter() - start,
             tags=self.tags,
+            cached_tokens=int(meta.get("cached_tokens") or 0),
+            prefix_hit=_PREFIX_HIT.get(meta.get("prefix")),
         )
         return completion
 

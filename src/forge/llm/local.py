@@ -7,15 +7,26 @@ models are only *found*, never imported. Constraints are native here: JSON schem
 choices become llama.cpp grammars, so even a 135M model returns parseable JSON and one of
 the allowed strings.
 
-Speed on small CPUs comes from the KV cache: llama-cpp-python keeps the tokens of the last
-prompt and re-evaluates only what follows the longest common token prefix of the next one.
-So callers keep the system prompt and memory block byte-identical across the steps of an
-episode, and nothing here resets the context between calls (grammars are per call and do not
-touch it; :meth:`LlamaCppLLM.close` is the only reset).
+Speed on small CPUs comes from not evaluating a token twice:
+
+- the KV cache: llama-cpp-python keeps the tokens of the last prompt and re-evaluates only
+  what follows the longest common token prefix of the next one, so callers keep the system
+  prompt and memory block byte-identical across the steps of an episode;
+- saved prefix states (:mod:`forge.llm.states`): the evaluated state of each request's static
+  prefix (everything before its last message's text) is kept in a bounded LRU shared by the
+  process, and restored when a later prompt starts with it, after another role's prompt or a
+  reflection took the KV cache, in a new episode (the shared part), or in a new instance;
+- one forward pass per choice: with ``choices`` the options are scored from the logits after
+  the prompt (:func:`~forge.llm.structured.pick_by_logits`), evaluating more tokens only where
+  options share a prefix, instead of generating under a grammar (``choice_mode="grammar"``
+  keeps the grammar path).
+
+Nothing here resets the context between calls (:meth:`LlamaCppLLM.close` is the only reset).
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import os
@@ -28,8 +39,11 @@ from typing import Any
 from forge.errors import ConfigError, LLMError, UserError
 from forge.llm.base import Completion, Request, check_real_llm_allowed
 from forge.llm.models import DEFAULT_MODEL, INSTALL_HINT, resolve_model
+from forge.llm.states import SHARED_STATES, PrefixStates, PrefixStats, common_prefix
+from forge.llm.structured import pick_by_logits
 
 __all__ = [
+    "CHOICE_MODES",
     "INSTALL_HINT",
     "LlamaCppLLM",
     "available_cpus",
@@ -41,6 +55,10 @@ __all__ = [
 ]
 
 _GRAMMAR_CACHE_SIZE = 128
+#: Static prefixes shorter than this are not worth a saved state (the chat template alone).
+_MIN_STATE_TOKENS = 32
+#: ``"score"``: pick an option from the logits (one pass); ``"grammar"``: generate under a grammar.
+CHOICE_MODES = ("score", "grammar")
 _PATCH_LOCK = threading.Lock()
 
 
@@ -201,6 +219,14 @@ class LlamaCppLLM:
     repacking). ``None`` turns them off when the CPU advertises AMX: on VMs that advertise
     it without really providing it (measured: Firecracker, Xeon, kernel 6.18) llama.cpp
     dies with SIGILL on the first matmul. Pass ``True`` where AMX really works.
+
+    ``choice_mode`` says how a request with ``choices`` is answered: ``"score"`` (default)
+    evaluates the prompt once and picks by the logits of each option's first distinguishing
+    token; ``"grammar"`` generates the option under a grammar. Both need the model's own chat
+    template (from the .gguf); with another ``chat_format`` choices use the grammar.
+    ``prefix_states`` is where evaluated static prefixes are kept (default: the process-wide
+    :data:`~forge.llm.states.SHARED_STATES`; ``PrefixStates(max_bytes=0)`` keeps none), and
+    :attr:`prefix_stats` counts what each request's static prefix came from.
     """
 
     def __init__(
@@ -214,8 +240,12 @@ class LlamaCppLLM:
         verbose: bool = False,
         chat_format: str | None = None,
         extra_buffers: bool | None = None,
+        choice_mode: str = "score",
+        prefix_states: PrefixStates | None = None,
     ) -> None:
         check_real_llm_allowed("LlamaCppLLM")
+        if choice_mode not in CHOICE_MODES:
+            raise ConfigError(f"choice_mode must be one of {', '.join(CHOICE_MODES)}, not {choice_mode!r}")
         if importlib.util.find_spec("llama_cpp") is None:
             raise ConfigError(f"the local LLM needs llama-cpp-python: {INSTALL_HINT}")
         if model is not None and model_path is not None:
@@ -246,6 +276,10 @@ class LlamaCppLLM:
         self._call_lock = threading.Lock()
         self._grammars: dict[tuple[str, str], Any] = {}
         self._grammar_lock = threading.Lock()
+        self.choice_mode = choice_mode
+        self.prefix_states = SHARED_STATES if prefix_states is None else prefix_states
+        self.prefix_stats = PrefixStats()
+        self._formatter: Any = None  # the chat template's formatter, False where unusable
 
     def _llama(self) -> Any:
         if self._model is None:
@@ -315,14 +349,26 @@ class LlamaCppLLM:
         }
         constraint = None
         if request.choices:
-            kwargs["grammar"] = self._grammar("choices", choice_grammar(list(request.choices)))
+            kwargs["grammar"] = None  # built below only if the grammar path is taken
             constraint = "choices"
         elif request.json_schema is not None:
             kwargs["grammar"], constraint = self._schema_grammar(request.json_schema)
         start = time.perf_counter()
+        prefix: dict[str, Any] = {}
         try:
             with self._call_lock:
+                prompt = self._prompt(model, request.messages)
+                if prompt is not None:
+                    prefix = self._prepare(model, *prompt)
+                    if request.choices and self.choice_mode == "score":
+                        scored = self._score(model, prompt[0], request, start, prefix)
+                        if scored is not None:
+                            return scored
+                if request.choices:
+                    kwargs["grammar"] = self._grammar("choices", choice_grammar(list(request.choices)))
                 out = model.create_chat_completion(**kwargs)
+        except LLMError:
+            raise
         except Exception as exc:
             hint = "; raise n_ctx or shorten the prompt" if "context window" in str(exc) else ""
             raise LLMError(f"llama.cpp failed on {self.name}: {exc}{hint}") from exc
@@ -341,7 +387,159 @@ class LlamaCppLLM:
             completion_tokens=int(usage["completion_tokens"]),
             model=self.name,
             seconds=seconds,
-            meta={"finish_reason": choice.get("finish_reason"), "constraint": constraint},
+            meta={"finish_reason": choice.get("finish_reason"), "constraint": constraint, **prefix},
+        )
+
+    # -- prompt tokens, prefix states, scored choices (all under _call_lock) -----------------
+
+    def _chat_formatter(self, model: Any) -> Any:
+        """The formatter of the model's own chat template, built as llama-cpp-python builds it
+        for ``create_chat_completion``, so the tokens here are the tokens it evaluates; None
+        when a named ``chat_format`` or a handler is in use."""
+        if self._formatter is None:
+            template = model.metadata.get("tokenizer.chat_template")
+            if model.chat_handler is not None or model.chat_format != "chat_template.default" or not template:
+                self._formatter = False
+            else:
+                from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+                def text(token: int) -> str:
+                    return model._model.token_get_text(token) if token != -1 else ""
+
+                eos = model.token_eos()
+                self._formatter = Jinja2ChatFormatter(
+                    template=template, eos_token=text(eos), bos_token=text(model.token_bos()), stop_token_ids=[eos]
+                )
+        return self._formatter or None
+
+    def _prompt(self, model: Any, messages: Sequence[Any]) -> tuple[list[int], int] | None:
+        """The request's prompt tokens and the length of its static prefix: what it shares
+        with the same conversation whose last message is empty (system prompt, earlier turns,
+        the last turn's header). None where the chat template is not ours to render."""
+        formatter = self._chat_formatter(model)
+        if formatter is None or not messages:
+            return None
+        msgs = [{"role": m.role, "content": m.content} for m in messages]
+        stem = [*msgs[:-1], {"role": msgs[-1]["role"], "content": ""}]
+
+        def tokens(conversation: list[dict[str, str]]) -> list[int]:
+            rendered = formatter(messages=conversation).prompt
+            return model.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
+
+        full = tokens(msgs)
+        if len(full) >= self.n_ctx:
+            raise LLMError(
+                f"llama.cpp failed on {self.name}: the prompt has {len(full)} tokens and the "
+                f"context window n_ctx={self.n_ctx}; raise n_ctx or shorten the prompt"
+            )
+        return full, common_prefix(full, tokens(stem))
+
+    def _prepare(self, model: Any, tokens: list[int], static: int) -> dict[str, Any]:
+        """Bring llama.cpp's context to hold ``tokens[:static]`` at the least cost: kept from
+        the KV cache, restored from a saved state (whole or in part), or evaluated and then
+        saved. Returns the request's ``prefix`` and ``cached_tokens`` (prompt tokens it will
+        not evaluate) for the completion's meta, and counts them in :attr:`prefix_stats`."""
+        limit = len(tokens) - 1  # the last prompt token is always evaluated: its logits are used
+        live = min(common_prefix(model.input_ids[: model.n_tokens].tolist(), tokens), limit)
+        static = min(static, limit)
+        if static < _MIN_STATE_TOKENS:
+            return {"prefix": "none", "cached_tokens": live}
+        kind = "kv"
+        if live < static:
+            kind = "evaluated"
+            found = self.prefix_states.best(str(self.model_path), tokens[:static])
+            # a restore that spares a handful of template tokens is not worth clearing the KV for
+            if found is not None and found[0] >= live + _MIN_STATE_TOKENS and self._restore(model, *found):
+                live = found[0]
+                kind = "restored" if live >= static else "partial"
+        if live < static:
+            try:
+                model.n_tokens = live
+                model.eval(tokens[live:static])
+            except Exception:
+                model.reset()
+                raise
+            self._save(model, tokens[:static])
+        self.prefix_stats.count(kind, reused=live, evaluated=len(tokens) - live)
+        return {"prefix": kind, "cached_tokens": live}
+
+    def _restore(self, model: Any, shared: int, saved: tuple[int, ...], data: bytes) -> bool:
+        """Load a saved prefix state and keep its first ``shared`` tokens."""
+        from llama_cpp import llama_cpp as low
+
+        memory = low.llama_get_memory(model.ctx)
+        low.llama_memory_clear(memory, True)
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if low.llama_state_seq_set_data(model.ctx, buffer, len(data), 0) != len(data):
+            low.llama_memory_clear(memory, True)
+            model.reset()
+            return False
+        model.input_ids[: len(saved)] = saved
+        model.n_tokens = shared
+        model._ctx.kv_cache_seq_rm(-1, shared, -1)
+        model._requires_eval = True
+        return True
+
+    def _save(self, model: Any, prefix: list[int]) -> None:
+        """Keep the context's state, which holds exactly ``prefix``, in :attr:`prefix_states`."""
+        from llama_cpp import llama_cpp as low
+
+        model._ctx.kv_cache_seq_rm(-1, model.n_tokens, -1)
+        size = int(low.llama_state_seq_get_size(model.ctx, 0))
+        if not 0 < size <= self.prefix_states.max_bytes:
+            return
+        buffer = (ctypes.c_uint8 * size)()
+        written = int(low.llama_state_seq_get_data(model.ctx, buffer, size, 0))
+        if written and self.prefix_states.put(str(self.model_path), prefix, ctypes.string_at(buffer, written)):
+            self.prefix_stats.saved += 1
+
+    def _score(
+        self, model: Any, tokens: list[int], request: Request, start: float, prefix: dict[str, Any]
+    ) -> Completion | None:
+        """One of ``request.choices`` by :func:`pick_by_logits` over their token trie; None
+        (use the grammar) when two options tokenize alike or an option is empty."""
+        from llama_cpp import llama_cpp as low
+
+        options = list(request.choices or ())
+        paths = [model.tokenize(o.encode("utf-8"), add_bos=False, special=False) for o in options]
+        if not all(paths) or len({tuple(p) for p in paths}) != len(paths):
+            return None
+        if len(tokens) + max(map(len, paths)) > self.n_ctx:
+            raise LLMError(
+                f"llama.cpp failed on {self.name}: a {len(tokens)}-token prompt and its options "
+                f"exceed the context window n_ctx={self.n_ctx}; raise n_ctx or shorten the prompt"
+            )
+
+        def extend(more: Sequence[int]) -> Any:
+            model.eval(list(more))
+            return low.llama_get_logits_ith(model.ctx, -1)
+
+        try:
+            live = min(common_prefix(model.input_ids[: model.n_tokens].tolist(), tokens), len(tokens) - 1)
+            model.n_tokens = live
+            pick = pick_by_logits(
+                paths,
+                extend(tokens[live:]),
+                extend,
+                end=model.token_eos(),
+                temperature=request.temperature,
+                seed=request.seed if request.seed is not None else self.seed,
+            )
+        except Exception:
+            model.reset()
+            raise
+        return Completion(
+            text=options[pick.index],
+            prompt_tokens=len(tokens),
+            completion_tokens=pick.evaluated,
+            model=self.name,
+            seconds=time.perf_counter() - start,
+            meta={
+                "finish_reason": "stop",
+                "constraint": "scored",
+                **prefix,
+                "p": pick.p,
+            },
         )
 
     def _schema_grammar(self, schema: Mapping[str, Any]) -> tuple[Any, str]:

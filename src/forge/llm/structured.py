@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
+import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from forge.errors import StructuredOutputError, UserError
 from forge.llm.base import LLM, Message, Request
 
 __all__ = [
+    "LogitPick",
     "StructuredOutputError",
     "choose",
     "complete_json",
     "match_option",
     "parse_json_lenient",
+    "pick_by_logits",
     "validate_json",
 ]
 
@@ -339,7 +344,9 @@ def choose(
 ) -> str:
     """Return exactly one of ``options``, picked by the model.
 
-    Backends with the ``"choices"`` capability decode under a grammar; any reply is still
+    Backends with the ``"choices"`` capability enforce the options themselves: the embedded
+    llama.cpp backend scores them from its logits in one pass (:func:`pick_by_logits`) or
+    decodes under a grammar; any reply is still
     matched by :func:`match_option` (exact, case-insensitive, option named in the reply,
     closest by difflib). If nothing matches after ``retries`` re-asks, ``fallback`` is
     returned when given (for callers that must act, e.g. a default action), else
@@ -389,6 +396,81 @@ def choose(
         raw=raw,
         attempts=retries + 1,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class LogitPick:
+    """What :func:`pick_by_logits` chose and what it cost.
+
+    ``index`` is the chosen path; ``evaluated`` the tokens run through the model after the
+    prompt to reach it, in ``evals`` calls; ``p`` the product, over the branch points, of the
+    pick's share of the softmax over the competing tokens (1.0 when there was no choice).
+    """
+
+    index: int
+    evaluated: int = 0
+    evals: int = 0
+    p: float = 1.0
+
+
+def pick_by_logits(
+    paths: Sequence[Sequence[int]],
+    logits: Sequence[float],
+    extend: Callable[[Sequence[int]], Sequence[float]],
+    *,
+    end: int,
+    temperature: float = 0.0,
+    seed: int | None = None,
+) -> LogitPick:
+    """Choose one token path (an option, tokenized) from next-token logits, walking the
+    options' token trie only where they share a prefix.
+
+    ``logits`` are the model's after the prompt; ``extend(tokens)`` evaluates ``tokens`` after
+    everything evaluated so far and returns the logits after the last one. Where the live
+    paths part, the one whose next token has the highest logit wins (or one is sampled at
+    ``temperature``, reproducibly from ``seed``); a path that ends where others go on competes
+    with the ``end`` token (end of turn). Tokens every live path shares are evaluated in one
+    batch, and only when a later branch needs the logits after them: "restore User1" against
+    "restore User2" costs one ``extend`` of ``["restore", " User"]``, and options that differ
+    in their first token cost none. This is greedy decoding restricted to the options'
+    canonical tokenization, without a grammar or a generated token that is not needed.
+    """
+    if not paths or any(len(p) == 0 for p in paths):
+        raise UserError("pick_by_logits needs at least one non-empty token path")
+    if len({tuple(p) for p in paths}) != len(paths):
+        raise UserError("pick_by_logits needs distinct token paths")
+    rng = random.Random(seed) if temperature > 0 else None
+    alive = list(range(len(paths)))
+    depth, evaluated, evals, p = 0, 0, 0, 1.0
+    pending: list[int] = []
+    while len(alive) > 1:
+        groups: dict[int, list[int]] = {}
+        for i in alive:
+            groups.setdefault(paths[i][depth] if depth < len(paths[i]) else end, []).append(i)
+        if len(groups) == 1:  # a shared token: no decision here
+            pending.append(next(iter(groups)))
+            depth += 1
+            continue
+        if pending:
+            logits = extend(pending)
+            evaluated, evals, pending = evaluated + len(pending), evals + 1, []
+        tokens = list(groups)
+        scale = temperature if temperature > 0 else 1.0
+        scores = [float(logits[t]) / scale for t in tokens]
+        top = max(scores)
+        weights = [math.exp(s - top) for s in scores]
+        total = sum(weights)
+        if rng is None:
+            k = scores.index(top)
+        else:
+            k = rng.choices(range(len(tokens)), weights=weights)[0]
+        p *= weights[k] / total
+        alive = groups[tokens[k]]
+        if tokens[k] == end:
+            break
+        pending.append(tokens[k])
+        depth += 1
+    return LogitPick(alive[0], evaluated, evals, p)
 
 
 def _listing(options: Sequence[str]) -> str:
