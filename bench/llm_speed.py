@@ -1,38 +1,50 @@
-"""How fast is each embedded LLM, and does it follow a rule in its prompt? Side by side.
+"""How fast is each embedded LLM per decision, and does it follow a rule in its prompt? Side by side.
 
     python bench/llm_speed.py                       # local (Qwen2.5-Coder-1.5B) and local:smollm2
     python bench/llm_speed.py --models local:smollm2 --runs 2 --json
-    python bench/llm_speed.py --models local:/path/model.gguf --threads 1 --verbose
+    python bench/llm_speed.py --models local --prefixes 300 --skip probe --verbose
 
-For each model it measures:
+For each model, and for each way of answering a choice (``score``: the options scored from the
+logits of one forward pass; ``grammar``: the option generated under a grammar), it measures:
 
-* ms per action choice (``forge.llm.structured.choose`` over 4 actions) with a *fresh* prompt
-  prefix (the system prompt and memory block change, so llama.cpp evaluates all of it) and
-  with a *cached* prefix (same system prompt and memory, a new observation: llama.cpp keeps
-  the KV cache of the common token prefix and evaluates only the new tail). This is why
-  FORGE keeps the memory block byte-identical across the steps of an episode.
-* generation tokens/s on a cached prompt (so the figure is decoding, not prompt evaluation);
+* ms per decision after a static prefix of ~300 and ~2,000 tokens (system prompt, option list,
+  memory block; then a one-line observation): *fresh* (a prefix never seen: all of it is
+  evaluated), *restored* (seen before, then pushed out of llama.cpp's KV cache by another
+  prompt: its saved state is restored, see forge.llm.states) and *cached* (still in the KV
+  cache: only the observation is evaluated). Wall time and the process's CPU time
+  (``time.process_time``: every llama.cpp thread), since the machine may be shared; tokens per
+  decision (prompt, evaluated, decoded after the prompt).
+* a CAGE-2-sized decision: FORGE's flat policy over the 145 CAGE-2 blue actions (CybORG's
+  action grammar in the task text, as forge.envs.cyborg writes it), ~450 prompt tokens, one
+  episode of steps: the first step (static prefix fresh) and the p50 of the others (cached);
+* generation tokens/s on a cached prompt (decoding, not prompt evaluation);
 * the rule-compliance probe of issue 8: 12 situations (grid worlds, games, operations), each
   with one right action that goes against what the model would pick on its own. With rules,
   the system prompt holds the rule naming that action plus three distractor rules about other
   situations; without, it holds none. "followed" counts right actions with the rules,
   "without" counts right actions without them. A model that uses its memory scores well
-  above its "without".
+  above its "without". Run for both choice modes.
 
-Prints, never asserts: the timings depend on the machine and its load.
+It reports the load average before and after, and the CPUs other processes kept busy when it
+started, so a figure from a shared machine says so. Prints, never asserts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
+from forge.envs.base import EnvSpec
+from forge.learn.policy import FlatPolicy
 from forge.llm import Message, Request, choose, open_llm
+from forge.llm.local import CHOICE_MODES, busy_cpus
 
 GRID = ["left", "down", "right", "up"]
 COMPASS = ["go north", "go south", "go east", "go west"]
@@ -267,39 +279,116 @@ def _memory_block(n_rules: int) -> str:
     return "\n".join(f"- {rules[i % len(rules)]}" for i in range(n_rules))
 
 
-def choice_latency(llm: Any, runs: int, n_rules: int) -> dict[str, Any]:
-    """Median ms per choice with a fresh prefix and with a cached one, and the prompt sizes.
-
-    Each run changes the first line of the system prompt (so nothing but the chat template's
-    first tokens is shared with the previous call), times one choice, then times a second
-    choice with the same system prompt and memory and a different observation.
-    """
-    memory = _memory_block(n_rules)
-    fresh_ms, cached_ms = [], []
-    steps = [
-        "You are at row 1, col 2. The goal is at row 3, col 3.",
-        "You are at row 2, col 2. The goal is at row 3, col 3.",
-    ]
-
-    def system(run: int) -> Message:
-        return Message(
-            "system",
-            f"Episode {run + 1}: walk on a 4x4 frozen lake to the goal. Some tiles are holes.\n\n"
-            f"Rules learned from earlier episodes:\n{memory}",
-        )
-
-    prompt_tokens = llm.count_tokens(system(0).content)
-    choose(llm, [Message("system", "warm up"), Message("user", "go")], GRID)
-    for run in range(runs):
-        for step, bucket in zip(steps, (fresh_ms, cached_ms), strict=True):
-            t = time.perf_counter()
-            choose(llm, [system(run), Message("user", step)], GRID)
-            bucket.append(1000 * (time.perf_counter() - t))
+def _timed(llm: Any, messages: list[Message], options: list[str]) -> dict[str, Any]:
+    """One decision as the policies ask for it (options in the system prompt, enforced by the
+    backend), timed in wall and CPU time."""
+    request = Request(messages=messages, choices=options, max_tokens=24)
+    cpu, wall = time.process_time(), time.perf_counter()
+    out = llm.complete(request)
     return {
-        "system_prompt_tokens": prompt_tokens,
-        "fresh_ms": round(statistics.median(fresh_ms)),
-        "cached_ms": round(statistics.median(cached_ms)),
+        "wall_ms": 1000 * (time.perf_counter() - wall),
+        "cpu_ms": 1000 * (time.process_time() - cpu),
+        "prompt_tokens": out.prompt_tokens,
+        "evaluated_tokens": out.prompt_tokens - out.meta.get("cached_tokens", 0),
+        "decoded_tokens": out.completion_tokens,
+        "prefix": out.meta.get("prefix"),
+        "answer": out.text,
     }
+
+
+def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: round(statistics.median(r[k] for r in rows)) for k in ("wall_ms", "cpu_ms", "prompt_tokens", "evaluated_tokens", "decoded_tokens")}
+    out["prefix"] = "/".join(sorted({str(r["prefix"]) for r in rows}))
+    return out
+
+
+_STEPS = [
+    "You are at row 1, col 2. The goal is at row 3, col 3.",
+    "You are at row 2, col 2. The goal is at row 3, col 3.",
+    "You are at row 0, col 1. The goal is at row 3, col 3.",
+]
+
+
+def prefix_latency(llm: Any, runs: int, target: int, mode: str) -> dict[str, Any]:
+    """Median decision cost after a static prefix of about ``target`` tokens: fresh, restored
+    and cached (see the module docstring). Each run starts a prefix no earlier run used."""
+    llm.choice_mode = mode
+    rules = [_memory_block(n) for n in range(1, 400)]
+    base = "Walk on a 4x4 frozen lake to the goal. Some tiles are holes. Valid actions: left, down, right, up."
+    n_rules = next(i for i, block in enumerate(rules, 1) if llm.count_tokens(f"{base}\n{block}") >= target - 30)
+
+    def system(tag: str) -> Message:
+        return Message("system", f"Run {tag}. {base}\n\nRules learned from earlier episodes:\n{_memory_block(n_rules)}")
+
+    buckets: dict[str, list[dict[str, Any]]] = {"fresh": [], "restored": [], "cached": []}
+    for run in range(runs):
+        tag = f"{mode}-{target}-{run}-{time.time_ns()}"
+        buckets["fresh"].append(_timed(llm, [system(tag), Message("user", _STEPS[0])], GRID))
+        # another prompt takes llama.cpp's KV cache, as another role or a reflection would
+        _timed(llm, [Message("system", "You sort fruit. Answer with one option."), Message("user", f"An apple, run {run}.")], ["keep", "drop"])
+        buckets["restored"].append(_timed(llm, [system(tag), Message("user", _STEPS[1])], GRID))
+        buckets["cached"].append(_timed(llm, [system(tag), Message("user", _STEPS[2])], GRID))
+    return {"static_tokens": llm.count_tokens(system("x").content), **{k: _median(v) for k, v in buckets.items()}}
+
+
+# -- a CAGE-2-sized decision -----------------------------------------------------------------
+
+_CAGE_HOSTS = ["Defender", "Enterprise0", "Enterprise1", "Enterprise2", "Op_Host0", "Op_Host1", "Op_Host2", "Op_Server0", "User0", "User1", "User2", "User3", "User4"]
+_CAGE_VERBS = ["analyse", "remove", "decoy_apache", "decoy_femitter", "decoy_haraka_smpt", "decoy_smss", "decoy_sshd", "decoy_svchost", "decoy_tomcat", "decoy_vsftpd", "restore"]
+CAGE_ACTIONS = ["sleep", "monitor", *(f"{v} {h}" for v in _CAGE_VERBS for h in _CAGE_HOSTS)]  # 145
+_CAGE_OBS = [
+    "Step {n} of 30. Activity: none; compromised: none.\nLast step: the episode has just started.",
+    "Step {n} of 30. Activity: scan User1; compromised: none.\nLast step: sleep succeeded, reward 0.0.",
+    "Step {n} of 30. Activity: exploit User1; compromised: User1 user.\nLast step: monitor succeeded, reward 0.0.",
+    "Step {n} of 30. Activity: scan Enterprise1; compromised: User1 user.\nLast step: remove User1 succeeded, reward -0.1.",
+    "Step {n} of 30. Activity: exploit Enterprise1; compromised: User1 unknown, Enterprise1 user.\nLast step: analyse User1 succeeded, reward -0.1.",
+    "Step {n} of 30. Activity: none; compromised: Enterprise1 privileged.\nLast step: remove Enterprise1 failed, reward -1.0.",
+]
+
+
+def cage_spec() -> EnvSpec:
+    """CAGE-2's task text as forge.envs.cyborg writes it, without CybORG installed: its
+    ``_describe`` needs only the action names."""
+    from forge.envs.cyborg import CybORGCage2Env
+
+    text = CybORGCage2Env._describe(SimpleNamespace(_actions=dict.fromkeys(CAGE_ACTIONS)))  # type: ignore[arg-type]
+    return EnvSpec(
+        name="cyborg-cage2", description=text, max_steps=30, tau=-1.1, theta=-15.0,
+        success_return=-10.0, major_failure_return=-100.0, actions_in_description=True,
+    )
+
+
+def cage_decision(llm: Any, steps: int, mode: str) -> dict[str, Any]:
+    """One episode's decisions through FlatPolicy (zero-shot memory): the first step finds the
+    static prefix fresh (or restored, when an earlier run in this process saved it), the rest
+    find it in the KV cache."""
+    llm.choice_mode = mode
+    seen: list[dict[str, Any]] = []
+
+    class Timed:
+        """The role LLM the policy calls, recording each decision's cost."""
+
+        name, capabilities = llm.name, llm.capabilities
+
+        def complete(self, request: Request) -> Any:
+            cpu, wall = time.process_time(), time.perf_counter()
+            out = llm.complete(request)
+            seen.append({
+                "wall_ms": 1000 * (time.perf_counter() - wall), "cpu_ms": 1000 * (time.process_time() - cpu),
+                "prompt_tokens": out.prompt_tokens, "decoded_tokens": out.completion_tokens, "prefix": out.meta.get("prefix"),
+                "evaluated_tokens": out.prompt_tokens - out.meta.get("cached_tokens", 0),
+            })
+            return out
+
+        def count_tokens(self, text: str) -> int:
+            return llm.count_tokens(text)
+
+    policy = FlatPolicy(llm=lambda role: Timed(), spec=cage_spec())  # type: ignore[arg-type,return-value]
+    history: list[str] = []
+    for n in range(steps):
+        obs = _CAGE_OBS[n % len(_CAGE_OBS)].format(n=n)
+        history.append(policy.act(observation=obs, valid_actions=CAGE_ACTIONS, history=history, memory={}).action)
+    return {"options": len(CAGE_ACTIONS), "first": _median(seen[:1]), "steady": _median(seen[1:]), "actions": history}
 
 
 def generation_rate(llm: Any, runs: int, tokens: int) -> float:
@@ -314,6 +403,12 @@ def generation_rate(llm: Any, runs: int, tokens: int) -> float:
     return round(statistics.median(rates), 1)
 
 
+def machine() -> dict[str, Any]:
+    """What else the machine was doing: the load average and the CPUs others kept busy."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in load], "busy_cpus": round(busy_cpus(0.5), 2)}
+
+
 def measure(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     llm = open_llm(spec, n_threads=args.threads)
     try:
@@ -322,80 +417,111 @@ def measure(spec: str, args: argparse.Namespace) -> dict[str, Any]:
         load_s = time.perf_counter() - t0
         if args.verbose:
             print(f"{llm.name}: loaded in {load_s:.1f} s", file=sys.stderr)
-        result: dict[str, Any] = {
-            "model": llm.name,
-            "threads": llm.n_threads,
-            "load_s": round(load_s, 1),
-        }
-        if not args.probe_only:
-            result.update(choice_latency(llm, args.runs, args.memory_rules))
+        result: dict[str, Any] = {"model": llm.name, "threads": llm.n_threads, "load_s": round(load_s, 1), "modes": {}}
+        choose(llm, [Message("system", "warm up"), Message("user", "go")], GRID)
+        skip = set(args.skip.split(","))
+        for mode in args.modes.split(","):
+            row: dict[str, Any] = {}
+            if "prefix" not in skip:
+                for target in (int(t) for t in args.prefixes.split(",") if t):
+                    row[f"prefix_{target}"] = prefix_latency(llm, args.runs, target, mode)
+                    if args.verbose:
+                        print(f"{llm.name} {mode} prefix {target}: {row[f'prefix_{target}']}", file=sys.stderr)
+            if "cage" not in skip:
+                row["cage2"] = cage_decision(llm, args.cage_steps, mode)
+                if args.verbose:
+                    print(f"{llm.name} {mode} cage2: {row['cage2']}", file=sys.stderr)
+            if "probe" not in skip:
+                llm.choice_mode = mode
+                variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+                rules = probe(llm, variants=variants, verbose=args.verbose)
+                row["probe_n"] = rules["n"]
+                row.update({f"probe_{v}": rules[v] for v in variants})
+                row["probe_rows"] = rules["rows"]
+            result["modes"][mode] = row
+        if "gen" not in skip:
             result["gen_tokens_per_s"] = generation_rate(llm, args.runs, args.tokens)
-        variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
-        rules = probe(llm, variants=variants, verbose=args.verbose)
-        result["probe_n"] = rules["n"]
-        result.update({f"probe_{v}": rules[v] for v in variants})
-        result["probe_rows"] = rules["rows"]
+        result["prefix_stats"] = llm.prefix_stats.to_dict()
+        result["saved_states"] = {"entries": len(llm.prefix_states), "bytes": llm.prefix_states.nbytes, "evictions": llm.prefix_states.evictions}
         return result
     finally:
         llm.close()
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    def get(key: str, fmt: str = "{}") -> Any:
-        return lambda r: fmt.format(r[key]) if key in r else "-"
+    columns = [(r, mode) for r in results for mode in r["modes"]]
+
+    def cost(*path: str) -> Any:
+        def cell(r: dict[str, Any], mode: str) -> str:
+            node: Any = r["modes"][mode]
+            for key in path:
+                if not isinstance(node, dict) or key not in node:
+                    return "-"
+                node = node[key]
+            return f"{node['wall_ms']} ({node['cpu_ms']} CPU) [{node['prompt_tokens']}/{node['evaluated_tokens']}/{node['decoded_tokens']}]"
+        return cell
 
     def score(key: str) -> Any:
-        return lambda r: f"{r[key]}/{r['probe_n']}" if key in r else "-"
+        return lambda r, mode: f"{r['modes'][mode][key]}/{r['modes'][mode]['probe_n']}" if key in r["modes"][mode] else "-"
 
-    rows = [
-        ("threads", get("threads")),
-        ("load (s)", get("load_s", "{:.1f}")),
-        ("system prompt (tokens)", get("system_prompt_tokens")),
-        ("choice, fresh prefix (ms)", get("fresh_ms")),
-        ("choice, cached prefix (ms)", get("cached_ms")),
-        ("generation (tokens/s)", get("gen_tokens_per_s", "{:.1f}")),
+    def once(key: str) -> Any:
+        return lambda r, mode: str(r.get(key, "-"))
+
+    targets = sorted({k for r, m in columns for k in r["modes"][m] if k.startswith("prefix_")}, key=lambda k: int(k.split("_")[1]))
+    rows: list[tuple[str, Any]] = [("threads", once("threads")), ("load (s)", once("load_s"))]
+    for key in targets:
+        static = next((r["modes"][m][key]["static_tokens"] for r, m in columns if key in r["modes"][m]), "?")
+        for kind in ("fresh", "restored", "cached"):
+            rows.append((f"decision after a {static}-token prefix, {kind}", cost(key, kind)))
+    rows += [
+        ("CAGE-2 decision (145 options), first step", cost("cage2", "first")),
+        ("CAGE-2 decision (145 options), later steps p50", cost("cage2", "steady")),
+        ("generation (tokens/s)", once("gen_tokens_per_s")),
         ("probe: followed the rule (rules in system prompt)", score("probe_with")),
         ("probe: followed, rule also repeated before the question", score("probe_near")),
         ("probe: right without rules", score("probe_without")),
     ]
-    head = ["", *(r["model"] for r in results)]
-    body = [[label, *(fmt(r) for r in results)] for label, fmt in rows]
+    head = ["", *(f"{r['model']} {mode}" for r, mode in columns)]
+    body = [[label, *(fmt(r, mode) for r, mode in columns)] for label, fmt in rows]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
+    lines.append("")
+    lines.append("Decisions: wall ms (process CPU ms) [prompt / evaluated / decoded-after-prompt tokens], medians.")
+    for r in results:
+        st = r["prefix_stats"]
+        rate = f"{st['hit_rate']:.2f}" if st["hit_rate"] is not None else "-"
+        lines.append(
+            f"{r['model']}: static prefix from KV {st['kv']}, restored {st['restored']}, partly restored {st['partial']}, "
+            f"evaluated {st['evaluated']} (hit rate {rate}); saved states kept {r['saved_states']['entries']} "
+            f"({r['saved_states']['bytes'] / 2**20:.0f} MiB, {r['saved_states']['evictions']} evicted)"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--models",
-        default="local,local:smollm2",
-        help="comma-separated LLM specs (default: local,local:smollm2)",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="default: every usable CPU")
+    parser.add_argument("--models", default="local,local:smollm2", help="comma-separated LLM specs (default: local,local:smollm2)")
+    parser.add_argument("--modes", default=",".join(CHOICE_MODES), help="choice modes side by side (default: score,grammar)")
+    parser.add_argument("--threads", type=int, default=None, help="default: every usable CPU not busy")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per figure (median)")
-    parser.add_argument("--tokens", type=int, default=48, help="tokens generated per run")
-    parser.add_argument(
-        "--memory-rules",
-        type=int,
-        default=24,
-        help="rules in the memory block of the latency prompt",
-    )
-    parser.add_argument(
-        "--variants",
-        default=",".join(VARIANTS),
-        help="probe prompt variants: with, without, near (default: all)",
-    )
-    parser.add_argument("--probe-only", action="store_true", help="skip the timings")
-    parser.add_argument("--verbose", action="store_true", help="per-situation picks on stderr")
+    parser.add_argument("--prefixes", default="300,2000", help="static prefix sizes in tokens (default: 300,2000)")
+    parser.add_argument("--cage-steps", type=int, default=8, help="decisions in the CAGE-2-sized episode")
+    parser.add_argument("--tokens", type=int, default=48, help="tokens generated per generation run")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="probe prompt variants: with, without, near (default: all)")
+    parser.add_argument("--skip", default="", help="sections to skip: prefix, cage, gen, probe (comma-separated)")
+    parser.add_argument("--verbose", action="store_true", help="progress and per-situation picks on stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
+    before = machine()
     results = [measure(spec.strip(), args) for spec in args.models.split(",") if spec.strip()]
+    after = machine()
     if args.json:
-        print(json.dumps({"models": results}))
+        print(json.dumps({"machine_before": before, "machine_after": after, "models": results}))
     else:
         print(table(results))
+        print(f"\nMachine: {before['cpus']} CPUs; load average {before['load_avg']} before, {after['load_avg']} after; "
+              f"CPUs busy with other work at the start: {before['busy_cpus']}")
 
 
 if __name__ == "__main__":

@@ -276,18 +276,23 @@ def test_the_speed_bench_probe_is_well_formed():
         with_rules = llm_speed._system(s, True, i)
         assert with_rules.count("\n- ") == 4 and s.rule in with_rules
         assert s.rule not in llm_speed._system(s, False, i)
+    cost = {"wall_ms": 900, "cpu_ms": 1700, "prompt_tokens": 450, "evaluated_tokens": 60, "decoded_tokens": 1}
     fake = {
         "model": "m",
         "threads": 2,
         "load_s": 1.0,
-        "probe_n": 12,
-        "probe_with": 10,
-        "probe_without": 5,
+        "modes": {
+            "score": {"probe_n": 12, "probe_with": 10, "probe_without": 5, "cage2": {"first": cost, "steady": cost}},
+            "grammar": {"probe_n": 12, "probe_with": 9, "probe_without": 5},
+        },
+        "prefix_stats": {"kv": 3, "restored": 2, "partial": 0, "evaluated": 1, "hit_rate": 5 / 6},
+        "saved_states": {"entries": 1, "bytes": 2**20, "evictions": 0},
     }
     text = llm_speed.table([fake])
-    assert "| probe: followed the rule (rules in system prompt) | 10/12 |" in text
-    assert "| probe: right without rules | 5/12 |" in text
-    assert "| choice, fresh prefix (ms) | - |" in text  # --probe-only leaves timings out
+    assert "| probe: followed the rule (rules in system prompt) | 10/12 | 9/12 |" in text
+    assert "| probe: right without rules | 5/12 | 5/12 |" in text
+    assert "| CAGE-2 decision (145 options), later steps p50 | 900 (1700 CPU) [450/60/1] | - |" in text
+    assert "hit rate 0.83" in text
     messages = llm_speed._messages(llm_speed.SITUATIONS[0], "near", 0)
     assert messages[1].content.startswith("Memory for this situation: When")
 
