@@ -22,6 +22,7 @@ __all__ = [
     "check_action",
     "make_env",
     "oracle_action",
+    "seed_split",
 ]
 
 
@@ -92,9 +93,20 @@ _TEXTARENA_GAMES = (
 )
 
 
+# Spelled out here so listing names never imports textworld; a test checks it matches
+# forge.envs.textworld.textworld_games().
+_TEXTWORLD_GAMES = tuple(
+    f"{family}-{level}" for family in ("coin", "treasure", "simple", "cooking") for level in (1, 2, 3)
+)
+
+
 def available_envs() -> list[str]:
     """Every name :func:`make_env` accepts (CybORG's is listed even when not installed)."""
-    return [*_REGISTRY, *(f"textarena:{g}" for g in _TEXTARENA_GAMES)]
+    return [
+        *_REGISTRY,
+        *(f"textarena:{g}" for g in _TEXTARENA_GAMES),
+        *(f"textworld:{g}" for g in _TEXTWORLD_GAMES),
+    ]
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
@@ -105,6 +117,10 @@ def make_env(name: str, **kwargs: Any) -> Env:
         if kwargs:
             raise ConfigError(f"{name} takes no options, got: {', '.join(kwargs)}")
         return make_textarena(name.removeprefix("textarena:"))
+    if name.startswith("textworld:"):
+        from forge.envs.textworld import make_textworld
+
+        return make_textworld(name.removeprefix("textworld:"), **kwargs)
     try:
         build = _REGISTRY[name]
     except KeyError:
@@ -124,3 +140,38 @@ def oracle_action(env: Env) -> str:
     if not callable(own):
         raise ConfigError(f"no oracle for {env.spec.name}")
     return own()
+
+
+#: Envs whose seed changes nothing a rule could name: one map (or one start) for every seed.
+_ONE_TASK = ("frozenlake-4x4", "frozenlake-8x8", "cliffwalking")
+_GENERIC_HELD_OUT = 10_000
+
+
+def seed_split(name: str, *, train: int = 100, held_out: int = 10) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(training seeds, held-out seeds)`` for ``name``: tasks to learn on, and tasks (maps,
+    games, attack paths) no run trains on, disjoint by construction.
+
+    Random FrozenLake maps and TextWorld games declare their own split (distinct maps; game
+    seeds 0-99 against 1000-1099); other seeded envs split at seed 10,000. An env that plays
+    one task whatever the seed has no held-out tasks, and says so.
+    """
+    if train < 1 or held_out < 1:
+        raise ConfigError(f"a seed split needs at least one training and one held-out seed, got {train} and {held_out}")
+    if name.startswith(_ONE_TASK):
+        raise ConfigError(f"{name} plays one map whatever the seed, so it has no held-out tasks; use frozenlake-random-4x4 or a TextWorld family")
+    if name.startswith("frozenlake-random-"):
+        from forge.envs import gym
+
+        size = int(name.removeprefix("frozenlake-random-").split("x", 1)[0])
+        return tuple(gym.train_seeds(size, train)), tuple(gym.held_out_seeds(size, held_out))
+    if name.startswith("textworld:"):
+        from forge.envs import textworld
+
+        family = name.removeprefix("textworld:").rsplit("-", 1)[0]
+        tr, ho = textworld.train_seeds(family), textworld.held_out_seeds(family)
+        if train > len(tr) or held_out > len(ho):
+            raise ConfigError(f"{name} has {len(tr)} training and {len(ho)} held-out games")
+        return tuple(tr[:train]), tuple(ho[:held_out])
+    if name not in available_envs():
+        raise ConfigError(f"unknown environment {name!r}; known: {', '.join(available_envs())}")
+    return tuple(range(train)), tuple(range(_GENERIC_HELD_OUT, _GENERIC_HELD_OUT + held_out))
