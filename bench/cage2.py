@@ -1,8 +1,18 @@
-"""CAGE-2 through FORGE's adapter: prompt sizes, baseline returns, reward fidelity.
+"""CAGE-2 through FORGE's adapter: prompt sizes, baseline returns, reward fidelity; and the
+paper's experiment (zero-shot, Reflexion and FORGE at 30 steps) with ``--protocols``.
 
     python bench/cage2.py                     # 30 steps, 10 seeds
     python bench/cage2.py --seeds 30 --fidelity 108 --json
     python bench/cage2.py --tokenizers qwen,/path/model.gguf
+    python bench/cage2.py --protocols --json                       # N=3, S=3, k=2, 2 run seeds, the 1.5B
+    python bench/cage2.py --protocols --env minicage --llm test:walker --run-seeds 0   # the stand-in, seconds
+
+``--protocols`` runs zero-shot, Reflexion and FORGE (rules) with tau -1.1 and theta -15 over
+``--run-seeds``, each instance evaluated frozen on ``--eval-seeds`` held-out seeds (attack
+paths no instance trained on), and prints mean return ± spread, graduation, the
+major-failure rate (return < -100) and tokens, beside sleep and CybORG's BlueReactRestoreAgent
+and BlueReactRemoveAgent on the same held-out seeds and the paper's figures with Gemini 2.5
+Flash Lite (zero-shot -189.6, Reflexion -62.7, FORGE -24.5).
 
 Needs CybORG (git-only: ``pip install -e cage-challenge-2/CybORG``). Prints, never asserts:
 
@@ -24,7 +34,7 @@ import json
 import random
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +104,8 @@ def cyborg_agent(name: str) -> Policy:
     return act
 
 
-def returns(policy: Policy, *, steps: int, seeds: range) -> list[float]:
-    env = make_env("cyborg-cage2", max_steps=steps)
+def returns(policy: Policy, *, steps: int, seeds: Sequence[int], env_name: str = "cyborg-cage2") -> list[float]:
+    env = make_env(env_name, max_steps=steps)
     out = []
     for seed in seeds:
         obs, total = env.reset(seed=seed), 0.0
@@ -145,11 +155,105 @@ def fidelity(episodes: int, steps: int) -> dict[str, Any]:
     return {"episodes": episodes, "steps_compared": compared, "mismatched_seeds": mismatched}
 
 
+# -- the paper's experiment -------------------------------------------------------------------
+
+PAPER = {"zero-shot": -189.6, "reflexion": -62.7, "forge": -24.5}  # Gemini 2.5 Flash Lite, 30 steps
+PROTOCOLS = ("zero-shot", "reflexion", "forge")
+
+
+def _spread(values: Sequence[float]) -> dict[str, float]:
+    vals = [float(v) for v in values]
+    return {"mean": round(statistics.fmean(vals), 2), "sd": round(statistics.stdev(vals), 2) if len(vals) > 1 else 0.0, "min": min(vals), "max": max(vals)}
+
+
+def protocols(args: argparse.Namespace) -> dict[str, Any]:
+    """Zero-shot, Reflexion and FORGE (rules) on ``args.env`` as the paper runs them."""
+    import tempfile
+    import time
+
+    from forge.envs import seed_split
+    from forge.protocols import ForgeConfig, evolve
+
+    train, held_out = seed_split(args.env, train=100, held_out=args.eval_seeds)
+    rows: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="forge-cage2-") as tmp:
+        root = Path(args.out or tmp)
+        for condition in PROTOCOLS:
+            runs = []
+            for seed in args.run_seeds:
+                cfg = ForgeConfig(
+                    condition=condition, env=args.env, llm=args.llm, instances=args.instances, stages=args.stages,
+                    attempts=args.attempts, max_steps=args.steps, tau=-1.1, theta=-15.0, seed=seed,
+                    train_seeds=train, eval_seeds=held_out, representation="rules",
+                )
+                started = time.perf_counter()
+                final = evolve(cfg, root / f"{condition}-seed{seed}").final
+                ev = final["evaluation"]
+                runs.append({
+                    "seed": seed, "mean_return": ev["mean_return"], "returns": ev["returns"],
+                    "major_failure_rate": sum(r < -100 for r in ev["returns"]) / len(ev["returns"]),
+                    "graduated": final["graduated"], "tokens": final["tokens"]["total"]["total_tokens"],
+                    "rules": ev.get("rules", {}), "seconds": round(time.perf_counter() - started, 1),
+                })
+                log(f"{condition} run seed {seed}: mean return {runs[-1]['mean_return']:.1f}, graduated {runs[-1]['graduated']}, {runs[-1]['seconds']}s")
+            every = [r for run in runs for r in run["returns"]]
+            rows[condition] = {
+                "return": _spread(every), "per_run_seed": [round(r["mean_return"], 2) for r in runs],
+                "major_failure_rate": sum(r < -100 for r in every) / len(every),
+                "graduated": sum(r["graduated"] for r in runs), "instances": args.instances * len(runs),
+                "tokens_per_run": statistics.fmean(r["tokens"] for r in runs),
+                "rule_shown": sum(r["rules"].get("rule_shown", 0) for r in runs),
+                "rule_followed": sum(r["rules"].get("rule_followed", 0) for r in runs),
+                "decisions": sum(r["rules"].get("decisions", 0) for r in runs),
+                "seconds": sum(r["seconds"] for r in runs), "paper": PAPER.get(condition),
+            }
+    baselines: dict[str, Policy] = {"sleep": sleep}
+    if args.env == "cyborg-cage2":
+        baselines.update(BlueReactRestoreAgent=cyborg_agent("BlueReactRestoreAgent"), BlueReactRemoveAgent=cyborg_agent("BlueReactRemoveAgent"))
+    base = {name: _spread(returns(policy, steps=args.steps, seeds=held_out, env_name=args.env)) for name, policy in baselines.items()}
+    order = [c for c in PROTOCOLS if c in rows]
+    means = [rows[c]["return"]["mean"] for c in order]
+    return {
+        "env": args.env, "llm": args.llm, "steps": args.steps, "instances": args.instances, "stages": args.stages,
+        "attempts": args.attempts, "run_seeds": args.run_seeds, "held_out_seeds": list(held_out),
+        "protocols": rows, "baselines": base,
+        "ordering_met": means == sorted(means),  # FORGE > Reflexion > zero-shot
+    }
+
+
+def render_protocols(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['env']} at {result['steps']} steps, {result['llm']}, N={result['instances']}, S={result['stages']}, k={result['attempts']}, "
+        f"run seeds {result['run_seeds']}, held-out seeds {result['held_out_seeds']}",
+        f"{'blue':22s} {'mean return':>16s} {'range':>17s} {'major fail':>10s} {'graduated':>10s} {'tokens/run':>11s} {'rule shown':>11s} {'paper':>8s}",
+    ]
+    for name, r in result["protocols"].items():
+        ret = r["return"]
+        shown = f"{r['rule_shown']}/{r['decisions']}"
+        lines.append(
+            f"{name:22s} {ret['mean']:>8.1f} ± {ret['sd']:<6.1f} {ret['min']:>8.1f}..{ret['max']:<7.1f} {r['major_failure_rate']:>10.0%} "
+            f"{r['graduated']:>4d}/{r['instances']:<5d} {r['tokens_per_run']:>11,.0f} {shown:>11s} {r['paper'] if r['paper'] is not None else '-':>8}"
+        )
+    for name, ret in result["baselines"].items():
+        lines.append(f"{name:22s} {ret['mean']:>8.1f} ± {ret['sd']:<6.1f} {ret['min']:>8.1f}..{ret['max']:<7.1f}")
+    lines.append(f"FORGE > Reflexion > zero-shot: {'met' if result['ordering_met'] else 'missed'}")
+    return "\n".join(lines)
+
+
 # -- main -----------------------------------------------------------------------------------
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--protocols", action="store_true", help="run zero-shot, Reflexion and FORGE (the paper's experiment)")
+    parser.add_argument("--env", default="cyborg-cage2", help="with --protocols: cyborg-cage2 or the stand-in minicage")
+    parser.add_argument("--llm", default="local", help="with --protocols: local, openai:MODEL, test:walker")
+    parser.add_argument("--run-seeds", default="0,1", help="with --protocols: run seeds")
+    parser.add_argument("--eval-seeds", type=int, default=2, help="with --protocols: held-out seeds each instance is evaluated on")
+    parser.add_argument("--instances", type=int, default=3)
+    parser.add_argument("--stages", type=int, default=3)
+    parser.add_argument("--attempts", type=int, default=2)
+    parser.add_argument("--out", default=None, help="with --protocols: keep the runs here")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--horizons", default="10,15,20,30", help="horizons for the theta check")
@@ -159,6 +263,11 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.protocols:
+        args.run_seeds = [int(s) for s in str(args.run_seeds).split(",") if s.strip()]
+        result = protocols(args)
+        print(json.dumps(result, indent=2) if args.json else render_protocols(result))
+        return
 
     counters = token_counters([t for t in args.tokenizers.split(",") if t])
     env = make_env("cyborg-cage2", max_steps=args.steps)

@@ -10,6 +10,12 @@ per task, and AIP / final AP_t against the no-memory baseline; then the team-siz
     python bench/lifelong.py --quick --llm local:smollm2   # the small smoke-test model
     python bench/lifelong.py --llm openai:gpt-4o-mini --tasks 30 --sizes 1,3,5,7
     python bench/lifelong.py --quick --json
+    python bench/lifelong.py --stream textworld --tasks 20 --sizes 1,3,5    # 20 distinct held-out games
+    python bench/lifelong.py --stream frozenlake --tasks 20                  # 20 held-out random maps
+    python bench/lifelong.py --stream db --tasks 20                          # database diagnosis (a server)
+
+Targets (issue "Learning that transfers"): the best memory mode's AIP >= 1.2x none, and its
+tokens per task <= 0.9x none; a procedure that works should also shorten the episode.
 
 Every memory mode's prompts are written by :func:`forge.learn.prompt.recollect` (the team's units,
 as each agent's viewer). Figures, not assertions: with a small local model expect noise.
@@ -26,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.llm import open_llm
-from forge.team.runner import MEMORY_MODES, TeamConfig, run_team, sweep
+from forge.team.runner import MEMORY_MODES, TeamConfig, load_results, run_team, sweep
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -37,7 +43,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or tempfile.mkdtemp(prefix="forge-lifelong-"))
     quick = args.quick
     tasks = args.tasks or (4 if quick else 20)
-    envs = tuple(args.envs.split(",")) if args.envs else (("frozenlake-4x4", "frozenlake-4x4-slippery") if quick else ())
+    envs = tuple(args.envs.split(",")) if args.envs else (("frozenlake-4x4", "frozenlake-4x4-slippery") if quick and args.stream == "gym" else ())
     base = TeamConfig(
         stream=args.stream,
         tasks=tasks,
@@ -58,15 +64,20 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             t0 = time.perf_counter()
             print(f"running memory={mode} ...", file=sys.stderr, flush=True)
             f = run_team(cfg, out / f"mode-{mode}", llm=llm).final
+            results = load_results(out / f"mode-{mode}")
             rows.append({
                 "memory": mode, "aip": f["aip"], "ap": f["ap"], "ts": f["ts_mean"], "cs": f["cs_mean"],
                 "success_rate": f["success_rate"], "tokens_per_task": f["tokens"]["per_task"],
+                "steps_per_task": sum(r["steps"] for r in results) / max(1, len(results)),
+                "rule_shown": sum((r.get("rules") or {}).get("rule_shown", 0) for r in results),
+                "decisions": sum((r.get("rules") or {}).get("decisions", 0) for r in results),
                 "consolidation_tokens": f["tokens"]["consolidation"], "seconds": round(time.perf_counter() - t0, 1),
             })
         none = rows[0]
         for r in rows:
             r["aip_vs_none"] = _ratio(r["aip"], none["aip"])
             r["ap_vs_none"] = _ratio(r["ap"], none["ap"])
+            r["tokens_vs_none"] = _ratio(r["tokens_per_task"], none["tokens_per_task"])
         sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([1, 3] if quick else [1, 3, 5, 7])
         sweep_cfg = TeamConfig.from_dict({**base.to_dict(), "memory": args.sweep_memory, "tasks": args.sweep_tasks or (3 if quick else tasks)})
         print(f"running the team-size sweep {sizes} ...", file=sys.stderr, flush=True)
@@ -96,10 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="tiny stream and sweep (minutes on 2 cores with the local model)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--llm", default="local", help="local (embedded Qwen2.5-Coder-1.5B), local:smollm2, test (scripted, fast) or openai:MODEL")
-    p.add_argument("--stream", default="gym", help="gym or db")
+    p.add_argument("--stream", default="gym", help="gym, db, textworld (distinct held-out games) or frozenlake (held-out random maps)")
     p.add_argument("--tasks", type=int, default=None)
     p.add_argument("--team-size", type=int, default=3)
-    p.add_argument("--consolidate-every", type=int, default=2)
+    p.add_argument("--consolidate-every", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--envs", default=None, help="comma-separated gym ladder")
     p.add_argument("--max-steps", type=int, default=None)
@@ -112,10 +123,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps(res, indent=2))
         return
-    cols = ["memory", "aip", "ap", "ts", "cs", "tokens_per_task", "aip_vs_none", "ap_vs_none", "seconds"]
+    cols = ["memory", "aip", "ap", "success_rate", "steps_per_task", "tokens_per_task", "aip_vs_none", "tokens_vs_none", "seconds"]
     print("  ".join(f"{c:>14}" for c in cols))
     for r in res["modes"]:
         print("  ".join(f"{_fmt(r[c]):>14}" for c in cols))
+    best = max(res["modes"][1:], key=lambda r: r["aip"], default=None)
+    if best is not None:
+        a, tk = best["aip_vs_none"], best["tokens_vs_none"]
+        print(
+            f"best memory mode {best['memory']}: AIP {_fmt(a)}x none (target >= 1.2: {'met' if a is not None and a >= 1.2 else 'missed'}), "
+            f"tokens/task {_fmt(tk)}x none (target <= 0.9: {'met' if tk is not None and tk <= 0.9 else 'missed'})"
+        )
     print(f"\nteam-size sweep (memory={res['sweep']['memory']})")
     for r in res["sweep"]["sizes"]:
         print(f"  size {r['team_size']}: {r['tasks']} tasks, AIP {r['aip']:.3f}, final AP_t {r['ap']:.3f}, tokens/task {r['tokens_per_task']:,.0f}")

@@ -9,6 +9,10 @@ same tasks in the same order:
   gives memory something to reuse. ``envs=`` replaces the ladder (tests use frozenlake only).
 - ``db``: PostgreSQL root-cause diagnosis (:mod:`forge.envs.postgres`), the anomalies balanced
   in blocks of five and difficulty rising over the stream; it needs psycopg and a server.
+- ``textworld``: distinct generated TextWorld games (coin collector and treasure hunter, levels
+  1 and 2, in rising blocks), every one from the held-out seeds no learning run trains on: a
+  stream of new tasks, as LLMA-Mem measures, where only what generalises can help.
+- ``frozenlake``: random FrozenLake maps (4x4, then 5x5), each a held-out map never trained on.
 
 Scores, both in [0, 1]:
 
@@ -35,18 +39,23 @@ from forge.errors import ConfigError, ValidationError
 
 __all__ = [
     "DB_ENV",
+    "FROZENLAKE_LADDER",
     "GYM_LADDER",
     "STREAMS",
+    "TEXTWORLD_LADDER",
     "TeamTask",
     "coordination_score",
     "db_stream",
     "gym_stream",
+    "held_out_stream",
     "make_stream",
     "open_task_env",
     "task_score",
 ]
 
-STREAMS = ("gym", "db")
+STREAMS = ("gym", "db", "textworld", "frozenlake")
+TEXTWORLD_LADDER: tuple[str, ...] = ("textworld:coin-1", "textworld:treasure-1", "textworld:coin-2", "textworld:treasure-2")
+FROZENLAKE_LADDER: tuple[str, ...] = ("frozenlake-random-4x4", "frozenlake-random-5x5")
 DB_ENV = "postgres-diagnosis"
 GYM_LADDER: tuple[str, ...] = (
     "frozenlake-4x4",
@@ -70,8 +79,9 @@ class TeamTask:
 
     @property
     def text(self) -> str:
-        """The task as agents and retrieval see it (never the hidden answer)."""
-        return f"{self.task_type} task (level {self.difficulty}) in {self.env}, seed {self.seed}"
+        """The task as agents and retrieval see it: never the hidden answer, and never the seed,
+        which names this one instance and nothing a later task shares."""
+        return f"{self.task_type} task (level {self.difficulty}) in {self.env}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,12 +118,38 @@ def db_stream(n: int, *, seed: int) -> list[TeamTask]:
     return [TeamTask(t.index + 1, DB_ENV, t.seed, "db-diagnosis", t.difficulty) for t in diagnosis_stream(n, seed=seed)]
 
 
+def held_out_stream(n: int, *, seed: int, ladder: Sequence[str]) -> list[TeamTask]:
+    """``n`` distinct held-out tasks climbing ``ladder`` in equal blocks: each task's seed is
+    one of its env's held-out seeds (:func:`forge.envs.seed_split`), none used twice, taken in
+    an order the stream's ``seed`` shuffles."""
+    from forge.envs import seed_split
+
+    if n < 0:
+        raise ValidationError(f"a stream needs n >= 0 tasks, got {n}")
+    rng = random.Random(f"forge-team-held-out:{seed}")
+    pools: dict[str, list[int]] = {}
+    out = []
+    for i in range(n):
+        rung = min(len(ladder) - 1, i * len(ladder) // max(n, 1))
+        env = ladder[rung]
+        if env not in pools:
+            pool = list(seed_split(env, train=1, held_out=max(n, 10))[1])
+            rng.shuffle(pool)
+            pools[env] = pool
+        out.append(TeamTask(i + 1, env, pools[env].pop(), env.split(":", 1)[-1].rsplit("-", 1)[0], rung))
+    return out
+
+
 def make_stream(name: str, n: int, *, seed: int, envs: Sequence[str] | None = None) -> list[TeamTask]:
-    """The stream called ``name`` (``gym`` or ``db``)."""
+    """The stream called ``name`` (one of :data:`STREAMS`); ``envs`` replaces a ladder."""
     if name == "gym":
         return gym_stream(n, seed=seed, envs=envs)
     if name == "db":
         return db_stream(n, seed=seed)
+    if name == "textworld":
+        return held_out_stream(n, seed=seed, ladder=tuple(envs or TEXTWORLD_LADDER))
+    if name == "frozenlake":
+        return held_out_stream(n, seed=seed, ladder=tuple(envs or FROZENLAKE_LADDER))
     raise ConfigError(f"unknown task stream {name!r}; use one of: {', '.join(STREAMS)}")
 
 
