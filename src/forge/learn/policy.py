@@ -104,11 +104,38 @@ RoleLLM = Callable[[str], LLM]
 def _system(role_prompt: str, spec: EnvSpec, memory_block: str, actions: Sequence[str] = ()) -> str:
     """Role, task, the action list and memory: everything that is the same at every step, so
     it forms the prompt prefix llama.cpp keeps cached (an option list after the observation
-    would be re-read at every step)."""
+    would be re-read at every step). Pass ``actions`` only when they do not change from step
+    to step (:class:`_Listing`)."""
     text = f"{role_prompt}\nTask ({spec.name}): {spec.description}"
     if actions and not spec.actions_in_description:
-        text += f"\nValid actions: {', '.join(actions)}. Answer with exactly one of them."
+        text += f"\n{_actions_line(actions)}"
     return f"{text}\n\n{memory_block}" if memory_block else text
+
+
+def _actions_line(actions: Sequence[str]) -> str:
+    return f"Valid actions: {', '.join(actions)}. Answer with exactly one of them."
+
+
+class _Listing:
+    """Where a policy lists the valid actions: in the static system prompt while they stay
+    the same from step to step, after the observation once they have changed (TextWorld's
+    admissible commands): a list that changes inside the system prompt would make llama.cpp
+    re-read the memory block after it at every step."""
+
+    def __init__(self) -> None:
+        self._last: tuple[str, ...] | None = None
+        self.varies = False
+
+    def see(self, actions: Sequence[str]) -> None:
+        now = tuple(actions)
+        self.varies = self.varies or (self._last is not None and now != self._last)
+        self._last = now
+
+    def system(self, actions: Sequence[str]) -> Sequence[str]:
+        return () if self.varies else actions
+
+    def user(self, spec: EnvSpec, actions: Sequence[str]) -> str:
+        return f"\n{_actions_line(actions)}" if self.varies and not spec.actions_in_description else ""
 
 
 def _choose(llm: LLM, system: str, user: str, options: Sequence[str], *, listed: bool, **kw: Any) -> str:
@@ -167,6 +194,7 @@ class FlatPolicy:
         self.rule_guard = rule_guard
         self.show_map = show_map
         self.sampling = _Sampling(temperature, seed)
+        self._listing = _Listing()
 
     def act(
         self,
@@ -179,10 +207,11 @@ class FlatPolicy:
         llm = self._llm("actor")
         rec = _recollection(memory, "actor")
         situation = situation_of(observation, self.spec)
-        system = _system("You are an agent acting in an environment.", self.spec, rec.block, valid_actions)
+        self._listing.see(valid_actions)
+        system = _system("You are an agent acting in an environment.", self.spec, rec.block, self._listing.system(valid_actions))
         shown = observation if self.show_map else strip_map(observation)
         now_text, now_ids = rec.now_text(situation)
-        user = f"{shown}{_history_line(history)}" + (f"\n\n{now_text}" if now_text else "")
+        user = f"{shown}{_history_line(history)}" + (f"\n\n{now_text}" if now_text else "") + self._listing.user(self.spec, valid_actions)
         thought = ""
         if self.think:
             thought = llm.complete(
@@ -230,6 +259,7 @@ class HierarchicalPolicy:
         self.rule_guard = rule_guard
         self.show_map = show_map
         self.sampling = _Sampling(temperature, seed)
+        self._listing = _Listing()
 
     def act(
         self,
@@ -240,17 +270,18 @@ class HierarchicalPolicy:
         memory: Memory,
     ) -> ActionChoice:
         situation = situation_of(observation, self.spec)
+        self._listing.see(valid_actions)
         full, observation = observation, (observation if self.show_map else strip_map(observation))
         steps: list[Step] = []
         shown: list[str] = []
         now: list[str] = []
 
-        def prompt(role: str, text: str) -> tuple[str, str]:
+        def prompt(role: str, text: str, actions: Sequence[str] = ()) -> tuple[str, str]:
             rec = _recollection(memory, role)
             shown.extend(rec.ids)
             now_text, ids = rec.now_text(situation)
             now.extend(ids)
-            return _system(text, self.spec, rec.block), (f"\n\n{now_text}" if now_text else "")
+            return _system(text, self.spec, rec.block, actions), (f"\n\n{now_text}" if now_text else "")
 
         # analyst: one tool call, one short note
         analyst = self._llm("analyst")
@@ -271,7 +302,10 @@ class HierarchicalPolicy:
 
         # action chooser: distinct proposals
         chooser = self._llm("action_chooser")
-        c_sys, c_now = prompt("action_chooser", "You are the action chooser: you propose good next actions.")
+        # the valid actions go in the chooser's static system prompt (or the task text), not
+        # after the observation: CAGE-2's 145 were ~1,300 tokens re-read for every proposal
+        c_sys, c_now = prompt("action_chooser", "You are the action chooser: you propose good next actions.", self._listing.system(valid_actions))
+        c_now += self._listing.user(self.spec, valid_actions)
         options = list(valid_actions)
         if self.rule_guard:
             for role in ("action_chooser", "planner"):
@@ -280,7 +314,10 @@ class HierarchicalPolicy:
         for _ in range(min(self.proposals, len(options))):
             left = [o for o in options if o not in proposed]
             user = f"{observation}{_history_line(history)}\nAnalyst: {note}{c_now}\nPropose the best next action" + (f" other than {', '.join(proposed)}." if proposed else ".")
-            proposed.append(choose(chooser, [Message("system", c_sys), Message("user", user)], left, fallback=left[0], temperature=self.sampling.temperature, seed=self.sampling.next_seed()))
+            proposed.append(_choose(
+                chooser, c_sys, user, left, listed=options == list(valid_actions),
+                temperature=self.sampling.temperature, seed=self.sampling.next_seed(),
+            ))
         steps.append(Step(observation=situation, action=", ".join(proposed), role="action_chooser"))
 
         # planner: must copy one proposal
