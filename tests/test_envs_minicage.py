@@ -277,10 +277,11 @@ def test_agent_play_and_learn_on_minicage(spy: list[str]) -> None:
                 assert traj.actions and all(a in env.valid_actions() for a in traj.actions)
                 learned += agent.learn(traj, env=env, seed=seed, policy=policy)
             assert learned  # red's servers cost more than tau: reflection wrote rules
-            for unit in learned:
-                parsed = rules.parse(unit.content, env.valid_actions())
+            kinds = [*env.valid_actions(), *{env.spec.abstract(a) for a in env.valid_actions()}]
+            for unit in learned:  # rules name roles, of hosts and of the actions on them
+                parsed = rules.parse(unit.content, kinds)
                 assert parsed is not None and parsed.avoid, unit.content
-                assert cage2_instance_terms(parsed.when) == [], unit.content  # its "when" names roles
+                assert cage2_instance_terms(unit.content) == [], unit.content
     finally:
         bus.close()
 
@@ -294,8 +295,8 @@ def test_an_eager_recaller_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
     real = Agent.recaller
 
-    def eager(self: Agent, *, budget: int = 600, valid_actions: Any = ()) -> Any:
-        return real(self, budget=budget, valid_actions=valid_actions() if callable(valid_actions) else valid_actions)
+    def eager(self: Agent, *, budget: int = 600, valid_actions: Any = (), **kw: Any) -> Any:
+        return real(self, budget=budget, valid_actions=valid_actions() if callable(valid_actions) else valid_actions, **kw)
 
     monkeypatch.setattr(Agent, "recaller", eager)
     env = make_env("minicage")

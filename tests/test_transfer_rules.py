@@ -133,3 +133,25 @@ def test_remember_reflection_retires_a_contradicted_rule_in_memory():
 @pytest.mark.parametrize("text", ["when x, do not y", "not a rule"])
 def test_clauses_of_plain_text_are_one_clause(text):
     assert len(rules.clauses(text)) == 1
+
+
+def test_a_rule_may_name_an_action_by_its_kind_and_it_stands_for_every_action_of_that_kind():
+    from forge.engine.recall import Recalled
+    from forge.envs.cyborg import cage2_abstract, cage2_instance_terms
+    from forge.learn.prompt import Recollection, _rules_in
+
+    actions = ["sleep", "monitor", "restore User1", "restore User2", "restore Enterprise0"]
+    situation = cage2_abstract("Activity: exploit User2; compromised: User2 user")
+    kept, why = rules.check(
+        "when Activity: exploit User2; compromised: User2 user, do not sleep; restore User2 was safe there",
+        valid_actions=actions, situations=[situation], failing_situation=situation, failing_action="sleep",
+        safe_actions=["restore User2"], abstract=cage2_abstract, instance_terms=cage2_instance_terms,
+    )
+    assert kept is not None and "User2" not in kept and "restore a User host" in kept, why
+    unit = Unit(kept, kind=Kind.RULE)
+    vocab = [*actions, *{cage2_abstract(a) for a in actions}]
+    rec = Recollection(role="actor", valid_actions=tuple(actions), _parsed=tuple(_rules_in([Recalled(unit, 1.0, {})], vocab)), kind_of=cage2_abstract)
+    assert rec.forbidden(situation) == {"sleep"}
+    assert rec.advised(situation) == {"restore User1", "restore User2"}  # every User host, not the Enterprise one
+    assert rec.offered(situation) == ["restore User1", "restore User2"]
+    assert rec.verdict(situation, "restore User1") is True and rec.verdict(situation, "sleep") is False

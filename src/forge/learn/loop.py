@@ -112,6 +112,7 @@ class Recaller:
         valid_actions: Sequence[str] | Callable[[], Sequence[str]] = (),
         exposure: Exposure | None = None,
         episodes: int = 0,
+        abstract: Callable[[str], str] | None = None,
     ) -> None:
         self.memory = memory
         self.viewer = viewer
@@ -123,6 +124,7 @@ class Recaller:
         self.valid_actions = valid_actions if callable(valid_actions) else tuple(valid_actions)
         self.exposure = exposure
         self.episodes = episodes
+        self.abstract = abstract  # the env's: rules may name actions by their kind
 
     def __call__(self, role: str, query: str) -> Recollection:
         memory: Any = self.memory
@@ -139,6 +141,7 @@ class Recaller:
             filter=self.filter,
             weights=self.weights,
             valid_actions=self.valid_actions() if callable(self.valid_actions) else self.valid_actions,
+            abstract=self.abstract,
             **gated,
         )
         wanted = frozenset({Kind.RULE, Kind.LESSON})

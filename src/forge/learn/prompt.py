@@ -89,6 +89,9 @@ class Recollection:
     #: The engine's recall for a situation met mid-episode (set by the loop's Recaller): brings
     #: rules the episode's first recall did not hold, by meaning, as the same viewer.
     lookup: Callable[[str], Sequence[Recalled]] | None = field(default=None, compare=False, repr=False)
+    #: The env's ``abstract``: a rule may name an action's kind ("restore a User host"), which
+    #: stands for every valid action of that kind here.
+    kind_of: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
     _found: dict[str, tuple[tuple[Unit, rulebook.ParsedRule], ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -107,7 +110,7 @@ class Recollection:
             return here
         if situation not in self._found:
             known = {u.id for u, _ in self._parsed}
-            self._found[situation] = tuple(_rules_in(self.lookup(situation), self.valid_actions, skip=known))
+            self._found[situation] = tuple(_rules_in(self.lookup(situation), _vocabulary(self.valid_actions, self.kind_of), skip=known))
         return here + [(u, p) for u, p in self._found[situation] if rulebook.applies(p, situation)]
 
     def now_text(self, situation: str, *, limit: int = 3) -> tuple[str, list[str]]:
@@ -136,31 +139,35 @@ class Recollection:
         rule guard both use this.
         """
         actions = list(self.valid_actions if actions is None else actions)
-        rules = [p for _, p in self._applying(situation)]
-        banned = {a for p in rules for a in p.avoid}
+        banned = self.forbidden(situation)
         left = [a for a in actions if a not in banned]
         if not left or len(left) == len(actions):
             return actions
-        advised = {a for p in rules for a in p.do}
+        advised = self.advised(situation)
         return [a for a in left if a in advised] or left
 
     def verdict(self, situation: str, action: str) -> bool | None:
         """Whether ``action`` follows the rules for ``situation``: None when none applies, else
         True when it is not one they forbid and, if they name safe actions, is one of those."""
-        rules = [p for _, p in self._applying(situation)]
-        if not rules:
+        if not self._applying(situation):
             return None
-        banned = {a for p in rules for a in p.avoid}
-        advised = {a for p in rules for a in p.do} - banned
+        banned = self.forbidden(situation)
+        advised = self.advised(situation) - banned
         return action not in banned and (not advised or action in advised)
 
     def advised(self, situation: str) -> set[str]:
         """Actions that rules for this situation name as safe or recommended."""
-        return {a for _, p in self._applying(situation) for a in p.do}
+        return self._concrete({a for _, p in self._applying(situation) for a in p.do})
 
     def forbidden(self, situation: str) -> set[str]:
         """Actions that rules for this situation forbid (for the optional rule guard)."""
-        return {a for _, p in self._applying(situation) for a in p.avoid}
+        return self._concrete({a for _, p in self._applying(situation) for a in p.avoid})
+
+    def _concrete(self, named: set[str]) -> set[str]:
+        """The valid actions a rule's words name: each itself, or by its kind."""
+        if not self.valid_actions or self.kind_of is None:
+            return named
+        return {a for a in self.valid_actions if a in named or self.kind_of(a) in named}
 
 
 def recollect(
@@ -177,11 +184,13 @@ def recollect(
     sections: Mapping[str, frozenset[Kind]] = PROMPT_SECTIONS,
     count_tokens: Callable[[str], int] = approx_tokens,
     touch: bool = False,
+    abstract: Callable[[str], str] | None = None,
 ) -> Recollection:
     """Recall for ``query`` as ``viewer`` and write the memory block for ``role``.
 
     ``memory`` is a :class:`~forge.engine.memory.Memory` (or anything with its ``recall``). Units
     whose context names another role are left out; units with no role serve every role.
+    ``abstract`` (the env's) lets a rule name an action by its kind.
     """
     recalled = memory.recall(query, viewer=viewer, k=k, filter=filter, weights=weights, touch=touch) if query.strip() else []
     mine = [r for r in recalled if not r.unit.context.role or not role or r.unit.context.role == role]
@@ -195,7 +204,7 @@ def recollect(
         if units:
             parts.append(f"## {name.capitalize()}\n" + "\n".join(render_unit(u) for u in units))
             shown += units
-    parsed = _rules_in(mine, valid_actions)
+    parsed = _rules_in(mine, _vocabulary(valid_actions, abstract))
     return Recollection(
         role=role,
         block="\n\n".join(parts),
@@ -203,7 +212,26 @@ def recollect(
         candidates=tuple(mine),
         valid_actions=tuple(valid_actions),
         _parsed=tuple(parsed),
+        kind_of=_memo(abstract) if abstract is not None else None,
     )
+
+
+def _vocabulary(valid_actions: Sequence[str], abstract: Callable[[str], str] | None) -> list[str]:
+    """What a rule may name as an action: the valid ones, and their kinds."""
+    if abstract is None:
+        return list(valid_actions)
+    return list(dict.fromkeys([*valid_actions, *(abstract(a) for a in valid_actions)]))
+
+
+def _memo(fn: Callable[[str], str]) -> Callable[[str], str]:
+    cache: dict[str, str] = {}
+
+    def kind(text: str) -> str:
+        if text not in cache:
+            cache[text] = fn(text)
+        return cache[text]
+
+    return kind
 
 
 def _rules_in(recalled: Iterable[Recalled], valid_actions: Sequence[str], *, skip: Iterable[str] = ()) -> list[tuple[Unit, rulebook.ParsedRule]]:

@@ -211,7 +211,14 @@ def check(
     """
     original = text
     if abstract is not None:
+        # rules name kinds, also of actions ("restore a User host" for restore User2): the
+        # kinds of the valid actions are words a rule may use, matched back to concrete
+        # actions when the rule is applied (forge.learn.prompt.Recollection)
         text = abstract(text)
+        kinds = list(dict.fromkeys(abstract(a) for a in valid_actions))
+        valid_actions = list(dict.fromkeys([*valid_actions, *kinds]))
+        failing_action = abstract(failing_action)
+        safe_actions = list(dict.fromkeys(abstract(a) for a in safe_actions))
     if instance_terms is not None:
         left = list(dict.fromkeys(instance_terms(text)))
         if left:

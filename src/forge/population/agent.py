@@ -193,7 +193,9 @@ class Agent:
         """Recall packed into a ``budget``-token prompt block."""
         return self.memory.context(query, viewer=self.viewer, budget=budget, **kw)
 
-    def recaller(self, *, budget: int = 600, valid_actions: Sequence[str] | Callable[[], Sequence[str]] = ()) -> Recaller:
+    def recaller(
+        self, *, budget: int = 600, valid_actions: Sequence[str] | Callable[[], Sequence[str]] = (), abstract: Callable[[str], str] | None = None,
+    ) -> Recaller:
         """How this agent's prompts get memory: the engine's recall, as this agent's viewer.
 
         Received units are included (that is the point of broadcast); quarantined, archived
@@ -203,7 +205,7 @@ class Agent:
         """
         return Recaller(
             self.memory, self.viewer, budget=budget, filter=Filter.make(kinds=["rule", "lesson", "example", "procedure", "fact", "preference"]),
-            valid_actions=valid_actions, exposure=self.exposure, episodes=self.episodes,
+            valid_actions=valid_actions, exposure=self.exposure, episodes=self.episodes, abstract=abstract,
         )
 
     def recollect(self, role: str, query: str, *, budget: int = 600) -> Recollection:
@@ -218,7 +220,7 @@ class Agent:
         that were shown with the outcome (use counts and validation, authors' reputations)."""
         spec = env.spec
         tau = spec.tau if tau is None else tau
-        traj = play_episode(env, policy, self.recaller(budget=budget, valid_actions=env.valid_actions), seed=seed, tau=tau, abort=abort, max_steps=max_steps)
+        traj = play_episode(env, policy, self.recaller(budget=budget, valid_actions=env.valid_actions, abstract=spec.abstract), seed=seed, tau=tau, abort=abort, max_steps=max_steps)
         used = traj.used
         if used:
             success = traj.total >= spec.success_return and not (traj.failing is not None and not traj.done)

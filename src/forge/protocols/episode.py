@@ -112,7 +112,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
         ledger = TokenLedger()
         metered = MeteredLLM(llm, ledger, condition=config.condition, stage=stage, instance=inst)
         recall = Recaller(
-            memory, Viewer.of(agent), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions,
+            memory, Viewer.of(agent), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions, abstract=env.spec.abstract,
             exposure=config.exposure(inst), episodes=int(task.get("episodes", 0)),
         )
         context = Context(domain=config.env, task=config.env, tags=(config.condition, config.representation))
@@ -215,7 +215,7 @@ def evaluate_instance(task: Mapping[str, Any], llm: LLM, hook: Hook | None = Non
         metered = MeteredLLM(llm, ledger, condition=config.condition, stage="eval", instance=inst, phase="eval")
         policy = make_policy(config.policy, llm=lambda role: metered.with_tags(role=role), spec=env.spec, rule_guard=config.rule_guard, show_map=config.show_map)
         recall = Recaller(
-            memory, Viewer.of(f"inst-{inst}"), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions,
+            memory, Viewer.of(f"inst-{inst}"), budget=config.memory_tokens, weights=RUN_WEIGHTS, valid_actions=env.valid_actions, abstract=env.spec.abstract,
             exposure=config.exposure(inst), episodes=int(task.get("episodes", 0)),
         )
         episodes, results = [], []

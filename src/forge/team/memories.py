@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -443,6 +443,7 @@ class TeamMemory:
         budget: int = 300,
         role: str = ACTOR_ROLE,
         valid_actions: Sequence[str] = (),
+        abstract: Callable[[str], str] | None = None,
     ) -> Recollection:
         """``agent``'s memory for ``query``, written by :func:`forge.learn.prompt.recollect`.
 
@@ -462,6 +463,7 @@ class TeamMemory:
             valid_actions=valid_actions,
             weights=TEAM_WEIGHTS,
             sections=TEAM_SECTIONS,
+            abstract=abstract,
         )
 
     # -- episodic + everything a finished task updates ---------------------------------------
@@ -485,8 +487,9 @@ class TeamMemory:
         None), the ``rules`` reflection wrote as rule units in the same pools (a rule a pool
         already holds is not written twice), archives the ``retire`` rules reflection
         deleted, updates the transactive profiles of every pool, and credits the ``used``
-        units (shown to the agents) with the outcome through :meth:`record_use`. Unit ids
-        derive from the task, so a replayed task writes the same units.
+        units (shown to the agents) with the outcome through :meth:`record_use`, all in one
+        transaction: a failure part-way leaves nothing of the task written. Unit ids derive
+        from the task, so a replayed task writes the same units.
         """
         if not task.strip():
             raise ValidationError("task text is empty")
@@ -499,26 +502,27 @@ class TeamMemory:
         lesson = lesson or task_lesson(None, task=task, actions=actions, outcome=outcome)
         pools = self.pools("episodic", agents=members)
         with self.lock:
-            self._known(used)
-            index = self._tasks + 1
-            episode = Episode(
-                agent=",".join(members),
-                task=task,
-                env=env,
-                steps=tuple(Step(action=a.text, role=a.role or a.agent, info={"agent": a.agent}) for a in actions),
-                outcome=outcome.to_dict(),
-                meta={"team": self.team, "task_type": task_type, "task_index": index},
-            )
-            units = [
-                self._episode_unit(pool, episode, index, task, task_type, members, actions, outcome, lesson)
-                for pool in pools
-            ]
-            self.memory.add_episode(episode, actor=self.actor)
-            ids = self.memory.add(units, actor=self.actor)
-            ids += [u.id for u in self._remember_rules(pools, episode, index, env, task_type, rules, retire, lesson)]
-            profiles = self._observe(members=members, roles=roles, task_type=task_type, outcome=outcome)
-            credited = self.record_use(used, success=outcome.success) if used else []
-            self._tasks = index
+            with self.memory.transaction():  # all of the task's writes, or none of them
+                self._known(used)
+                index = self._tasks + 1
+                episode = Episode(
+                    agent=",".join(members),
+                    task=task,
+                    env=env,
+                    steps=tuple(Step(action=a.text, role=a.role or a.agent, info={"agent": a.agent}) for a in actions),
+                    outcome=outcome.to_dict(),
+                    meta={"team": self.team, "task_type": task_type, "task_index": index},
+                )
+                units = [
+                    self._episode_unit(pool, episode, index, task, task_type, members, actions, outcome, lesson)
+                    for pool in pools
+                ]
+                self.memory.add_episode(episode, actor=self.actor)
+                ids = self.memory.add(units, actor=self.actor)
+                ids += [u.id for u in self._remember_rules(pools, episode, index, env, task_type, rules, retire, lesson)]
+                profiles = self._observe(members=members, roles=roles, task_type=task_type, outcome=outcome)
+                credited = self.record_use(used, success=outcome.success) if used else []
+            self._tasks = index  # counted once committed
         n = len(units)
         return TaskRecord(index, episode.id, tuple(ids[:n]), tuple(ids[n:]), lesson, tuple(profiles), tuple(credited))
 

@@ -258,7 +258,7 @@ class _Mode:
 
     tm: TeamMemory | None = None
 
-    def actor_context(self, agent: str, query: str, budget: int, valid: Sequence[str]) -> _Context:
+    def actor_context(self, agent: str, query: str, budget: int, valid: Sequence[str], abstract: Callable[[str], str] | None = None) -> _Context:
         return _Context()
 
     def planner_context(self, agent: str, query: str, budget: int) -> str:
@@ -278,7 +278,7 @@ class _RawMode(_Mode):
     def __init__(self) -> None:
         self.history: list[str] = []
 
-    def actor_context(self, agent: str, query: str, budget: int, valid: Sequence[str]) -> _Context:
+    def actor_context(self, agent: str, query: str, budget: int, valid: Sequence[str], abstract: Callable[[str], str] | None = None) -> _Context:
         lines, used = ["## Past tasks (raw transcripts, newest first)"], 0
         used = approx_tokens(lines[0])
         for text in reversed(self.history):
@@ -306,8 +306,8 @@ class _TeamMode(_Mode):
     def __init__(self, tm: TeamMemory) -> None:
         self.tm = self._tm = tm
 
-    def actor_context(self, agent: str, query: str, budget: int, valid: Sequence[str]) -> _Context:
-        rec = self._tm.recollect(agent, query, budget=budget, valid_actions=valid)
+    def actor_context(self, agent: str, query: str, budget: int, valid: Sequence[str], abstract: Callable[[str], str] | None = None) -> _Context:
+        rec = self._tm.recollect(agent, query, budget=budget, valid_actions=valid, abstract=abstract)
         label = "+".join(dict.fromkeys(_SECTION_OF[u.kind] for u in rec.shown)) or "none"
         return _Context(rec.block, rec, label)
 
@@ -489,7 +489,7 @@ class _Run:
 
         def recall(agent: str, query: str) -> Recollection:
             # every member's memory for the task, as that member's viewer (after the reset)
-            contexts[agent] = self.mode.actor_context(agent, f"{task.text}\n{query}", cfg.memory_tokens, env.valid_actions())
+            contexts[agent] = self.mode.actor_context(agent, f"{task.text}\n{query}", cfg.memory_tokens, env.valid_actions(), spec.abstract)
             return contexts[agent].recollection or Recollection(role=ACTOR_ROLE, block=contexts[agent].block)
 
         def on_step(t: int, action: str, result: StepResult) -> None:
