@@ -23,6 +23,7 @@ from forge.store.pg import connect, redact_dsn
         ("host=db password = 'hunter 2' dbname=memory", "host=db password = *** dbname=memory"),
         ("host=db password hunter2", "host=db password ***"),  # malformed: libpq quotes it back
         ("postgresql://forge@db/memory", "postgresql://forge@db/memory"),
+        ("postgresql://forge:@/memory?host=/tmp/pg", "postgresql://forge:@/memory?host=/tmp/pg"),  # no password
         ("host=db dbname=memory", "host=db dbname=memory"),
     ],
 )

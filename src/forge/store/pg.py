@@ -34,8 +34,9 @@ def redact_dsn(dsn: str) -> str:
     parts = urlsplit(dsn)
     netloc = parts.netloc
     user, at, host = netloc.rpartition("@")
-    if at and ":" in user:
-        netloc = f"{user.split(':', 1)[0]}:***@{host}"
+    name, _, secret = user.partition(":")
+    if at and secret:
+        netloc = f"{name}:***@{host}"
     query = _QUERY_PASSWORD.sub(r"\1***", parts.query)
     if (netloc, query) == (parts.netloc, parts.query):
         return dsn
