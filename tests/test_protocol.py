@@ -410,8 +410,14 @@ def test_quick_demo_runs_zero_shot_and_forge_on_the_same_seeds_into_one_report(t
     out = json.loads(res.output)
     assert [r["condition"] for r in out["runs"]] == ["zero-shot", "forge"]
     configs = [json.loads((tmp_path / "qd" / c / "config.json").read_text()) for c in ("zero-shot", "forge")]
-    assert {c["seed"] for c in configs} == {0} and {c["env"] for c in configs} == {"frozenlake-4x4"}
-    assert (tmp_path / "qd/report/report.html").is_file() and (tmp_path / "qd/report/summary.json").is_file()
+    assert {c["seed"] for c in configs} == {0} and {c["env"] for c in configs} == {"frozenlake-random-4x4"}
+    # trained on some maps, evaluated on held-out maps no instance trained on
+    train, held = (set(configs[1]["train_seeds"]), set(configs[1]["eval_seeds"]))
+    assert train and held and not train & held and configs[0]["eval_seeds"] == configs[1]["eval_seeds"]
+    assert {c["llm"] for c in configs} == {"test:walker"}  # the stand-in that obeys its rules
+    summary = json.loads((tmp_path / "qd/report/summary.json").read_text())
+    assert f"on {len(held)} held-out tasks" in summary["verdict"]
+    assert (tmp_path / "qd/report/report.html").is_file()
 
 
 def test_cli_unknown_reflection_style_exits_2_with_one_line(tmp_path):

@@ -20,17 +20,18 @@ from forge.protocols.config import CONDITIONS, POLICIES, REPRESENTATIONS, ForgeC
 
 __all__ = ["QUICK_DEMO", "evolve_command", "report_command"]
 
-#: ``--quick-demo``: zero-shot and FORGE on the embedded model, same seeds, one comparison
-#: report; minutes on 2 cores.
+#: ``--quick-demo``: zero-shot and FORGE on the embedded model, trained on random FrozenLake
+#: maps and evaluated on held-out maps no instance trained on, one comparison report; minutes
+#: on 2 cores.
 QUICK_DEMO: dict[str, Any] = {
-    "env": "frozenlake-4x4",
+    "env": "frozenlake-random-4x4",
     "instances": 2,
     "stages": 3,
     "attempts": 2,
-    "eval_episodes": 1,
     "max_steps": 10,
     "representation": "rules",
 }
+QUICK_DEMO_HELD_OUT = 4  # held-out maps each instance is evaluated on
 QUICK_DEMO_CONDITIONS = ("zero-shot", "forge")
 
 
@@ -58,6 +59,23 @@ def _seeds(text: str, flag: str) -> tuple[int, ...]:
     if not out:
         raise ConfigError(f"{flag} names no seeds: {text!r}")
     return tuple(out)
+
+
+def _held_out_split(settings: dict[str, Any]) -> dict[str, Any]:
+    """The quick demo's seeds: training maps, and held-out maps no instance trains on; and a
+    stand-in that obeys its rules for ``--llm test`` (the plain scripted model only says "left")."""
+    from forge.envs import seed_split
+
+    out: dict[str, Any] = {}
+    if settings.get("llm") == "test":
+        out["llm"] = "test:walker"
+    if "train_seeds" not in settings and "eval_seeds" not in settings:
+        try:
+            train, held = seed_split(settings["env"], held_out=settings.get("eval_episodes") or QUICK_DEMO_HELD_OUT)
+        except ConfigError:
+            return out  # an env with one task: evaluated on derived seeds, and the report says so
+        out.update(train_seeds=",".join(map(str, train)), eval_seeds=",".join(map(str, held)))
+    return out
 
 
 def _fail(exc: ForgeError) -> None:
@@ -121,6 +139,8 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
         else:
             settings: dict[str, Any] = dict(QUICK_DEMO) if quick_demo else {}
             settings.update({k: v for k, v in options.items() if v is not None})
+            if quick_demo:
+                settings.update(_held_out_split(settings))
             for flag in ("train_seeds", "eval_seeds"):
                 if flag in settings:
                     settings[flag] = _seeds(settings[flag], "--" + flag.replace("_", "-"))

@@ -149,8 +149,11 @@ def verdict(rows: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]
     best, run = max(learners, key=lambda rr: (rr[0]["success_rate"], rr[0]["mean_return"]))
     memory = run["champion"]["memory"]
     rules = [m for m in memory if m.get("kind") in ("rule", "example")]
-    held = bool(run["config"].get("eval_seeds"))
-    where = f"{best['eval_episodes']} held-out {'tasks' if held else 'episodes'}" + ("" if held else " (not held out: the same tasks as training)")
+    held = len(run["config"].get("eval_seeds") or ())
+    where = (
+        f"{held} held-out tasks ({best['eval_episodes']} episodes)" if held
+        else f"{best['eval_episodes']} evaluation episodes (not held out: the same tasks as training)"
+    )
     learned = f"{best['label']} learned {len(rules)} rule(s)/example(s)" + (f", e.g. \"{_clip(rules[0]['content'], 90)}\"" if rules else "")
     if base is None:
         return f"{learned}; success {best['success_rate']:.0%} on {where}."
