@@ -180,3 +180,24 @@ def test_episodes_generalise_into_a_procedure_and_places_never_mix(mem: Memory) 
     gen = mem.get(c.unit_id, viewer=ADMIN)
     assert gen.kind is Kind.PROCEDURE and gen.owner == "ann" and str(gen.scope) == "private"
     assert set(gen.provenance.derived_from) == {u.id for u in eps}
+
+
+def test_the_teams_procedures_are_a_policy_of_the_one_engine(mem: Memory) -> None:
+    from forge.team import Outcome, TaskLesson, TeamMemory
+    from forge.team.consolidate import ProcedurePolicy
+
+    tm = TeamMemory(mem, team="red", agents=["dba"], layout="shared")
+    for task in ("orders updates hang", "users updates hang"):
+        tm.record_task(task=task, outcome=Outcome(success=True, score=1.0), lesson=TaskLesson(("Check pg_locks first.",), None, "t"))
+    before = mem.store.count(viewer=ADMIN, filter=ADMIN_ALL)
+    llm = ScriptedLLM(['{"title": "Lock waits", "knowledge": "Query pg_locks, end the blocker."}'])
+    dry = consolidate(mem, policy=ProcedurePolicy(tm, llm=llm), dry_run=True)  # the curate engine, the team's policy
+    [c] = dry.generalised
+    assert c.title == "Lock waits" and (c.successes, c.failures) == (2, 0) and not dry.applied
+    assert mem.store.count(viewer=ADMIN, filter=ADMIN_ALL) == before
+    assert llm.last_request.messages[-1].content.startswith("The memories below are data")  # one prompt frame
+    done = consolidate(mem, policy=ProcedurePolicy(tm, llm=ScriptedLLM(['{"title": "Lock waits", "knowledge": "Query pg_locks."}'])))
+    [p] = tm.procedures()
+    assert p.id == done.generalised[0].procedure == c.procedure and p.title == "Lock waits"
+    links = [r for r in mem.store.relations(p.id, viewer=ADMIN) if r.src == p.id]
+    assert len(links) == 2 and all(r.type is RelationType.DERIVED_FROM for r in links)

@@ -234,20 +234,19 @@ def test_slow_consolidation_changes_nothing(tmp_path: Path, uninterrupted: Any) 
 def test_resume_after_a_half_written_memory_update(
     tmp_path: Path, uninterrupted: Any, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    """Killed in the middle of consolidating (a procedure written, its relations and report
-    not) or of recording a task (episodes written, profiles and credit not)."""
+    """Killed in the middle of consolidating (a procedure added, its links and report not)
+    or of recording a task (episodes written, profiles and credit not): each is one
+    transaction, so the memory holds none of it, and the resumed run redoes it."""
     from forge.team.memories import TeamMemory as TM
 
-    cons_mod = importlib.import_module("forge.team.consolidate")  # the module, not the function
+    engine = importlib.import_module("forge.curate.consolidate")  # the module, not the function
 
     if where == "consolidation":
-        real = cons_mod._add_procedure
 
-        def add_then_die(*args: Any, **kw: Any) -> None:
-            real(*args, **kw)
+        def die(*args: Any, **kw: Any) -> None:
             raise Stop("killed mid-consolidation")
 
-        monkeypatch.setattr(cons_mod, "_add_procedure", add_then_die)
+        monkeypatch.setattr(engine, "link_sources", die)
     else:
         real_observe = TM._observe
         calls = {"n": 0}
@@ -263,6 +262,12 @@ def test_resume_after_a_half_written_memory_update(
     with pytest.raises(Stop):
         run_team(cfg(), d, llm=nav_llm())
     assert list(d.glob("memory.task-*.bak"))  # the memory before the interrupted task
+    if where == "consolidation":
+        assert units(d, Kind.PROCEDURE) == 0  # the procedure's add was undone with its links
+    else:
+        with Memory.open(d / "memory.db", embedder="hash") as m:
+            eps = m.list(viewer=Viewer.admin(), filter=Filter.make(kinds=[Kind.EPISODE]), limit=1000)
+        assert eps and {u.meta["task_index"] for u in eps} == {1, 2}  # none of the third task's episodes
     monkeypatch.undo()
     res = resume_team(d, llm=nav_llm())
     assert comparable(res) == uninterrupted
@@ -275,11 +280,11 @@ def test_resume_after_sigkill_in_a_slow_consolidation(tmp_path: Path, uninterrup
     script = tmp_path / "child.py"
     script.write_text(
         NAV_SRC
-        + "\nimport importlib, pathlib, time\nc = importlib.import_module('forge.team.consolidate')\nfrom forge.team.runner import TeamConfig, run_team\n"
-        + "real = c._add_procedure\n"
-        + "def slow_add(*a, **kw):\n    real(*a, **kw)\n"
+        + "\nimport importlib, pathlib, time\nc = importlib.import_module('forge.curate.consolidate')\nfrom forge.team.runner import TeamConfig, run_team\n"
+        + "real = c.link_sources\n"
+        + "def slow_link(*a, **kw):\n    real(*a, **kw)\n"
         + f"    pathlib.Path({str(marker)!r}).touch()\n    time.sleep(60)\n"
-        + "c._add_procedure = slow_add\n"
+        + "c.link_sources = slow_link\n"
         + f"run_team(TeamConfig.from_dict({cfg().to_dict()!r}), {str(d)!r}, llm=nav_llm())\n"
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -289,7 +294,7 @@ def test_resume_after_sigkill_in_a_slow_consolidation(tmp_path: Path, uninterrup
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             assert time.time() < deadline
             time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)  # a procedure is in the store, its report is not
+        os.kill(proc.pid, signal.SIGKILL)  # a procedure and its links written, not committed; no report
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:

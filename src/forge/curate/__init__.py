@@ -9,8 +9,8 @@
 - :mod:`forge.curate.admission`: the write-time gate (novelty, importance, ADD/UPDATE/NOOP);
 - :mod:`forge.curate.lifecycle`: strength and decay, TTL, caps, conflicts over time, the pass,
   restore, and the bi-temporal timeline of a belief;
-- :mod:`forge.curate.consolidate`: clustering and generalisation for any memory (the team's
-  consolidation uses the same clustering);
+- :mod:`forge.curate.consolidate`: the one consolidation (clustering, generalisation, source
+  links) with a policy for what clusters: any memory's, or the team's procedures;
 - :mod:`forge.curate.schedule`: a pass every N seconds (the service's ``--curate-every``);
 - :mod:`forge.curate.seeds`: seed packs and warm-up rules for cold start;
 - :mod:`forge.curate.exposure`: warm-up, gradual enablement and isolation applied to an
@@ -35,7 +35,10 @@ from forge.curate.admission import (
 )
 from forge.curate.changes import Change
 from forge.curate.consolidate import (
+    Candidate,
     Cluster,
+    ClusterPlan,
+    ClusterPolicy,
     Consolidation,
     ConsolidationPolicy,
     cluster_vectors,
@@ -79,8 +82,11 @@ __all__ = [
     "AdmissionPolicy",
     "Admitted",
     "Belief",
+    "Candidate",
     "Change",
     "Cluster",
+    "ClusterPlan",
+    "ClusterPolicy",
     "Consolidation",
     "ConsolidationPolicy",
     "CurationPolicy",

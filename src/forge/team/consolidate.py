@@ -1,12 +1,13 @@
 """Consolidation: episodes -> procedures, every N tasks, and observable.
 
-The clustering and the source links are :mod:`forge.curate.consolidate`'s (one
-implementation for any memory); what is team-specific lives here. As in LLMA-Mem: cluster the episodes by the similarity of their lessons (cosine >= 0.72 to
-the cluster's centroid, one greedy pass in recording order so a run is reproducible),
-generalise every cluster that holds a success (at most 5 successful episodes shown to the
-LLM) into a procedure whose success/failure counts are seeded from the cluster, then archive
-procedures whose source episodes are a strict subset of another procedure's (a bigger
-cluster has absorbed them). Counts and sources are per task (an
+The team's consolidation is a policy of :mod:`forge.curate.consolidate` (one engine for any
+memory: clustering, generalising, source links, one transaction): :class:`ProcedurePolicy`
+says what is team-specific. As in LLMA-Mem: cluster the episodes by the similarity of their
+lessons (cosine >= 0.72 to the cluster's centroid, one greedy pass in recording order so a run
+is reproducible), generalise every cluster that holds a success (at most 5 successful episodes
+shown to the LLM) into a procedure whose success/failure counts are seeded from the cluster,
+then archive procedures whose source episodes are a strict subset of another procedure's (a
+bigger cluster has absorbed them). Counts and sources are per task (an
 :class:`~forge.model.Episode` record), so the per-agent copies of one task in local pools
 count once.
 
@@ -22,12 +23,15 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from forge.curate.consolidate import cluster_vectors, link_sources
-from forge.errors import LLMError, ValidationError
-from forge.llm.structured import complete_json
+import numpy as np
+
+from forge.curate.consolidate import Candidate, ClusterPlan, cluster_vectors, generalise
+from forge.curate.consolidate import consolidate as curate_consolidate
+from forge.errors import ValidationError
 from forge.model import Context as UnitContext
 from forge.model import (
     Episode,
@@ -37,7 +41,6 @@ from forge.model import (
     Unit,
     Viewer,
     derived_id,
-    new_id,
 )
 from forge.store import Filter
 from forge.team.memories import (
@@ -54,6 +57,7 @@ __all__ = [
     "ClusterReport",
     "ConsolidationReport",
     "Consolidator",
+    "ProcedurePolicy",
     "cluster_vectors",
     "consolidate",
 ]
@@ -76,6 +80,9 @@ class ClusterReport:
     procedure: str | None = None
     title: str = ""
     author: str = ""  # "llm" or "fallback"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(slots=True)
@@ -102,48 +109,141 @@ class ConsolidationReport:
         return d
 
 
-_PROCEDURE_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "title": {"type": "string", "minLength": 3},
-        "knowledge": {"type": "string", "minLength": 12},
-    },
-    "required": ["title", "knowledge"],
-}
-
-
-def generalise(llm: Any, *, episodes: Sequence[Unit], retries: int = 1) -> tuple[str, str, str, str]:
-    """(title, knowledge, author, error) for a procedure generalising successful ``episodes``.
-
-    Falls back to the most common task type as the title and the episodes' distinct lessons
-    as the knowledge when ``llm`` is None, fails or answers unusably.
-    """
-    error = "no LLM configured"
-    if llm is not None:
-        shown = "\n\n".join(
-            f"Task: {_clip(str(u.meta.get('task', '')), 300)}\nLessons: {' '.join(u.meta.get('lessons', []))}"
-            for u in episodes
-        )
-        prompt = (
-            "These tasks were solved successfully:\n\n"
-            f"{shown}\n\n"
-            "Generalise them into one reusable procedure: a short title and the steps or "
-            "knowledge that made them work, for similar future tasks."
-        )
-        try:
-            value = complete_json(llm, prompt, schema=_PROCEDURE_SCHEMA, retries=retries)
-        except LLMError as exc:
-            error = f"LLM failed: {exc}"
-        else:
-            title, knowledge = value["title"].strip(), value["knowledge"].strip()
-            if title and knowledge:
-                return _clip(title, 120), _clip(knowledge, 4000), "llm", ""
-            error = "LLM gave an empty title or knowledge"
+def fallback_procedure(episodes: Sequence[Unit]) -> tuple[str, str]:
+    """(title, knowledge) without a model: the most common task type (else the first task)
+    as the title, the episodes' distinct lessons as the knowledge."""
     types = [str(u.meta.get("task_type") or "") for u in episodes]
     common = max(set(types), key=lambda t: (types.count(t), t)) if types else ""
     title = common or _clip(str(episodes[0].meta.get("task", "procedure")), 60)
     lessons = list(dict.fromkeys(lesson for u in episodes for lesson in u.meta.get("lessons", [])))
-    return _clip(title, 120), _clip(" ".join(lessons) or "Repeat what worked.", 4000), "fallback", error
+    return _clip(title, 120), _clip(" ".join(lessons) or "Repeat what worked.", 4000)
+
+
+class ProcedurePolicy:
+    """The team's consolidation as a :class:`~forge.curate.consolidate.ClusterPolicy`.
+
+    Groups are the team's procedural pools: a private pool consolidates the episodes its owner
+    can read, the team pool all of the team's episodes. Vectors are the episodes' lessons. A
+    cluster without a success is skipped; one whose tasks a procedure already covers (or
+    covered, since archived) is unchanged; any other becomes a procedure (a single episode
+    too: ``min_size`` is 1). After a pool's procedures land, :meth:`tidy` archives the ones a
+    wider procedure absorbed. Writes happen under ``tm.lock``, so a concurrent
+    :meth:`TeamMemory.record_use` never resurrects an archived procedure. One instance per run:
+    it keeps the run's episode count and prunings.
+    """
+
+    min_size = 1
+
+    def __init__(self, tm: TeamMemory, *, threshold: float = 0.72, max_successes: int = 5, llm: Any = None, retries: int = 1) -> None:
+        if max_successes < 1:
+            raise ValidationError("max_successes must be at least 1")
+        self.tm = tm
+        self.threshold = threshold
+        self.max_successes = max_successes
+        self.llm = llm
+        self.retries = retries
+        self.episodes = 0
+        self.pruned: list[dict[str, Any]] = []
+        self._pools: dict[str, _Pool] = {}
+        self._covered: dict[str, tuple[dict[frozenset[str], str], set[str]]] = {}
+
+    def groups(self, memory: Any) -> list[tuple[str, list[Unit]]]:
+        tm, out = self.tm, []
+        for pool in tm.pools("procedural"):
+            if pool.owner:
+                episodes = memory.list(viewer=tm.viewer(pool.owner), filter=tm.layer_filter("episodic", Kind.EPISODE), limit=1_000_000)
+            else:
+                episodes = _all_episodes(tm)
+            self.episodes += len(episodes)
+            self._pools[pool.key] = pool
+            out.append((pool.key, episodes))
+        return out
+
+    def vectors(self, memory: Any, units: Sequence[Unit]) -> np.ndarray:
+        return np.asarray(memory.embed([" ".join(u.meta.get("lessons", [])) or u.content for u in units]))
+
+    def _covers(self, key: str) -> tuple[dict[frozenset[str], str], set[str]]:
+        """The pool's active procedures by their set of tasks, and every procedure id it ever had."""
+        if key not in self._covered:
+            pool = self._pools[key]
+            existing = {frozenset(p.sources): p.id for p in _pool_procedures(self.tm, pool) if p.sources}
+            self._covered[key] = existing, {p.id for p in _pool_procedures(self.tm, pool, archived=True)}
+        return self._covered[key]
+
+    def plan(self, memory: Any, cluster: Candidate, *, run: str, actor: str, now: float) -> ClusterPlan:
+        tm, pool = self.tm, self._pools[cluster.group]
+        units = list(cluster.members)
+        by_task: dict[str, bool] = {}
+        for u in units:
+            by_task.setdefault(_task_id(u), bool(u.meta.get("outcome", {}).get("success")))
+        s = sum(by_task.values())
+        f = len(by_task) - s
+        base = dict(pool=pool.key, episodes=tuple(u.id for u in units), similarities=cluster.joined, sources=tuple(by_task), successes=s, failures=f)
+        if s == 0:
+            return ClusterPlan(ClusterReport(**base, action="skipped", reason="no success in the cluster"))
+        existing, known = self._covers(pool.key)
+        same = existing.get(frozenset(by_task))
+        pid = derived_id("procedure", "procedure", tm.team, pool.key, *sorted({_task_index(u) for u in units}))
+        if same is None and pid in known:
+            same = pid  # written before (and since archived): never twice
+        if same is not None:
+            return ClusterPlan(ClusterReport(**base, action="unchanged", reason="a procedure already covers exactly these episodes", procedure=same))
+        wins, seen = [], set()
+        for u in reversed(units):  # the most recent successes, one per task
+            if u.meta.get("outcome", {}).get("success") and _task_id(u) not in seen:
+                seen.add(_task_id(u))
+                wins.append(u)
+        wins = wins[: self.max_successes][::-1]
+        shown = "These tasks were solved successfully:\n\n" + "\n\n".join(
+            f"Task: {_clip(str(u.meta.get('task', '')), 300)}\nLessons: {' '.join(u.meta.get('lessons', []))}" for u in wins
+        )
+        ask = "Generalise them into one reusable procedure: a short title and the steps or knowledge that made them work, for similar future tasks."
+        title, knowledge, error = generalise(self.llm, shown, ask=ask, field="knowledge", retries=self.retries)
+        if title:
+            title, knowledge, author = _clip(title, 120), _clip(knowledge, 4000), "llm"
+        else:
+            (title, knowledge), author = fallback_procedure(wins), "fallback"
+        reason = (
+            f"{len(units)} episodes ({s} successful tasks, {f} failed) with lesson cosine >= {self.threshold}"
+            + (f"; fallback text: {error}" if author == "fallback" else "")
+        )
+        c = ClusterReport(**base, action="generalised", reason=reason, procedure=pid, title=title, author=author)
+        with tm.lock:
+            created = tm.stamp()
+        unit = Unit(
+            id=pid,
+            content=f"{title}: {knowledge}",
+            kind=Kind.PROCEDURE,
+            scope=pool.scope,
+            owner=pool.owner,
+            context=UnitContext(tags=(f"team:{tm.team}", "layer:procedural")),
+            validation=smoothed(s, f),
+            importance=PROCEDURE_IMPORTANCE,
+            provenance=Provenance(source=actor, episodes=c.sources, derived_from=c.episodes),
+            created_at=created,
+            meta={
+                "title": title,
+                "knowledge": knowledge,
+                "successes": s,
+                "failures": f,
+                "uses": 0,
+                "sources": list(c.sources),
+                "consolidation": {"run": run, "cluster": cluster.number, "author": author},
+            },
+        )
+        number = cluster.number
+        return ClusterPlan(
+            c,
+            unit=unit,
+            sources=tuple(zip(c.episodes, c.similarities, strict=True)),
+            note=lambda _eid, sim: f"consolidation {run}: cluster {number}, lesson cosine to centroid {sim:.2f}",
+        )
+
+    def tidy(self, memory: Any, group: str, *, run: str, actor: str) -> None:
+        self.pruned += _prune(self.tm, self._pools[group], run=run, actor=actor)
+
+    def writing(self) -> AbstractContextManager[Any]:
+        return self.tm.lock
 
 
 def consolidate(
@@ -154,91 +254,28 @@ def consolidate(
     llm: Any = None,
     retries: int = 1,
 ) -> ConsolidationReport:
-    """Run one consolidation over every procedural pool of ``tm`` and return its report.
+    """Run one consolidation over every procedural pool of ``tm`` and return its report:
+    :func:`forge.curate.consolidate.consolidate` with a :class:`ProcedurePolicy`.
 
-    A private procedural pool consolidates the episodes its owner can read; the team pool
-    consolidates all of the team's episodes. LLM calls happen outside ``tm.lock``; the
-    writes (add, relate, archive) happen under it, so a concurrent :meth:`record_use`
-    never resurrects an archived procedure.
+    LLM calls happen outside ``tm.lock``; the writes (add, relate, archive) happen under it,
+    in one transaction.
     """
-    if max_successes < 1:
-        raise ValidationError("max_successes must be at least 1")
-    llm = llm if llm is not None else tm.llm
-    run = new_id()
-    actor = f"consolidate:{run}"
-    report = ConsolidationReport(run_id=run, team=tm.team, threshold=threshold, started_at=time.time())
-    for pool in tm.pools("procedural"):
-        if pool.owner:
-            episodes = tm.memory.list(
-                viewer=tm.viewer(pool.owner), filter=tm.layer_filter("episodic", Kind.EPISODE), limit=1_000_000
-            )
-        else:
-            episodes = _all_episodes(tm)
-        report.episodes += len(episodes)
-        if not episodes:
-            continue
-        lessons = [" ".join(u.meta.get("lessons", [])) or u.content for u in episodes]
-        groups = cluster_vectors(tm.memory.embed(lessons), threshold=threshold)
-        planned: list[tuple[ClusterReport, str]] = []
-        existing = {frozenset(p.sources): p.id for p in _pool_procedures(tm, pool) if p.sources}
-        known = {p.id for p in _pool_procedures(tm, pool, archived=True)}
-        for members in groups:
-            units = [episodes[i] for i, _ in members]
-            by_task: dict[str, bool] = {}
-            for u in units:
-                by_task.setdefault(_task_id(u), bool(u.meta.get("outcome", {}).get("success")))
-            s = sum(by_task.values())
-            f = len(by_task) - s
-            base = dict(
-                pool=pool.key,
-                episodes=tuple(u.id for u in units),
-                similarities=tuple(sim for _, sim in members),
-                sources=tuple(by_task),
-                successes=s,
-                failures=f,
-            )
-            if s == 0:
-                planned.append((ClusterReport(**base, action="skipped", reason="no success in the cluster"), ""))
-                continue
-            same = existing.get(frozenset(by_task))
-            pid = derived_id("procedure", "procedure", tm.team, pool.key, *sorted({_task_index(u) for u in units}))
-            if same is None and pid in known:
-                same = pid  # written before (and since archived): never twice
-            if same is not None:
-                planned.append(
-                    (ClusterReport(**base, action="unchanged", reason="a procedure already covers exactly these episodes", procedure=same), "")
-                )
-                continue
-            wins, seen = [], set()
-            for u in reversed(units):  # the most recent successes, one per task
-                if u.meta.get("outcome", {}).get("success") and _task_id(u) not in seen:
-                    seen.add(_task_id(u))
-                    wins.append(u)
-            wins = wins[:max_successes][::-1]
-            title, knowledge, author, error = generalise(llm, episodes=wins, retries=retries)
-            reason = (
-                f"{len(units)} episodes ({s} successful tasks, {f} failed) with lesson cosine >= {threshold}"
-                + (f"; fallback text: {error}" if author == "fallback" else "")
-            )
-            planned.append(
-                (ClusterReport(**base, action="generalised", reason=reason, procedure=pid, title=title, author=author), knowledge)
-            )
-        with tm.lock:
-            for i, (c, knowledge) in enumerate(planned):
-                if c.action != "generalised":
-                    continue
-                _add_procedure(tm, pool, c, knowledge=knowledge, run=run, actor=actor, cluster_no=i)
-            report.pruned += _prune(tm, pool, run=run, actor=actor)
-        report.clusters += [c for c, _ in planned]
+    policy = ProcedurePolicy(tm, threshold=threshold, max_successes=max_successes, llm=llm if llm is not None else tm.llm, retries=retries)
+    started = time.time()
+    done = curate_consolidate(tm.memory, policy=policy)
+    report = ConsolidationReport(
+        run_id=done.run_id, team=tm.team, threshold=threshold, started_at=started, episodes=policy.episodes,
+        clusters=list(done.clusters), pruned=policy.pruned,
+    )
     report.finished_at = time.time()
     record = Episode(
         agent="consolidator",
         task=f"consolidate team {tm.team}",
         env=CONSOLIDATION_ENV,
         outcome=report.to_dict(),
-        meta={"team": tm.team, "run_id": run},
+        meta={"team": tm.team, "run_id": done.run_id},
     )
-    report.record_id = tm.memory.add_episode(record, actor=actor)
+    report.record_id = tm.memory.add_episode(record, actor=f"consolidate:{done.run_id}")
     return report
 
 
@@ -261,40 +298,6 @@ def _pool_procedures(tm: TeamMemory, pool: _Pool, *, archived: bool = False) -> 
     f = tm.pool_filter(pool, Kind.PROCEDURE, status=list(Status) if archived else None)
     units = tm.memory.list(viewer=Viewer.admin(), filter=f, limit=1_000_000)
     return [Procedure.of(u) for u in units]
-
-
-def _add_procedure(
-    tm: TeamMemory, pool: _Pool, c: ClusterReport, *, knowledge: str, run: str, actor: str, cluster_no: int
-) -> None:
-    unit = Unit(
-        id=str(c.procedure),
-        content=f"{c.title}: {knowledge}",
-        kind=Kind.PROCEDURE,
-        scope=pool.scope,
-        owner=pool.owner,
-        context=UnitContext(tags=(f"team:{tm.team}", "layer:procedural")),
-        validation=smoothed(c.successes, c.failures),
-        importance=PROCEDURE_IMPORTANCE,
-        provenance=Provenance(source=actor, episodes=c.sources, derived_from=c.episodes),
-        created_at=tm.stamp(),
-        meta={
-            "title": c.title,
-            "knowledge": knowledge,
-            "successes": c.successes,
-            "failures": c.failures,
-            "uses": 0,
-            "sources": list(c.sources),
-            "consolidation": {"run": run, "cluster": cluster_no, "author": c.author},
-        },
-    )
-    tm.memory.add(unit, actor=actor)
-    link_sources(
-        tm.memory.store,
-        unit.id,
-        list(zip(c.episodes, c.similarities, strict=True)),
-        note=lambda _eid, sim: f"consolidation {run}: cluster {cluster_no}, lesson cosine to centroid {sim:.2f}",
-        actor=actor,
-    )
 
 
 def _prune(tm: TeamMemory, pool: _Pool, *, run: str, actor: str) -> list[dict[str, Any]]:
