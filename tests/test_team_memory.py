@@ -241,6 +241,25 @@ def test_consolidation_is_observable_in_the_event_log(memory: Memory) -> None:
     assert stored.outcome["generalised"] == [pid] and stored.outcome["clusters"][0]["action"] == "generalised"
 
 
+def test_a_task_whose_recording_fails_part_way_leaves_nothing_written(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    tm = team(memory, "hybrid")
+    record(tm, "orders updates hang", LOCKS, ok=True)
+    pid = consolidate(tm).generalised[0].procedure
+    before = list(memory.export(viewer=Viewer.admin()))
+
+    def broken(*args: object, **kw: object) -> None:
+        raise RuntimeError("disk gone")  # after the episode, its units and rules, before profiles and credit
+
+    monkeypatch.setattr(TeamMemory, "_observe", broken)
+    with pytest.raises(RuntimeError):
+        record(tm, "users updates hang", LOCKS, ok=False, rules=[HOLE], used=[pid])
+    assert list(memory.export(viewer=Viewer.admin())) == before  # no episode, unit, rule, event or credit
+    assert tm.tasks_recorded == 1
+    monkeypatch.undo()
+    again = record(tm, "users updates hang", LOCKS, ok=False, rules=[HOLE], used=[pid])
+    assert again.task_index == 2 and again.rule_units and again.credited == (pid,)
+
+
 def test_outcome_credit_goes_through_memory_record_use(memory: Memory) -> None:
     tm = team(memory, "shared")
     record(tm, "orders updates hang", LOCKS, ok=True)
