@@ -90,6 +90,25 @@ def test_a_failed_inner_block_undoes_only_itself(memory: Memory) -> None:
     assert [u.id for u in memory.list(viewer=ADMIN)] == [a.id]
 
 
+def test_record_use_counts_on_every_unit_or_on_none(memory: Memory, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = Unit("first rule of the two"), Unit("second rule of the two")
+    memory.add([a, b])
+    real, calls = memory.store.update, []
+
+    def fail_second(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("disk gone")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(memory.store, "update", fail_second)
+    with pytest.raises(RuntimeError):
+        memory.record_use([a.id, b.id], success=True)
+    monkeypatch.undo()
+    assert len(calls) == 2 and all("uses" not in u.meta for u in memory.get_many([a.id, b.id], viewer=ADMIN))
+    assert [u.meta["uses"] for u in memory.record_use([a.id, b.id], success=True)] == [1, 1]
+
+
 # -- precomputed vectors -------------------------------------------------------------------
 
 

@@ -218,19 +218,21 @@ class Memory:
         consensus) comes here, so use counts and success rates live in one place:
         ``meta.uses``/``successes``/``failures``, and ``validation`` becomes the smoothed
         success rate (1 + s) / (2 + s + f), which recall's validation boost reads. A procedure's
-        rho is the same counts. ``success=None`` counts a use with no outcome yet.
+        rho is the same counts. ``success=None`` counts a use with no outcome yet. The units
+        are read and updated in one transaction: all of them count the use, or none does.
         """
         admin = Viewer.admin()
         out: list[Unit] = []
-        for unit in self.store.get_many(list(dict.fromkeys(unit_ids)), viewer=admin):
-            meta = dict(unit.meta)
-            meta["uses"] = int(meta.get("uses", 0)) + 1
-            if success is not None:
-                key = "successes" if success else "failures"
-                meta[key] = int(meta.get(key, 0)) + 1
-            s, f = int(meta.get("successes", 0)), int(meta.get("failures", 0))
-            validation = (1.0 + s) / (2.0 + s + f) if success is not None else unit.validation
-            out.append(self.store.update(unit.replace(meta=meta, validation=validation), None, actor=actor))
+        with self.store.transaction():
+            for unit in self.store.get_many(list(dict.fromkeys(unit_ids)), viewer=admin):
+                meta = dict(unit.meta)
+                meta["uses"] = int(meta.get("uses", 0)) + 1
+                if success is not None:
+                    key = "successes" if success else "failures"
+                    meta[key] = int(meta.get(key, 0)) + 1
+                s, f = int(meta.get("successes", 0)), int(meta.get("failures", 0))
+                validation = (1.0 + s) / (2.0 + s + f) if success is not None else unit.validation
+                out.append(self.store.update(unit.replace(meta=meta, validation=validation), None, actor=actor))
         return out
 
     def add_episode(self, episode: Episode, *, actor: str = "") -> str:
