@@ -47,7 +47,6 @@ from forge.model import (
     MAX_REFS,
     Kind,
     Provenance,
-    Relation,
     RelationType,
     Status,
     Unit,
@@ -56,7 +55,7 @@ from forge.model import (
 )
 from forge.share.capsule import content_hash
 from forge.share.conflicts import Conflict, Detector, HeuristicDetector
-from forge.store.base import Filter, indexed_text
+from forge.store.base import Filter
 
 __all__ = [
     "ADD",
@@ -307,13 +306,13 @@ def admit(
         return []
     policy = policy or AdmissionPolicy()
     now = time.time() if now is None else now
-    vectors = memory.embed([indexed_text(u) for u in units])
+    vectors = memory.embed_units(units)  # what each unit is stored with: its indexed text
     store = memory.store
     admin = Viewer.admin()
     fresh: list[tuple[Unit, np.ndarray]] = []  # admitted in this call: not in the index until commit
     batch = len(units) > 1
     out: list[Admitted] = []
-    with store.transaction():
+    with memory.transaction():
         for unit, vec in zip(units, vectors, strict=True):
             cands = _candidates(store, unit, vec, fresh, policy)
             novelty = 1.0 - max((s for _, s in cands), default=0.0)
@@ -330,7 +329,7 @@ def admit(
                 d = _supersede(memory, old, unit, vec, sim, why=why, novelty=novelty, policy=policy, actor=actor)
                 if batch:
                     fresh.append((store.get(d.unit_id, viewer=admin), vec))
-            store.log_event("admit", unit_id=d.unit_id, actor=actor, data=d.to_dict())
+            memory.append_event("admit", unit_id=d.unit_id, actor=actor, data=d.to_dict())
             out.append(d)
     return out
 
@@ -392,12 +391,12 @@ def _add(
     memory: Any, unit: Unit, vec: np.ndarray, *, novelty: float, policy: AdmissionPolicy, actor: str, conflict: tuple[str, Unit, float, str] | None
 ) -> Admitted:
     unit, imp = _scored(unit, novelty=novelty, policy=policy)
-    memory.store.add([unit], np.asarray([vec]), actor=actor)
+    memory.add([unit], vectors=np.asarray([vec]), actor=actor)
     if conflict is None:
         reason = f"new: nothing in {unit.scope} within cosine {policy.duplicate_at} (novelty {novelty:.2f})"
         return Admitted(ADD, unit.id, reason, unit.id, importance=imp)
     _, old, sim, why = conflict
-    memory.store.relate(Relation(src=unit.id, dst=old.id, type=RelationType.CONTRADICTS, weight=round(sim, 4), note=why[:300]), actor=actor)
+    memory.relate(unit.id, old.id, RelationType.CONTRADICTS.value, weight=round(sim, 4), note=why[:300], actor=actor)
     reason = f"added beside {old.id}, which it contradicts ({why}); neither is newer and better validated, the curation pass settles it"
     return Admitted(ADD, unit.id, reason, unit.id, existing=old.id, similarity=round(sim, 4), importance=imp)
 
@@ -415,15 +414,15 @@ def _merge(memory: Any, old: Unit, new: Unit, sim: float, *, why: str, policy: A
     corroborated = origin not in witnesses
     if corroborated:
         validation = min(1.0, validation + (1.0 - validation) * policy.gain)
-    memory.store.update(
+    memory.update(
         old.replace(
             meta=meta,
             validation=validation,
             confidence=max(old.confidence, new.confidence),
             provenance=Provenance(old.provenance.source, episodes, old.provenance.derived_from),
         ),
-        None,
         actor=actor,
+        reembed=False,
     )
     what = f"corroborated by a new origin ({origin or 'unnamed'}): validation {old.validation:.2f} -> {validation:.2f}" if corroborated else "merged (this origin already counted)"
     return Admitted(NOOP, old.id, f"{why}; {what}", new.id, existing=old.id, similarity=round(sim, 4))
@@ -432,11 +431,10 @@ def _merge(memory: Any, old: Unit, new: Unit, sim: float, *, why: str, policy: A
 def _supersede(
     memory: Any, old: Unit, new: Unit, vec: np.ndarray, sim: float, *, why: str, novelty: float, policy: AdmissionPolicy, actor: str
 ) -> Admitted:
-    store = memory.store
     valid_from = float(new.meta.get("valid_from", new.created_at))
     new, imp = _scored(new.replace(meta={**new.meta, "valid_from": valid_from}), novelty=novelty, policy=policy)
-    store.add([new], np.asarray([vec]), actor=actor)
-    store.update(old.replace(meta={**old.meta, "valid_to": valid_from, "superseded_by": new.id}), None, actor=actor)
-    store.set_status(old.id, Status.SUPERSEDED, reason=f"admission: superseded by {new.id}: {why}"[:500], actor=actor)
-    store.relate(Relation(src=new.id, dst=old.id, type=RelationType.SUPERSEDES, weight=round(sim, 4), note=why[:300]), actor=actor)
+    memory.add([new], vectors=np.asarray([vec]), actor=actor)
+    memory.update(old.replace(meta={**old.meta, "valid_to": valid_from, "superseded_by": new.id}), actor=actor, reembed=False)
+    memory.set_status(old.id, Status.SUPERSEDED, reason=f"admission: superseded by {new.id}: {why}"[:500], actor=actor)
+    memory.relate(new.id, old.id, RelationType.SUPERSEDES.value, weight=round(sim, 4), note=why[:300], actor=actor)
     return Admitted(UPDATE, new.id, why, new.id, existing=old.id, similarity=round(sim, 4), importance=imp)
