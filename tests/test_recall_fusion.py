@@ -50,7 +50,7 @@ def test_score_fusion_keeps_a_strong_keyword_match_that_rrf_flattens():
 
 def test_minmax_and_weights_validation():
     assert _minmax([]) == []
-    assert _minmax([2.0, 2.0]) == [1.0, 1.0]
+    assert _minmax([2.0, 2.0]) == [0.5, 0.5]  # a tie tells nothing: equal, not full, credit (issue 24)
     assert _minmax([3.0, 1.0, 2.0]) == [1.0, 0.0, 0.5]
     assert _minmax([0.52, 0.51]) == pytest.approx([1.0, 1 - 0.01 / 0.26])  # near-ties stay near-ties
     with pytest.raises(ValidationError, match="fusion"):

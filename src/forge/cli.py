@@ -152,11 +152,12 @@ def add(obj: _Ctx, content: str, kind: str, domain: str, task: str, role: str, t
 @click.option("--hops", type=int, default=1, show_default=True, help="Graph expansion depth.")
 @click.option("--budget", type=int, default=None, help="Pack into this many tokens and print the prompt block.")
 @click.option("--no-touch", is_flag=True, help="Do not update access statistics.")
+@click.option("--min-score", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True, help="Leave out results scored below this (scores are 0-1).")
 @pass_ctx
 def recall(obj: _Ctx, query: str, k: int, kinds: tuple[str, ...], tags: tuple[str, ...], any_tags: tuple[str, ...],
            domain: str | None, task: str | None, role: str | None, statuses: tuple[str, ...], agent: str | None,
-           groups: tuple[str, ...], hops: int, budget: int | None, no_touch: bool) -> None:
-    """Recall the units that best match QUERY, with why each was returned."""
+           groups: tuple[str, ...], hops: int, budget: int | None, no_touch: bool, min_score: float) -> None:
+    """Recall the units that best match QUERY, with why each was returned (scores 0-1)."""
     from forge.engine.recall import pack
     from forge.store import Filter
 
@@ -165,7 +166,7 @@ def recall(obj: _Ctx, query: str, k: int, kinds: tuple[str, ...], tags: tuple[st
     flt = Filter.make(kinds=kinds, tags_all=tags, tags_any=any_tags, domain=domain, task=task, role=role,
                       status=statuses or None)
     with obj.memory(must_exist=True) as mem:
-        results = mem.recall(query, viewer=_viewer(agent, groups), k=k, filter=flt, hops=hops, touch=not no_touch)
+        results = mem.recall(query, viewer=_viewer(agent, groups), k=k, filter=flt, hops=hops, touch=not no_touch, min_score=min_score)
     if budget is not None:
         packed = pack(results, budget=budget)
         obj.emit(

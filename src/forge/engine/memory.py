@@ -293,7 +293,9 @@ class Memory:
         hops: int = 1,
         rerank: Reranker | None = None,
         touch: bool = True,
+        min_score: float = 0.0,
     ) -> list[Recalled]:
+        """The ``k`` best units for ``query`` as ``viewer``, scored 0-1; none below ``min_score``."""
         _check_query(query)
         k = _count(k, "k", least=1, most=MAX_RECALL)
         hops = _count(hops, "hops", least=0, most=MAX_HOPS)
@@ -314,6 +316,7 @@ class Memory:
                 hops=hops,
                 rerank=rerank,
                 touch=touch,
+                min_score=min_score,
             )
 
     def context(self, query: str, *, viewer: Viewer, budget: int = 512, k: int = 20, count_tokens: Any = approx_tokens, **kw: Any) -> Packed:

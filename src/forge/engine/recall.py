@@ -13,6 +13,7 @@ a time window the query names. Every result says which signals returned it and w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -141,10 +142,18 @@ def recall(
     rerank: Reranker | None = None,
     touch: bool = True,
     now: float | None = None,
+    min_score: float = 0.0,
 ) -> list[Recalled]:
-    """The ``k`` best units for ``query`` that ``viewer`` may see, best first."""
+    """The ``k`` best units for ``query`` that ``viewer`` may see, best first.
+
+    Scores are on 0-1: the fused score over the most a unit could earn (full credit from
+    every signal searched, times the largest boost among the top k), so 1.0 means best by every
+    signal. Units below ``min_score`` are left out. A reranker's scores are its own.
+    """
     if k <= 0:
         raise ValidationError("k must be positive")
+    if isinstance(min_score, bool) or not isinstance(min_score, int | float) or not 0.0 <= min_score <= 1.0:
+        raise ValidationError(f"min_score must be a number from 0 to 1, got {min_score!r}")
     if hops < 0:
         raise ValidationError("hops must be zero or more")
     n = max(3 * k, VECTOR_CANDIDATES)
@@ -216,7 +225,10 @@ def recall(
     # candidates (not all n: each one they see is a unit read from the store).
     wide = max(3 * k, REORDER_DEPTH)
     lift = _max_boost(weights, window is not None, named is not None)
+    searched = [w for w, on in ((weights.vector, any(s == "vector" for s, _, _ in lists)), (weights.keyword, any(s == "keyword" for s, _, _ in lists))) if on]
+    most = sum(searched) if weights.fusion == "score" else sum(w / (weights.rrf_k + 1) for w in searched)
     results: list[Recalled] = []
+    boosts: dict[str, float] = {}
 
     def read(ids: Sequence[str]) -> None:
         units = {u.id: u for u in store.get_many(ids, viewer=viewer)}
@@ -234,6 +246,7 @@ def recall(
                 entry["named"] = by
             if boost != 1.0:
                 entry["boost"] = round(boost, 4)
+            boosts[uid] = boost
             results.append(Recalled(unit, scores[uid] * boost, entry))
 
     if rerank is not None:
@@ -260,9 +273,13 @@ def recall(
             read(more)
             at += len(more)
     results.sort(key=lambda r: r.score, reverse=True)
+    # On 0-1, order kept: over full credit from every signal searched and the largest boost in
+    # the top k (a boost none could get, like naming a speaker nobody is, would only shrink all).
+    ceiling = max(most or max(scores.values()), 1e-12) * max([1.0, *(boosts[r.unit.id] for r in results[:k])])
+    results = [dataclasses.replace(r, score=min(1.0, r.score / ceiling)) for r in results]
     if rerank is not None:
         results = list(rerank(query, results))
-    results = results[:k]
+    results = [r for r in results[:k] if r.score >= min_score] if min_score else results[:k]
     if touch and results:
         store.touch([r.unit.id for r in results], at=now)
     return results
@@ -285,6 +302,10 @@ REORDER_DEPTH = 30
 #: 1 and 0, or no boost could ever reorder them).
 MIN_RANGE_SHARE = 0.5
 
+#: The credit each candidate gets when a signal cannot tell them apart (every score equal):
+#: "widget 0" ranked 3rd for "widget 5" when a tied BM25 list gave every hit full credit.
+TIED_CREDIT = 0.5
+
 
 def _minmax(xs: Sequence[float]) -> list[float]:
     """Scores mapped onto [0, 1] over one candidate list: the best gets 1.
@@ -296,6 +317,8 @@ def _minmax(xs: Sequence[float]) -> list[float]:
     if not xs:
         return []
     lo, hi = min(xs), max(xs)
+    if len(xs) > 1 and hi - lo <= 1e-12 * max(1.0, abs(hi)):
+        return [TIED_CREDIT] * len(xs)  # all tied (BM25 of a word every unit has): equal, not full, credit
     span = max(hi - lo, MIN_RANGE_SHARE * abs(hi))
     if span <= 1e-12:
         return [1.0] * len(xs)
