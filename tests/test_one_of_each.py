@@ -13,8 +13,14 @@ import forge.protocols.config
 from forge.curate import ConsolidationPolicy, consolidate, import_seed_pack
 from forge.engine.embed import HashingEmbedder
 from forge.engine.memory import Memory
+from forge.envs.base import EnvSpec, StepResult
+from forge.learn.loop import Trajectory, failure_point, play_episode
+from forge.learn.policy import FlatPolicy
 from forge.learn.rules import write as write_rule
+from forge.llm.testing import ScriptedLLM
 from forge.model import Scope, Unit, Viewer, derived_id
+from forge.protocols.config import ForgeConfig
+from forge.protocols.episode import _episode
 from forge.store import Filter, SQLiteStore
 from forge.team import Action, Outcome, TaskLesson, TeamMemory
 from forge.team import consolidate as team_consolidate
@@ -78,3 +84,63 @@ def test_consolidation_seed_and_langgraph_ids_are_the_ones_written_before(tmp_pa
         ForgeStore(m, agent="planner").put(("users", "ann"), "prefs", {"content": "likes short answers"})
         [u] = m.list(viewer=Viewer.admin())
         assert u.id == "lg-f9b98e46ccd782533170636f9d3785d2"
+
+
+# -- one success rule ------------------------------------------------------------------------
+
+
+class Steps:
+    """An env that pays ``rewards`` one step at a time and never ends by itself."""
+
+    def __init__(self, rewards: list[float]) -> None:
+        self.rewards = rewards
+        self.spec = EnvSpec(name="steps", description="Walk on.", max_steps=len(rewards), tau=-1.0, theta=3.0,
+                            success_return=1.0, major_failure_return=-5.0)
+
+    def reset(self, *, seed: int) -> str:
+        self.t = 0
+        return "at step 0"
+
+    def valid_actions(self) -> list[str]:
+        return ["go"]
+
+    def step(self, action: str) -> StepResult:
+        self.t += 1
+        return StepResult(f"at step {self.t}", self.rewards[self.t - 1], False)
+
+    def close(self) -> None:
+        pass
+
+
+def play(env: Steps, *, abort: bool) -> Trajectory:
+    policy = FlatPolicy(llm=lambda role: ScriptedLLM(["go"], repeat_last=True), spec=env.spec)
+    return play_episode(env, policy, None, seed=0, tau=env.spec.tau, abort=abort)
+
+
+def test_the_success_rule_is_the_return_in_an_attempt_not_cut_off() -> None:
+    spec = Steps([0.0]).spec
+    assert spec.succeeded(1.0) and not spec.succeeded(0.99) and not spec.succeeded(5.0, aborted=True)
+
+
+def test_an_episode_that_dipped_below_tau_and_played_on_is_judged_by_its_return() -> None:
+    # Before the one rule, the protocols and the agent read "fell below tau and did not end"
+    # as aborted, so a checkpoint or evaluation episode (played without abort) that dipped
+    # once and still reached the success return was a failure there, while the FORGE stage
+    # summary and the team runner, reading the return, counted it a success.
+    env = Steps([-2.0, 2.0, 2.0])
+    traj = play(env, abort=False)
+    assert traj.failing == 0 and not traj.done and not traj.aborted and traj.total == 2.0
+    ep = _episode(traj, agent="a", config=ForgeConfig(env="frozenlake-4x4", llm="test"), env=env, meta={})
+    assert ep.outcome["success"] is True and ep.outcome["aborted"] is False
+    assert failure_point(traj, spec=env.spec, reflect_on_stall=True) == (0, False)  # still reflected on
+
+
+def test_an_aborted_attempt_is_never_a_success_whatever_its_partial_return() -> None:
+    # The swarm member counted a failure by the return alone, so an aborted attempt that had
+    # already earned the success return reset its "stuck" count; now it counts as stuck.
+    env = Steps([5.0, -2.0, 2.0])
+    traj = play(env, abort=True)
+    assert traj.aborted and traj.failing == 1 and traj.total == 3.0
+    ep = _episode(traj, agent="a", config=ForgeConfig(env="frozenlake-4x4", llm="test"), env=env, meta={})
+    assert ep.outcome["success"] is False and ep.outcome["aborted"] is True
+    assert not env.spec.succeeded(traj.total, aborted=traj.aborted)

@@ -65,6 +65,13 @@ class EnvSpec:
     abstract: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
     instance_terms: Callable[[str], Sequence[str]] | None = field(default=None, compare=False, repr=False)
 
+    def succeeded(self, total: float, *, aborted: bool = False) -> bool:
+        """Whether an episode with return ``total`` is a success: FORGE's one rule. At or
+        above ``success_return``, in an attempt that was not cut off below tau (``aborted``:
+        a partial return says nothing of the task). An episode that fell below tau and played
+        on (no abort) is judged by its return like any other."""
+        return total >= self.success_return and not aborted
+
 
 @runtime_checkable
 class Env(Protocol):

@@ -18,7 +18,7 @@ from typing import Any
 
 from forge.curate.exposure import Exposure
 from forge.engine.recall import Weights
-from forge.envs.base import Env, StepResult
+from forge.envs.base import Env, EnvSpec, StepResult
 from forge.envs.situation import situation_of
 from forge.errors import ForgeError, NotFoundError
 from forge.learn.policy import ANALYST_TOOLS, Policy
@@ -64,6 +64,7 @@ class Trajectory:
     observations: list[str] = field(default_factory=list)  # before each action
     rewards: list[float] = field(default_factory=list)
     failing: int | None = None  # first env step index whose reward fell below tau
+    aborted: bool = False  # cut off there (play_episode with abort): never a success
     done: bool = False
     recollections: dict[str, Recollection] = field(default_factory=dict)
     now: list[str] = field(default_factory=list)
@@ -207,6 +208,7 @@ def play_episode(
         if result.reward < tau and traj.failing is None:
             traj.failing = t
             if abort:
+                traj.aborted = True
                 break
         if result.done:
             traj.done = True
@@ -215,14 +217,14 @@ def play_episode(
 
 
 def failure_point(
-    traj: Trajectory, *, success_return: float, reflect_on_stall: bool, situation: Callable[[str], str] | None = None,
+    traj: Trajectory, *, spec: EnvSpec, reflect_on_stall: bool, situation: Callable[[str], str] | None = None,
 ) -> tuple[int, bool] | None:
     """Where to reflect: ``(step, stalled)`` for the first step below tau, or, in an
     unsuccessful episode that never fell (a stall), for the first step back to a situation
     already seen (:func:`~forge.learn.reflect.stall_step`); None after a success."""
     if traj.failing is not None:
         return traj.failing, False
-    if reflect_on_stall and traj.actions and traj.total < success_return:
+    if reflect_on_stall and traj.actions and not spec.succeeded(traj.total, aborted=traj.aborted):
         return stall_step(traj.observations, traj.actions, situation=situation), True
     return None
 

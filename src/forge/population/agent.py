@@ -223,7 +223,7 @@ class Agent:
         traj = play_episode(env, policy, self.recaller(budget=budget, valid_actions=env.valid_actions, abstract=spec.abstract), seed=seed, tau=tau, abort=abort, max_steps=max_steps)
         used = traj.used
         if used:
-            success = traj.total >= spec.success_return and not (traj.failing is not None and not traj.done)
+            success = spec.succeeded(traj.total, aborted=traj.aborted)
             retire_failing(self.memory, self.memory.record_use(used, success=success, actor=f"agent:{self.id}"), actor=f"agent:{self.id}")
             self.record_outcome(used, success=success)
         return traj
@@ -283,7 +283,7 @@ class Agent:
             steps=tuple(trajectory.steps),
             outcome={
                 "return": trajectory.total,
-                "success": trajectory.total >= spec.success_return and not (trajectory.failing is not None and not trajectory.done),
+                "success": spec.succeeded(trajectory.total, aborted=trajectory.aborted),
                 "failing_step": trajectory.failing,
                 "steps": len(trajectory.actions),
                 "shown": trajectory.used,
@@ -293,7 +293,7 @@ class Agent:
         self.memory.add_episode(episode, actor=f"agent:{self.id}")
         self.episodes += 1
         self.returns.append(trajectory.total)
-        point = failure_point(trajectory, success_return=spec.success_return, reflect_on_stall=stalls and (trajectory.done or trajectory.failing is not None), situation=spec.situation)
+        point = failure_point(trajectory, spec=spec, reflect_on_stall=stalls and (trajectory.done or trajectory.failing is not None), situation=spec.situation)
         if point is None:
             return []
         at, stalled = point

@@ -181,7 +181,7 @@ def run_agent(spec: Mapping[str, Any], *, secret: str, stop: threading.Event | N
             seed = int(spec["seed"]) * 1_000_003 + index * 1000 + n
             traj = agent.play(env, policy, seed=seed)
             agent.learn(traj, env=env, seed=seed, policy=policy)
-            failures = failures + 1 if traj.total < env.spec.success_return else 0
+            failures = 0 if env.spec.succeeded(traj.total, aborted=traj.aborted) else failures + 1
             if failures == 2 and not spec.get("isolated"):  # stuck twice in a row: ask the neighbours what they know
                 agent.ask_help(f"{env.spec.name}: {summarize_observation(traj.observations[-1]) if traj.observations else env.spec.description}")
             agent.sync(interval_s=float(spec.get("sync_interval_s", 30.0)))

@@ -59,7 +59,7 @@ def scratch_memory(config: ForgeConfig, units: Sequence[Mapping[str, Any]]) -> M
 
 def _episode(traj: Trajectory, *, agent: str, config: ForgeConfig, env: Env, meta: Mapping[str, Any]) -> Episode:
     spec = env.spec
-    aborted = traj.failing is not None and not traj.done
+    aborted = traj.aborted
     return Episode(
         agent=agent,
         task=config.env,
@@ -67,8 +67,7 @@ def _episode(traj: Trajectory, *, agent: str, config: ForgeConfig, env: Env, met
         steps=tuple(traj.steps),
         outcome={
             "return": traj.total,
-            # an attempt cut off below tau never counts as a success, whatever its partial return
-            "success": traj.total >= spec.success_return and not aborted,
+            "success": spec.succeeded(traj.total, aborted=aborted),
             "major_failure": traj.total <= spec.major_failure_return,
             "aborted": aborted,
             "failing_step": traj.failing,
@@ -145,11 +144,11 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                     ops.append({"op": "archive", "id": unit.id, "reason": "retired: kept failing"})
                 used += traj.used
                 record: dict[str, Any] = {
-                    "attempt": attempt, "return": traj.total, "aborted": traj.failing is not None,
+                    "attempt": attempt, "return": traj.total, "aborted": traj.aborted,
                     "failing_step": traj.failing, "steps": len(traj.actions), "episode": ep.id,
                     "shown": len(traj.used), "now": len(traj.now),
                 }
-                point = failure_point(traj, success_return=env.spec.success_return, reflect_on_stall=config.reflect_on_stall, situation=env.spec.situation)
+                point = failure_point(traj, spec=env.spec, reflect_on_stall=config.reflect_on_stall, situation=env.spec.situation)
                 if point is not None:
                     at, stalled = point
                     if stalled:

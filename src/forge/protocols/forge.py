@@ -586,7 +586,7 @@ class _Protocol:
             "graduated_total": sum(1 for i in self.instances if i.graduated),
             "champion": champion,
             "receivers": sorted(broadcast_ops),
-            "successes": sum(1 for i in scores.values() if i >= self.spec.success_return),
+            "successes": sum(1 for i in scores.values() if self.spec.succeeded(i)),  # checkpoints play on: never aborted
             "major_failures": sum(1 for i in scores.values() if i <= self.spec.major_failure_return),
             "tokens": self.ledger.total().total_tokens,
         }

@@ -499,7 +499,7 @@ class _Run:
         traj = play_episode(env, policy, recall, seed=task.seed, tau=spec.tau, abort=False, on_step=on_step)
         total = traj.total
         subtasks = [s.to_dict() for s in policy.subtasks]
-        success = total >= spec.success_return
+        success = spec.succeeded(total, aborted=traj.aborted)
         acted = list(dict.fromkeys(s["agent"] for s in subtasks))
         members = list(dict.fromkeys([cfg.agents[0], *acted]))
         per_agent = {a: all(s["ok"] for s in subtasks if s["agent"] == a) for a in acted}
@@ -548,7 +548,7 @@ class _Run:
             return {"lesson": None, "reflection": None}
         actions = [Action(agent=a, text=t, role=r) for a, r, t in result["actions"]]
         outcome = Outcome(success=result["success"], score=result["ts"], errors=tuple(result["violations"]))
-        point = failure_point(traj, success_return=env.spec.success_return, reflect_on_stall=True)
+        point = failure_point(traj, spec=env.spec, reflect_on_stall=True)
         if point is None:
             return {"lesson": task_lesson(None, task=task.text, actions=actions, outcome=outcome).to_dict(), "reflection": None}
         at, stalled = point
