@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
 from forge.errors import LLMError, ValidationError
 from forge.llm import (
-    LLM,
     Message,
     MeteredLLM,
     Request,
@@ -94,9 +94,15 @@ def test_ledger_is_thread_safe():
 
 def test_metered_llm_records_each_call_with_its_tags():
     ledger = TokenLedger()
-    base = ScriptedLLM(["a b", "c d e"], name="s")
+    replies = iter([(0.05, "a b"), (0.0, "c d e")])
+
+    def reply(request: Request) -> str:
+        pause, text = next(replies)
+        time.sleep(pause)  # the actor's call takes at least 50 ms: the ledger must see it
+        return text
+
+    base = ScriptedLLM(reply, name="s")
     llm = MeteredLLM(base, ledger, condition="forge")
-    assert isinstance(llm, LLM)
     assert llm.name == "s" and llm.capabilities == base.capabilities
     actor = llm.with_tags(role="actor", instance=0)
     reflector = actor.with_tags(role="reflector")
@@ -107,7 +113,8 @@ def test_metered_llm_records_each_call_with_its_tags():
     assert roles["reflector"].prompt_tokens == 1 and roles["reflector"].completion_tokens == 3
     assert ledger.by("instance") == {0: ledger.total()}
     assert ledger.total(condition="forge").calls == 2
-    assert ledger.total().seconds >= 0
+    assert roles["actor"].seconds >= 0.05 and roles["reflector"].seconds >= 0.0
+    assert ledger.total().seconds == pytest.approx(roles["actor"].seconds + roles["reflector"].seconds)
     assert llm.tags == {"condition": "forge"}  # siblings do not change the parent
     assert actor.count_tokens("x y") == 2
 

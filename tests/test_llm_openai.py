@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -62,7 +63,12 @@ def with_key(monkeypatch):
 
 def test_sends_a_chat_request_and_reads_usage(with_key):
     server = Server(_ok("hi there", {"prompt_tokens": 11, "completion_tokens": 2}))
-    llm = _llm(server, api_key_env=with_key)
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        time.sleep(0.05)  # the round trip the client must time
+        return server(request)
+
+    llm = OpenAICompatLLM(model="m", base_url=URL, transport=httpx.MockTransport(slow), backoff=0, api_key_env=with_key)
     out = llm.complete(
         Request(
             messages=[Message("system", "be brief"), Message("user", "hi")],
@@ -73,7 +79,7 @@ def test_sends_a_chat_request_and_reads_usage(with_key):
     )
     assert (out.text, out.prompt_tokens, out.completion_tokens) == ("hi there", 11, 2)
     assert out.model == "m-served" and out.meta["usage_estimated"] is False
-    assert out.meta["finish_reason"] == "stop" and out.seconds >= 0
+    assert out.meta["finish_reason"] == "stop" and out.seconds >= 0.05  # it timed the request, not nothing
     sent = server.requests[0]
     assert str(sent.url) == f"{URL}/chat/completions"
     assert sent.headers["authorization"] == f"Bearer {KEY}"
