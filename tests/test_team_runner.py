@@ -149,7 +149,7 @@ def test_run_updates_all_three_memories(tmp_path: Path) -> None:
     # Failures were reflected on by the library, and every task left its lesson.
     assert all(r["lesson"]["lessons"] for r in res.results)
     failed = [r for r in res.results if not r["success"]]
-    assert all(r["reflection"] is not None and r["reflection"]["step"] >= 0 for r in failed)
+    assert failed and all(r["reflection"] is not None and r["reflection"]["step"] >= 0 for r in failed)
 
 
 def test_actor_prompts_carry_the_recollected_block(tmp_path: Path) -> None:
@@ -309,21 +309,25 @@ def test_resume_after_sigkill_in_a_slow_consolidation(tmp_path: Path, uninterrup
 def test_resume_after_sigkill(tmp_path: Path, uninterrupted: Any) -> None:
     d = tmp_path / "run"
     script = tmp_path / "child.py"
+    marker = tmp_path / "held"
     script.write_text(
         NAV_SRC
-        + "\nimport time\nfrom forge.team.runner import TeamConfig, run_team\n"
-        + "def slow(req):\n    time.sleep(0.02)\n    return navigate(req)\n"
+        + "\nimport pathlib, time\nfrom forge.team.runner import TeamConfig, run_team\n"
+        + f"done, marker = pathlib.Path({str(d / 'tasks' / 'task-0002.json')!r}), pathlib.Path({str(marker)!r})\n"
+        + "def slow(req):\n"
+        + "    if done.exists():  # the first call after task 2 committed: hold it until killed\n"
+        + "        marker.touch()\n        time.sleep(600)\n"
+        + "    return navigate(req)\n"
         + "llm = ScriptedLLM(slow, capabilities=('choices', 'json_schema'))\n"
         + f"run_team(TeamConfig.from_dict({cfg().to_dict()!r}), {str(d)!r}, llm=llm)\n"
     )
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 120
-        while not (d / "tasks" / "task-0002.json").exists():
+        while not marker.exists():  # killed mid-run, in a model call, never on a timer
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
             assert time.time() < deadline
             time.sleep(0.02)
-        time.sleep(0.1)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
