@@ -304,23 +304,22 @@ def plan(memory: Any, *, policy: CurationPolicy | None = None, now: float | None
 def apply(memory: Any, plan: Plan, *, actor: str = "") -> Plan:
     """Write ``plan`` in one transaction; each status event carries its change's reason."""
     actor = actor or f"curate:{plan.run_id}"
-    store = memory.store
     admin = Viewer.admin()
-    with store.transaction():
+    with memory.transaction():
         for c in plan.changes:
             reason = f"curate {plan.run_id}: {c.cause}: {c.reason}"[:1000]
             if c.op == "supersede" and c.by:
-                old, new = store.get(c.unit_id, viewer=admin), store.get(c.by, viewer=admin)
-                store.update(old.replace(meta={**old.meta, "valid_to": valid_from(new), "superseded_by": new.id}), None, actor=actor)
-                store.relate(Relation(src=new.id, dst=old.id, type=RelationType.SUPERSEDES, note=c.reason[:300]), actor=actor)
-                store.set_status(c.unit_id, Status.SUPERSEDED, reason=reason, actor=actor)
+                old, new = memory.get(c.unit_id, viewer=admin), memory.get(c.by, viewer=admin)
+                memory.update(old.replace(meta={**old.meta, "valid_to": valid_from(new), "superseded_by": new.id}), actor=actor, reembed=False)
+                memory.relate(new.id, old.id, RelationType.SUPERSEDES.value, note=c.reason[:300], actor=actor)
+                memory.set_status(c.unit_id, Status.SUPERSEDED, reason=reason, actor=actor)
             else:
-                store.set_status(c.unit_id, Status.ARCHIVED, reason=reason, actor=actor)
+                memory.set_status(c.unit_id, Status.ARCHIVED, reason=reason, actor=actor)
         plan.applied = True
         summary = {"run_id": plan.run_id, "now": plan.now, "scanned": plan.scanned, "counts": plan.counts()}
         if plan.consolidation is not None:
             summary["generalised"] = [g["unit_id"] for g in plan.consolidation.to_dict()["generalised"]]
-        store.log_event("curate", actor=actor, data=summary)
+        memory.append_event("curate", actor=actor, data=summary)
     return plan
 
 
@@ -351,14 +350,13 @@ def curate(
 
 def restore(memory: Any, unit_id: str, *, reason: str = "restored", actor: str = "", now: float | None = None) -> Unit:
     """Bring an archived unit back into recall; its decay clock restarts at ``now``."""
-    store = memory.store
-    unit = store.get(unit_id, viewer=Viewer.admin())
+    unit = memory.get(unit_id, viewer=Viewer.admin())
     if unit.status is not Status.ARCHIVED:
         raise UserError(f"unit {unit_id} is {unit.status.value}, not archived; only archived units can be restored")
     now = time.time() if now is None else now
-    with store.transaction():
-        store.set_status(unit_id, Status.ACTIVE, reason=f"restore: {reason}"[:500], actor=actor)
-        restored = store.update(unit.replace(status=Status.ACTIVE, last_access=now, meta={**unit.meta, "restored_at": now}), None, actor=actor)
+    with memory.transaction():
+        memory.set_status(unit_id, Status.ACTIVE, reason=f"restore: {reason}"[:500], actor=actor)
+        restored = memory.update(unit.replace(status=Status.ACTIVE, last_access=now, meta={**unit.meta, "restored_at": now}), actor=actor, reembed=False)
     return restored
 
 

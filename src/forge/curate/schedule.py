@@ -65,7 +65,7 @@ class CurationSchedule:
             what = str(exc) if isinstance(exc, ForgeError) else f"{type(exc).__name__}: {exc}"
             self.errors = [*self.errors, " ".join(what.split())[:300]][-self.keep_errors :]
             with contextlib.suppress(Exception):  # the store itself may be what failed
-                self.memory.store.log_event("curate_failed", actor=self.actor, data={"error": self.errors[-1]})
+                self.memory.append_event("curate_failed", actor=self.actor, data={"error": self.errors[-1]})
             return None
         self.runs += 1
         self.last = plan
