@@ -68,8 +68,9 @@ def test_export_import_round_trip(capsys, db, tmp_path):
     dump2 = tmp_path / "dump2.jsonl"
     run(capsys, "--db", db2, "export", str(dump2))
     assert dump.read_text() == dump2.read_text()
-    # the embedder's name travels as a setting, so the copy reopens with the same one
-    assert {json.loads(line)["record"] for line in dump.read_text().splitlines()} == {"unit", "relation", "setting"}
+    # the embedder's name travels as a setting, so the copy reopens with the same one; the
+    # admission decisions travel as events
+    assert {json.loads(line)["record"] for line in dump.read_text().splitlines()} == {"unit", "relation", "setting", "event"}
     assert b in dump.read_text()
 
 
@@ -284,7 +285,7 @@ def test_show_as_an_agent_leaks_nothing_it_may_not_see(capsys, db):
     assert secret not in out and "0000" not in out and "a public note" not in out
     data = json.loads(out)
     assert data["relations"] == []
-    assert [e["op"] for e in data["events"]] == ["add", "update"]
+    assert [e["op"] for e in data["events"]] == ["add", "admit", "update"]
     code, out, _ = run(capsys, "--db", db, "--json", "show", public)  # the operator sees all
     assert secret in out and "a public note" in out
     code, out, _ = run(capsys, "--db", db, "export", "-", "--agent", "bob")

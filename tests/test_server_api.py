@@ -143,8 +143,8 @@ def test_audit_records_who_what_and_why(s) -> None:
     s.c.post("/v1/recall", json={"query": "thin ice", "k": 3}, headers=s.h(s.alice))
     s.c.get(f"/v1/units/{a}", headers=s.h(s.alice))
     evs = s.c.get("/v1/events", params={"actor": "alice"}, headers=s.h(s.admin)).json()["events"]
-    assert [e["op"] for e in evs] == ["add", "recall", "read"]
-    recall = evs[1]
+    assert [e["op"] for e in evs] == ["add", "admit", "recall", "read"]  # admit: what admission decided, and why
+    recall = evs[2]
     assert recall["data"]["query"] == "thin ice" and recall["data"]["key"] == s.alice.split("_")[1]
     hit = next(h for h in recall["data"]["hits"] if h["id"] == a)
     assert hit["reasons"] and any(r.startswith(("vector", "keyword")) for r in hit["reasons"])
@@ -281,8 +281,8 @@ def test_capsules_with_per_agent_ed25519_keys(tmp_path: Path) -> None:
 
 def test_trace_is_curates_trace_with_the_callers_rights(s) -> None:
     """One trace implementation: REST returns forge.curate.trace's chain, plus the keys the dashboard reads."""
-    old = _add(s, s.alice, content="The relay port is 8080.", kind="fact")
-    new = _add(s, s.alice, content="The relay port is 9090.", kind="fact")
+    old, new = s.c.post("/v1/units", json={"units": [{"content": "The relay port is 8080."}, {"content": "The relay port is 9090."}],
+                                           "admit": False}, headers=s.h(s.alice)).json()["ids"]  # admission would supersede it at once
     assert s.c.post("/v1/relations", json={"src": new, "dst": old, "type": "supersedes"}, headers=s.h(s.alice)).status_code == 201
     s.c.post("/v1/recall", json={"query": "relay port", "k": 5}, headers=s.h(s.alice))
     admin = s.c.get(f"/v1/units/{old}/trace", headers=s.h(s.admin)).json()

@@ -72,7 +72,7 @@ def test_audit_queries_see_reads_made_just_before(mem: Memory) -> None:
     service.reads.delay_s = 60.0
     [uid] = service.add(ALICE, [{"content": "a fact about ice"}])
     service.recall(ALICE, "ice")
-    assert [e.op for e in service.events(ALICE)] == ["add", "recall"]
+    assert [e.op for e in service.events(ALICE)] == ["add", "admit", "recall"]
     assert [s["id"] for s in service.seen(ALICE, "alice")] == [uid]
 
 

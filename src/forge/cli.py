@@ -101,8 +101,9 @@ def _viewer(agent: str | None, groups: tuple[str, ...]) -> Viewer:
 @click.option("--source", default="user", show_default=True, help="Provenance source.")
 @click.option("--derived-from", "derived", multiple=True, help="Unit id this one derives from (repeatable).")
 @click.option("--meta", "meta_json", default="{}", help="Extra fields as a JSON object.")
-@click.option("--admit", "through_admission", is_flag=True,
-              help="Go through admission: a duplicate merges, a contradiction updates (forge.curate).")
+@click.option("--admit/--no-admit", "through_admission", default=True, show_default=True,
+              help="Admission (forge.curate): a duplicate merges into the unit already stored, a newer "
+                   "contradiction updates it; --no-admit stores the unit as given.")
 @pass_ctx
 def add(obj: _Ctx, content: str, kind: str, domain: str, task: str, role: str, tags: tuple[str, ...], scope: str,
         owner: str, confidence: float, importance: float, validation: float, source: str,
@@ -132,8 +133,10 @@ def add(obj: _Ctx, content: str, kind: str, domain: str, task: str, role: str, t
             mem.relate(uid, parent, "derived_from", actor="cli")
     if decision is None:
         obj.emit({"id": uid}, uid)
-    else:
-        obj.emit({"id": uid, "admission": decision.to_dict()}, f"{uid}  ({decision.action}: {decision.reason})")
+    else:  # the id alone on stdout (ID=$(forge add ...)); what admission did on stderr
+        obj.emit({"id": uid, "admission": {**decision.to_dict(), "summary": decision.summary}}, uid)
+        if not obj.as_json:
+            click.echo(f"{decision.summary}: {decision.reason}", err=True)
 
 
 @cli.command()

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from forge.curate.admission import Admitted
 from forge.engine.recall import Packed, Recalled
 from forge.errors import (
     AccessError,
@@ -54,6 +55,20 @@ def _filter(f: Filter) -> dict[str, Any]:
     }
 
 
+def _list_params(f: Filter, limit: int, offset: int) -> dict[str, Any]:
+    """GET /v1/units's query for ``f``: kinds, statuses, tags (all of them), owner, one scope."""
+    if f.tags_any or f.domain or f.task or f.role or f.since or f.until or len(f.scopes) > 1:
+        raise ValidationError("list() over the service filters by kinds, status, tags_all, owner and one scope; "
+                              "use recall() for the other filters")
+    params: dict[str, Any] = {"kind": sorted(k.value for k in f.kinds), "status": sorted(s.value for s in f.status),
+                              "tag": sorted(f.tags_all), "limit": limit, "offset": offset}
+    if f.owner:
+        params["owner"] = f.owner
+    if f.scopes:
+        params["scope"] = next(iter(f.scopes))
+    return params
+
+
 def _unit_in(u: Unit) -> dict[str, Any]:
     d = u.to_dict()
     for k in ("access_count", "last_access", "created_at", "updated_at"):
@@ -65,6 +80,13 @@ def _unit_in(u: Unit) -> dict[str, Any]:
 
 def _recalled(d: Mapping[str, Any]) -> Recalled:
     return Recalled(Unit.from_dict(d["unit"]), float(d["score"]), dict(d["why"]))
+
+
+def _admitted(body: Mapping[str, Any]) -> list[Admitted]:
+    """POST /v1/units's answer as admission decisions (an older server sends only ids: added)."""
+    rows = body.get("admission") or [{"action": "add", "unit_id": i, "incoming": i, "reason": ""} for i in body["ids"]]
+    return [Admitted(r["action"], r["unit_id"], r.get("reason", ""), r.get("incoming", r["unit_id"]), r.get("existing"), r.get("similarity"))
+            for r in rows]
 
 
 def _event(d: Mapping[str, Any]) -> Event:
@@ -156,13 +178,26 @@ class Client:
         return self._call("GET", "/v1/whoami").json()
 
     # -- writing --------------------------------------------------------------------------
-    def add(self, units: Unit | Sequence[Unit], *, actor: str = "", batch_size: int = 256) -> list[str]:
-        """Add units (one transaction per batch); ``actor`` is ignored: the key is the actor."""
+    def add(self, units: Unit | Sequence[Unit], *, actor: str = "", batch_size: int = 256, admit: bool = True) -> list[str]:
+        """Add units (one transaction per batch); the ids of the units that hold them now.
+
+        The server admits each unit (a duplicate merges into the unit already stored, whose id
+        is returned; a newer contradicting one supersedes it): :meth:`admit` says what it did.
+        ``admit=False`` stores them as given. ``actor`` is ignored: the key is the actor.
+        """
+        return [d.unit_id for d in self._write(units, batch_size, admit)]
+
+    def admit(self, units: Unit | Sequence[Unit], *, actor: str = "", batch_size: int = 256) -> list[Admitted]:
+        """Add units through the server's admission: one decision each, as :func:`forge.curate.admit` returns."""
+        return self._write(units, batch_size, True)
+
+    def _write(self, units: Unit | Sequence[Unit], batch_size: int, admit: bool) -> list[Admitted]:
         units = [units] if isinstance(units, Unit) else list(units)
-        ids: list[str] = []
+        out: list[Admitted] = []
         for i in range(0, len(units), batch_size):
-            ids += self._call("POST", "/v1/units", json=_Calls.units(units[i : i + batch_size])).json()["ids"]
-        return ids
+            body = {**_Calls.units(units[i : i + batch_size]), "admit": admit}
+            out += _admitted(self._call("POST", "/v1/units", json=body).json())
+        return out
 
     def update(self, unit: Unit, *, actor: str = "", reembed: bool = True) -> Unit:
         return Unit.from_dict(self._call("PATCH", f"/v1/units/{unit.id}", json=_Calls.changes(unit)).json())
@@ -184,6 +219,11 @@ class Client:
     def get(self, unit_id: str, *, viewer: Viewer | None = None) -> Unit:
         self._viewer(viewer)
         return Unit.from_dict(self._call("GET", f"/v1/units/{unit_id}").json())
+
+    def list(self, *, viewer: Viewer | None = None, filter: Filter = Filter(), limit: int = 100, offset: int = 0) -> list[Unit]:
+        """Units the key may see that pass ``filter``, oldest first, unranked (as :meth:`forge.Memory.list`)."""
+        self._viewer(viewer)
+        return [Unit.from_dict(u) for u in self._call("GET", "/v1/units", params=_list_params(filter, limit, offset)).json()["units"]]
 
     def recall(self, query: str, *, viewer: Viewer | None = None, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True) -> list[Recalled]:
         self._viewer(viewer)
@@ -259,12 +299,19 @@ class AsyncClient:
     async def whoami(self) -> dict[str, Any]:
         return (await self._call("GET", "/v1/whoami")).json()
 
-    async def add(self, units: Unit | Sequence[Unit], *, actor: str = "", batch_size: int = 256) -> list[str]:
+    async def add(self, units: Unit | Sequence[Unit], *, actor: str = "", batch_size: int = 256, admit: bool = True) -> list[str]:
+        return [d.unit_id for d in await self._write(units, batch_size, admit)]
+
+    async def admit(self, units: Unit | Sequence[Unit], *, actor: str = "", batch_size: int = 256) -> list[Admitted]:
+        return await self._write(units, batch_size, True)
+
+    async def _write(self, units: Unit | Sequence[Unit], batch_size: int, admit: bool) -> list[Admitted]:
         units = [units] if isinstance(units, Unit) else list(units)
-        ids: list[str] = []
+        out: list[Admitted] = []
         for i in range(0, len(units), batch_size):
-            ids += (await self._call("POST", "/v1/units", json=_Calls.units(units[i : i + batch_size]))).json()["ids"]
-        return ids
+            body = {**_Calls.units(units[i : i + batch_size]), "admit": admit}
+            out += _admitted((await self._call("POST", "/v1/units", json=body)).json())
+        return out
 
     async def set_status(self, unit_id: str, status: Status | str, *, reason: str, actor: str = "") -> None:
         await self._call("POST", f"/v1/units/{unit_id}/status", json={"status": Status.parse(status).value, "reason": reason})
@@ -276,6 +323,11 @@ class AsyncClient:
     async def get(self, unit_id: str, *, viewer: Viewer | None = None) -> Unit:
         await self._viewer(viewer)
         return Unit.from_dict((await self._call("GET", f"/v1/units/{unit_id}")).json())
+
+    async def list(self, *, viewer: Viewer | None = None, filter: Filter = Filter(), limit: int = 100, offset: int = 0) -> list[Unit]:
+        await self._viewer(viewer)
+        got = (await self._call("GET", "/v1/units", params=_list_params(filter, limit, offset))).json()["units"]
+        return [Unit.from_dict(u) for u in got]
 
     async def recall(self, query: str, *, viewer: Viewer | None = None, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True) -> list[Recalled]:
         await self._viewer(viewer)

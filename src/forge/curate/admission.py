@@ -269,6 +269,15 @@ class Admitted:
     similarity: float | None = None
     importance: Importance | None = None
 
+    @property
+    def summary(self) -> str:
+        """What happened, in a few words: "added", "merged into X", "updated X" (X superseded)."""
+        if self.action == NOOP:
+            return f"merged into {self.unit_id}"
+        if self.action == UPDATE:
+            return f"updated {self.existing} (superseded by {self.unit_id})"
+        return f"added beside {self.existing}, which it contradicts" if self.existing else "added"
+
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("action", "unit_id", "reason", "incoming", "existing", "similarity")}
         if self.importance is not None:

@@ -5,8 +5,11 @@
     store = ForgeStore(Memory.open("team.db"), agent="planner", groups=["ops"])
     graph = builder.compile(store=store)          # nodes get it as `store`
 
+    store = ForgeStore(Client("http://memory:8765", key))        # the same, on the service
+    store = ForgeStore(AsyncClient("http://memory:8765", key))   # async graphs (aput, asearch...)
+
 Each item is one FORGE unit, so LangGraph memories are recalled, scored, explained, audited
-and shared like any other. The mapping:
+and shared like any other. Over a client the key decides the agent and its groups. The mapping:
 
 - **key + namespace -> unit id**: a stable hash, so a put on the same key updates the unit;
 - **namespace -> scope and tags**: a namespace starting with ``("private", ...)`` is private to
@@ -16,8 +19,15 @@ and shared like any other. The mapping:
 - **value -> content + meta**: the text that is embedded is ``value["content"]`` (or
   ``text``, ``memory``, ``description``, ``body``), else the JSON of the value; the value
   itself is kept whole in ``meta``;
-- **delete -> archive**: FORGE never erases (the change history stays); an archived item is
-  gone for get and search, and a later put on its key brings it back.
+- **a new key goes through admission** (:func:`forge.curate.admit`, ``admit=False`` to
+  store as given), within its namespace: a duplicate of an item already there is merged
+  into it, and the new key becomes another name for that unit (``get`` returns the value
+  put under it, a query search returns the memory once, a listing without a query lists
+  every key); a newer statement that contradicts an item supersedes it, and the old key
+  then reads as deleted (its text stays in the unit's history). ``last_admission`` holds
+  the latest put's decision;
+- **delete -> archive**: FORGE never erases here (the change history stays); an archived
+  item is gone for get and search, and a later put on its key brings it back.
 
 Search with ``query`` is FORGE's hybrid recall (``SearchItem.score`` is its fused score);
 ``filter`` matches value fields exactly or with ``$eq $ne $gt $gte $lt $lte``.
@@ -26,8 +36,9 @@ Search with ``query`` is FORGE's hybrid recall (``SearchItem.score`` is its fuse
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Coroutine, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +55,8 @@ from langgraph.store.base import (
     SearchOp,
 )
 
+from forge.curate.admission import ADD, NOOP, Admitted
+from forge.errors import AccessError, ConfigError, ValidationError
 from forge.model import Context, Provenance, Status, Unit, Viewer, derived_id
 from forge.store import Filter
 
@@ -51,7 +64,7 @@ __all__ = ["ForgeStore"]
 
 _MARK = "langgraph"  # tag on every unit this store writes
 _TEXT_FIELDS = ("content", "text", "memory", "description", "body")
-_ANY = frozenset(Status)
+_EVERY_STATUS = [s.value for s in Status]
 
 
 def _ns_tag(prefix: tuple[str, ...]) -> str:
@@ -62,114 +75,317 @@ def _unit_id(namespace: tuple[str, ...], key: str) -> str:
     return derived_id("lg", json.dumps([list(namespace), key]), algorithm="sha256", digits=32, sep="-")
 
 
-class ForgeStore(BaseStore):
-    """A LangGraph store over a :class:`forge.Memory`, seen and written as one agent."""
+def _key_tag(namespace: tuple[str, ...], key: str) -> str:
+    """The tag of a unit that holds a key it was not created for (a merged duplicate's)."""
+    return "lgk:" + _unit_id(namespace, key)
 
-    def __init__(self, memory: Any, *, agent: str = "langgraph", groups: Iterable[str] = (), kind: str = "fact") -> None:
+
+def _keys(unit: Unit) -> list[tuple[str, Any]]:
+    """(key, value) of every item a unit holds: the one it was made for, then merged ones."""
+    lg = unit.meta.get(_MARK) or {}
+    first = [(lg["key"], lg["value"])] if "key" in lg else []
+    return first + [(a["key"], a["value"]) for a in lg.get("aliases", [])]
+
+
+def _holds(unit: Unit, namespace: tuple[str, ...], key: str) -> bool:
+    lg = unit.meta.get(_MARK) or {}
+    return tuple(lg.get("namespace", ())) == namespace and any(k == key for k, _ in _keys(unit))
+
+
+def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never waits (one over a blocking backend) to its end, here.
+
+    The store's logic is written once, as coroutines over a backend; a blocking backend's
+    methods return without suspending, so one ``send`` finishes them, with no event loop.
+    """
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise ConfigError("this ForgeStore is over an AsyncClient: use the async methods (aput, aget, asearch, ...), "
+                      "or give it a Client for the sync ones")
+
+
+class _Local:
+    """A :class:`forge.Memory` in this process; admission by :func:`forge.curate.admit`."""
+
+    blocking = True
+
+    def __init__(self, memory: Any, agent: str, groups: frozenset[str]) -> None:
+        self.memory, self.agent, self.groups = memory, agent, groups
+        self.viewer = Viewer.of(agent, groups)
+
+    async def who(self) -> tuple[str, frozenset[str]]:
+        return self.agent, self.groups
+
+    async def find(self, unit_id: str) -> Unit | None:
+        found = self.memory.get_many([unit_id], viewer=self.viewer)
+        return found[0] if found else None
+
+    async def page(self, f: Filter, limit: int, offset: int) -> list[Unit]:
+        return self.memory.list(viewer=self.viewer, filter=f, limit=limit, offset=offset)
+
+    async def write(self, unit: Unit, admit: bool) -> Admitted:
+        if admit:
+            from forge.curate.admission import admit as admit_units
+
+            return admit_units(self.memory, unit, actor=self.agent)[0]
+        [uid] = self.memory.add(unit, actor=self.agent)
+        return Admitted(ADD, uid, "stored as given (admission off)", uid)
+
+    async def update(self, unit: Unit, *, reembed: bool) -> None:
+        self.memory.update(unit, actor=self.agent, reembed=reembed)
+
+    async def set_status(self, unit_id: str, status: Status, reason: str) -> None:
+        self.memory.set_status(unit_id, status, reason=reason, actor=self.agent)
+
+    async def recall(self, query: str, k: int, f: Filter) -> list[tuple[Unit, float]]:
+        hits = self.memory.recall(query, viewer=self.viewer, k=k, filter=f, hops=0, touch=False)
+        return [(r.unit, r.score) for r in hits]
+
+
+class _Remote:
+    """A :class:`forge.client.Client`: the service admits, and the key is the viewer."""
+
+    blocking = True
+
+    def __init__(self, client: Any, agent: str | None, groups: frozenset[str]) -> None:
+        self.client, self.agent, self.groups = client, agent, groups
+
+    async def _do(self, name: str, *args: Any, **kw: Any) -> Any:
+        return getattr(self.client, name)(*args, **kw)
+
+    async def who(self) -> tuple[str, frozenset[str]]:
+        if self.agent is None:
+            me = await self._do("whoami")
+            self.agent, self.groups = me["agent"] or "langgraph", frozenset(me["groups"])
+        return self.agent, self.groups
+
+    async def find(self, unit_id: str) -> Unit | None:
+        from forge.errors import NotFoundError
+
+        try:
+            return await self._do("get", unit_id)
+        except NotFoundError:
+            return None
+
+    async def page(self, f: Filter, limit: int, offset: int) -> list[Unit]:
+        return await self._do("list", filter=f, limit=min(limit, 1000), offset=offset)
+
+    async def write(self, unit: Unit, admit: bool) -> Admitted:
+        if admit:
+            return (await self._do("admit", unit))[0]
+        [uid] = await self._do("add", unit, admit=False)
+        return Admitted(ADD, uid, "stored as given (admission off)", uid)
+
+    async def update(self, unit: Unit, *, reembed: bool) -> None:
+        await self._do("update", unit)
+
+    async def set_status(self, unit_id: str, status: Status, reason: str) -> None:
+        await self._do("set_status", unit_id, status, reason=reason)
+
+    async def recall(self, query: str, k: int, f: Filter) -> list[tuple[Unit, float]]:
+        return [(r.unit, r.score) for r in await self._do("recall", query, k=min(k, 200), filter=f, hops=0, touch=False)]
+
+
+class _AsyncRemote(_Remote):
+    """A :class:`forge.client.AsyncClient`: the same calls, awaited."""
+
+    blocking = False
+
+    async def _do(self, name: str, *args: Any, **kw: Any) -> Any:
+        return await getattr(self.client, name)(*args, **kw)
+
+
+def _backend(memory: Any, agent: str | None, groups: frozenset[str]) -> Any:
+    from forge.client import AsyncClient, Client
+
+    if isinstance(memory, AsyncClient):
+        return _AsyncRemote(memory, agent, groups)
+    if isinstance(memory, Client):
+        return _Remote(memory, agent, groups)
+    return _Local(memory, agent or "langgraph", groups)
+
+
+class ForgeStore(BaseStore):
+    """A LangGraph store over a :class:`forge.Memory`, a :class:`forge.client.Client` or an
+    :class:`~forge.client.AsyncClient`, seen and written as one agent.
+
+    ``agent`` and ``groups`` default to the key's over a client (and ``"langgraph"`` over a
+    memory); ``admit=False`` stores every put as given, without admission.
+    """
+
+    def __init__(self, memory: Any, *, agent: str | None = None, groups: Iterable[str] = (), kind: str = "fact",
+                 admit: bool = True) -> None:
         self.memory = memory
-        self.agent = agent
-        self.groups = frozenset(groups)
-        self.viewer = Viewer.of(agent, self.groups)
         self.kind = kind
+        self.admit = admit
+        self.last_admission: Admitted | None = None
+        self._backend = _backend(memory, agent, frozenset(groups))
+
+    @property
+    def agent(self) -> str:
+        """The agent this store reads and writes as (over a client: the key's, asked once)."""
+        if self._backend.agent is None:
+            _drive(self._backend.who())
+        return self._backend.agent
+
+    @property
+    def groups(self) -> frozenset[str]:
+        if self._backend.agent is None:
+            _drive(self._backend.who())
+        return self._backend.groups
 
     # -- the two methods LangGraph needs -------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        ops = list(ops)
+        return _drive(self._run(list(ops)))
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        if self._backend.blocking:  # a blocking memory or client: off the event loop
+            return await asyncio.to_thread(self.batch, list(ops))
+        return await self._run(list(ops))
+
+    async def _run(self, ops: list[Op]) -> list[Result]:
         results: list[Result] = [None] * len(ops)
-        # Puts are applied in order, after the last put on each key wins (LangGraph's semantics).
-        for i, op in enumerate(ops):
+        for i, op in enumerate(ops):  # in order: a get after a put in one batch sees it
             if isinstance(op, GetOp):
-                results[i] = self._get(op)
+                results[i] = await self._get(op)
             elif isinstance(op, SearchOp):
-                results[i] = self._search(op)
+                results[i] = await self._search(op)
             elif isinstance(op, ListNamespacesOp):
-                results[i] = self._list_namespaces(op)
+                results[i] = await self._list_namespaces(op)
             elif isinstance(op, PutOp):
-                self._put(op)
+                await self._put(op)
             else:
                 raise ValueError(f"unknown store operation {type(op).__name__}")
         return results
 
-    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        return await asyncio.to_thread(self.batch, list(ops))
-
     # -- operations ----------------------------------------------------------------------
-    def _scope(self, namespace: tuple[str, ...]) -> tuple[str, str]:
+    async def _scope(self, namespace: tuple[str, ...]) -> tuple[str, str]:
+        agent, _ = await self._backend.who()
         if namespace[0] == "private":
-            return "private", self.agent
+            return "private", agent
         if namespace[0] == "group" and len(namespace) > 1:
-            return f"group:{namespace[1]}", self.agent
-        return "global", self.agent
+            return f"group:{namespace[1]}", agent
+        return "global", agent
 
-    def _unit(self, namespace: tuple[str, ...], key: str) -> Unit | None:
-        found = self.memory.store.get_many([_unit_id(namespace, key)], viewer=self.viewer)
-        return found[0] if found else None
+    async def _unit(self, namespace: tuple[str, ...], key: str) -> Unit | None:
+        """The unit holding ``key``: the one made for it, else one it was merged into."""
+        unit = await self._backend.find(_unit_id(namespace, key))
+        if unit is not None and _holds(unit, namespace, key):
+            return unit
+        tagged = Filter.make(tags_all=[_key_tag(namespace, key)], status=_EVERY_STATUS)
+        return next((u for u in await self._backend.page(tagged, 10, 0) if _holds(u, namespace, key)), None)
 
-    def _item(self, unit: Unit, cls: type[Item] = Item, score: float | None = None) -> Item:
-        lg = unit.meta[_MARK]
+    def _item(self, unit: Unit, key: str, value: Any, cls: type[Item] = Item, score: float | None = None) -> Item:
         kw: dict[str, Any] = {"score": score} if cls is SearchItem else {}
         return cls(
-            value=lg["value"],
-            key=lg["key"],
-            namespace=tuple(lg["namespace"]),
+            value=value,
+            key=key,
+            namespace=tuple(unit.meta[_MARK]["namespace"]),
             created_at=datetime.fromtimestamp(unit.created_at, tz=UTC),
             updated_at=datetime.fromtimestamp(unit.updated_at or unit.created_at, tz=UTC),
             **kw,
         )
 
-    def _get(self, op: GetOp) -> Item | None:
-        unit = self._unit(tuple(op.namespace), op.key)
-        return self._item(unit) if unit is not None and unit.status is Status.ACTIVE else None
+    async def _get(self, op: GetOp) -> Item | None:
+        unit = await self._unit(tuple(op.namespace), op.key)
+        if unit is None or unit.status is not Status.ACTIVE:
+            return None
+        value = next(v for k, v in _keys(unit) if k == op.key)
+        return self._item(unit, op.key, value)
 
-    def _put(self, op: PutOp) -> None:
+    async def _put(self, op: PutOp) -> None:
         namespace = tuple(op.namespace)
-        existing = self._unit(namespace, op.key)
+        existing = await self._unit(namespace, op.key)
         if op.value is None:
             if existing is not None and existing.status is Status.ACTIVE:
-                self.memory.set_status(existing.id, Status.ARCHIVED, reason="deleted through LangGraph", actor=self.agent)
+                await self._detach(existing, namespace, op.key, why="deleted through LangGraph")
             return
         value = dict(op.value)
         text = next((value[f] for f in _TEXT_FIELDS if isinstance(value.get(f), str) and value[f].strip()), None)
         content = text or json.dumps(value, sort_keys=True, default=str)
-        scope, owner = self._scope(namespace)
+        scope, owner = await self._scope(namespace)
         tags = (_MARK, *(_ns_tag(namespace[: i + 1]) for i in range(len(namespace))))
+        context = Context(task=_ns_tag(namespace), tags=tags)  # admission compares within a namespace
         meta = {_MARK: {"namespace": list(namespace), "key": op.key, "value": value}}
-        if existing is None:
-            unit = Unit(content=content, kind=self.kind, id=_unit_id(namespace, op.key), context=Context(tags=tags),  # type: ignore[arg-type]
-                        scope=scope, owner=owner, provenance=Provenance(source=f"langgraph:{self.agent}"), meta=meta)
-            self.memory.add(unit, actor=self.agent)
+        if existing is not None and len(_keys(existing)) == 1:  # its own unit: updated in place
+            changed = existing.replace(content=content, context=context, scope=scope, meta={**existing.meta, **meta})
+            await self._backend.update(changed, reembed=changed.text != existing.text)
+            if existing.status is not Status.ACTIVE:
+                await self._backend.set_status(existing.id, Status.ACTIVE, "put again through LangGraph")
+            self.last_admission = None
             return
-        changed = existing.replace(content=content, context=Context(tags=tags), scope=scope, meta=meta)
-        self.memory.update(changed, actor=self.agent, reembed=changed.text != existing.text)
-        if existing.status is not Status.ACTIVE:
-            self.memory.set_status(existing.id, Status.ACTIVE, reason="put again through LangGraph", actor=self.agent)
+        if existing is not None:  # merged with other keys: this key leaves, and is put anew
+            await self._detach(existing, namespace, op.key, why="put anew through LangGraph")
+        uid = _unit_id(namespace, op.key)
+        taken = await self._backend.find(uid) is not None
+        if taken:  # the key's own id went to a unit that holds other keys now: tag the new one
+            context = Context(task=context.task, tags=(*tags, _key_tag(namespace, op.key)))
+        unit = Unit(content=content, kind=self.kind, context=context, scope=scope, owner=owner,  # type: ignore[arg-type]
+                    provenance=Provenance(source=f"langgraph:{owner}"), meta=meta, **({} if taken else {"id": uid}))
+        decision = await self._backend.write(unit, self.admit)
+        if decision.action == NOOP and decision.unit_id != unit.id:
+            decision = await self._alias(decision, unit, namespace, op.key, value)
+        self.last_admission = decision
 
-    def _search(self, op: SearchOp) -> list[SearchItem]:
+    async def _alias(self, decision: Admitted, unit: Unit, namespace: tuple[str, ...], key: str, value: Any) -> Admitted:
+        """The put was merged into another unit: that unit now holds this key too."""
+        into = await self._backend.find(decision.unit_id)
+        if into is not None and _MARK in into.meta and tuple(into.meta[_MARK]["namespace"]) == namespace:
+            lg = dict(into.meta[_MARK])
+            lg["aliases"] = [*(a for a in lg.get("aliases", []) if a["key"] != key), {"key": key, "value": value}]
+            tags = tuple(dict.fromkeys((*into.context.tags, _key_tag(namespace, key))))
+            try:
+                await self._backend.update(into.replace(meta={**into.meta, _MARK: lg}, context=dataclasses.replace(into.context, tags=tags)),
+                                           reembed=False)
+                return decision
+            except (AccessError, ValidationError):
+                pass  # another agent's unit over the service, or one full of keys: this key gets its own
+        return await self._backend.write(unit, False)
+
+    async def _detach(self, unit: Unit, namespace: tuple[str, ...], key: str, *, why: str) -> None:
+        """``key`` no longer names ``unit``: archived if it was its only key, else the key is dropped."""
+        held = _keys(unit)
+        if len(held) == 1:
+            await self._backend.set_status(unit.id, Status.ARCHIVED, why)
+            return
+        rest = [(k, v) for k, v in held if k != key]
+        lg = {"namespace": list(namespace), "key": rest[0][0], "value": rest[0][1],
+              "aliases": [{"key": k, "value": v} for k, v in rest[1:]]}
+        tags = tuple(t for t in unit.context.tags if t != _key_tag(namespace, key))
+        await self._backend.update(unit.replace(meta={**unit.meta, _MARK: lg}, context=dataclasses.replace(unit.context, tags=tags)), reembed=False)
+
+    async def _search(self, op: SearchOp) -> list[SearchItem]:
         prefix = tuple(op.namespace_prefix)
         f = Filter.make(tags_all=[_ns_tag(prefix)] if prefix else [_MARK])
         want = max(0, op.offset) + max(0, op.limit)
         if want == 0:
             return []
-        if op.query:
+        found: list[tuple[Unit, str, Any, float | None]] = []
+        if op.query:  # a memory once, under its first key
             k = min(200, max(want * 4, 20)) if op.filter else min(200, want)
-            hits = self.memory.recall(op.query, viewer=self.viewer, k=k, filter=f, hops=0, touch=False)
-            found = [(r.unit, r.score) for r in hits if _matches(r.unit.meta[_MARK]["value"], op.filter)]
-        else:
-            found, offset = [], 0
+            for unit, score in await self._backend.recall(op.query, k, f):
+                key, value = next(((k_, v) for k_, v in _keys(unit) if _matches(v, op.filter)), (None, None))
+                if key is not None:
+                    found.append((unit, key, value, score))
+        else:  # a listing: every key
+            offset = 0
             while len(found) < want:
-                page = self.memory.store.list(viewer=self.viewer, filter=f, limit=500, offset=offset)
-                found += [(u, None) for u in page if _matches(u.meta[_MARK]["value"], op.filter)]
+                page = await self._backend.page(f, 500, offset)
+                found += [(u, k_, v, None) for u in page for k_, v in _keys(u) if _matches(v, op.filter)]
                 if len(page) < 500:
                     break
                 offset += 500
-        return [self._item(u, SearchItem, s) for u, s in found[op.offset : op.offset + op.limit]]  # type: ignore[misc]
+        return [self._item(u, k_, v, SearchItem, s) for u, k_, v, s in found[op.offset : op.offset + op.limit]]  # type: ignore[misc]
 
-    def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+    async def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         spaces: set[tuple[str, ...]] = set()
         offset = 0
         f = Filter.make(tags_all=[_MARK])
         while True:
-            page = self.memory.store.list(viewer=self.viewer, filter=f, limit=1000, offset=offset)
+            page = await self._backend.page(f, 1000, offset)
             spaces.update(tuple(u.meta[_MARK]["namespace"]) for u in page)
             if len(page) < 1000:
                 break

@@ -34,7 +34,7 @@ from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_fr
 from forge.server.edge import Edge
 from forge.server.errors import error_response, status_of
 from forge.server.keys import KeyStore, Principal
-from forge.server.service import Service, event_dict
+from forge.server.service import Service, admission_dict, event_dict
 from forge.store import Filter
 
 __all__ = ["create_app"]
@@ -220,8 +220,10 @@ def create_app(
     # -- units ----------------------------------------------------------------------------
     @app.post("/v1/units", response_model=m.AddOut, status_code=201, tags=["units"], responses={k: E[k] for k in (403, 409, 422)})
     def add_units(body: m.AddIn, p: Who) -> dict[str, Any]:
-        """Add a batch of units in one transaction."""
-        return {"ids": service.add(p, [u.data() for u in body.units])}
+        """Add a batch of units in one transaction, through admission unless ``admit`` is false;
+        ``admission`` says per unit what was done (added / merged into X / updated X)."""
+        decisions = service.write(p, [u.data() for u in body.units], admit=body.admit)
+        return {"ids": [d.unit_id for d in decisions], "admission": [admission_dict(d) for d in decisions]}
 
     @app.get("/v1/units", response_model=m.UnitPage, tags=["units"], responses={422: E[422]})
     def list_units(

@@ -24,7 +24,7 @@ from forge.errors import ForgeError
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
 from forge.server.errors import error_response, status_of
 from forge.server.keys import Principal
-from forge.server.service import Service
+from forge.server.service import Service, admission_dict
 from forge.store import Filter
 
 __all__ = ["build_mcp", "guard", "http_principal"]
@@ -42,12 +42,16 @@ def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MC
 
     @server.tool()
     def remember(content: str, ctx: Context, kind: str = "fact", tags: list[str] | None = None, scope: str = "global",
-                 domain: str = "", confidence: float = 0.5, importance: float = 0.5) -> dict[str, Any]:
-        """Store one memory (kind: fact, rule, lesson, example, preference, procedure, profile, episode)."""
+                 domain: str = "", confidence: float = 0.5, importance: float = 0.5, admit: bool = True) -> dict[str, Any]:
+        """Store one memory (kind: fact, rule, lesson, example, preference, procedure, profile, episode).
+
+        A duplicate is merged into the memory already stored and a newer contradicting one
+        updates it (admission; admit=false stores it as given): ``summary`` says which, ``id``
+        is the memory that holds it now."""
         unit = {"content": content, "kind": kind, "scope": scope, "confidence": confidence, "importance": importance,
                 "context": {"domain": domain, "tags": list(tags or [])}}
-        [uid] = service.add(principal(ctx), [unit])
-        return {"id": uid}
+        [d] = service.write(principal(ctx), [unit], admit=admit)
+        return {"id": d.unit_id, **admission_dict(d)}
 
     @server.tool()
     def recall(query: str, ctx: Context, k: int = 5, kinds: list[str] | None = None, tags: list[str] | None = None) -> list[dict[str, Any]]:

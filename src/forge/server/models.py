@@ -79,11 +79,29 @@ class UnitOut(BaseModel):
 
 
 class AddIn(_Strict):
+    """Units to add. ``admit`` (default true) sends each through admission: a duplicate is
+    merged into the unit already stored, a newer contradicting statement supersedes the old
+    one; ``false`` stores every unit as given."""
+
     units: list[UnitIn] = Field(min_length=1, max_length=1000)
+    admit: bool = True
+
+
+class AdmissionOut(BaseModel):
+    """What admission did with one unit: ``unit_id`` holds the memory now."""
+
+    action: Literal["add", "update", "noop"]
+    summary: str = Field(examples=["added", "merged into 01J...", "updated 01J... (superseded by 01K...)"])
+    unit_id: str
+    incoming: str
+    existing: str | None
+    similarity: float | None
+    reason: str
 
 
 class AddOut(BaseModel):
-    ids: list[str]
+    ids: list[str] = Field(description="per unit sent, the id of the unit that holds it now (an existing one when merged)")
+    admission: list[AdmissionOut]
 
 
 class UnitPatch(_Strict):

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from forge.curate import admission
+from forge.curate.admission import ADD, Admitted
 from forge.engine.memory import Memory
 from forge.engine.recall import Packed, Recalled
 from forge.errors import AccessError, ConfigError, NotFoundError, ValidationError
@@ -165,14 +167,28 @@ class Service:
         self.close()
 
     # -- units ----------------------------------------------------------------------------
-    def add(self, who: Principal, units: Sequence[Mapping[str, Any]]) -> list[str]:
-        """Add units in one transaction; an agent writes as itself, into its own groups."""
+    def add(self, who: Principal, units: Sequence[Mapping[str, Any]], *, admit: bool = True) -> list[str]:
+        """Add units in one transaction; the ids of the units that now hold them (see :meth:`write`)."""
+        return [d.unit_id for d in self.write(who, units, admit=admit)]
+
+    def write(self, who: Principal, units: Sequence[Mapping[str, Any]], *, admit: bool = True) -> list[Admitted]:
+        """Add units in one transaction, through admission unless ``admit=False``; one decision each.
+
+        An agent writes as itself, into its own groups. Admission (:func:`forge.curate.admit`)
+        merges a duplicate into the unit already stored (``noop``), lets a newer contradicting
+        statement supersede the old one (``update``), and adds the rest; its candidates are
+        units of the same kind, scope and (for private units) owner, so a decision names only
+        units the caller could already see. ``admit=False`` stores every unit as given.
+        """
         if not units:
             raise ValidationError("no units to add")
         built = [self._own(who, Unit.from_dict(self._defaults(who, u))) for u in units]
         if not who.admin:
             self._parents_visible(who, built)
-        return self.memory.add(built, actor=who.actor)
+        if admit:
+            return admission.admit(self.memory, built, actor=who.actor)
+        ids = self.memory.add(built, actor=who.actor)
+        return [Admitted(ADD, uid, "stored as given (admission off)", uid) for uid in ids]
 
     def _defaults(self, who: Principal, data: Mapping[str, Any]) -> dict[str, Any]:
         """The server's stamps on a unit an agent sends: its owner, its source, no system meta.
@@ -541,6 +557,12 @@ def _page(limit: int, offset: int) -> None:
 
 def _event(e: Event) -> dict[str, Any]:
     return {"seq": e.seq, "ts": e.ts, "op": e.op, "unit_id": e.unit_id, "actor": e.actor, "data": dict(e.data)}
+
+
+def admission_dict(d: Admitted) -> dict[str, Any]:
+    """An admission decision as the REST API and MCP answer it (with its one-line ``summary``)."""
+    return {"action": d.action, "summary": d.summary, "unit_id": d.unit_id, "incoming": d.incoming,
+            "existing": d.existing, "similarity": d.similarity, "reason": d.reason}
 
 
 def event_dict(e: Event) -> dict[str, Any]:
