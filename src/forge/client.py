@@ -225,14 +225,18 @@ class Client:
         self._viewer(viewer)
         return [Unit.from_dict(u) for u in self._call("GET", "/v1/units", params=_list_params(filter, limit, offset)).json()["units"]]
 
-    def recall(self, query: str, *, viewer: Viewer | None = None, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True) -> list[Recalled]:
+    def recall(self, query: str, *, viewer: Viewer | None = None, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True,
+               min_score: float = 0.0) -> list[Recalled]:
+        """The ``k`` best units for ``query`` as the key sees them, scored 0-1; none below ``min_score``."""
         self._viewer(viewer)
-        body = {"query": query, "k": k, "hops": hops, "filter": _filter(filter), "touch": touch}
+        body = {"query": query, "k": k, "hops": hops, "filter": _filter(filter), "touch": touch, "min_score": min_score}
         return [_recalled(r) for r in self._call("POST", "/v1/recall", json=body).json()["results"]]
 
-    def context(self, query: str, *, viewer: Viewer | None = None, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1) -> Packed:
+    def context(self, query: str, *, viewer: Viewer | None = None, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1,
+                min_score: float = 0.0) -> Packed:
         self._viewer(viewer)
-        d = self._call("POST", "/v1/context", json={"query": query, "budget": budget, "k": k, "filter": _filter(filter), "hops": hops}).json()
+        body = {"query": query, "budget": budget, "k": k, "filter": _filter(filter), "hops": hops, "min_score": min_score}
+        d = self._call("POST", "/v1/context", json=body).json()
         return Packed({n: [_recalled(r) for r in rs] for n, rs in d["sections"].items()}, d["tokens"], d["budget"], [])
 
     def relations(self, unit_id: str) -> list[Relation]:
@@ -329,14 +333,17 @@ class AsyncClient:
         got = (await self._call("GET", "/v1/units", params=_list_params(filter, limit, offset))).json()["units"]
         return [Unit.from_dict(u) for u in got]
 
-    async def recall(self, query: str, *, viewer: Viewer | None = None, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True) -> list[Recalled]:
+    async def recall(self, query: str, *, viewer: Viewer | None = None, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True,
+                     min_score: float = 0.0) -> list[Recalled]:
         await self._viewer(viewer)
-        body = {"query": query, "k": k, "hops": hops, "filter": _filter(filter), "touch": touch}
+        body = {"query": query, "k": k, "hops": hops, "filter": _filter(filter), "touch": touch, "min_score": min_score}
         return [_recalled(r) for r in (await self._call("POST", "/v1/recall", json=body)).json()["results"]]
 
-    async def context(self, query: str, *, viewer: Viewer | None = None, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1) -> Packed:
+    async def context(self, query: str, *, viewer: Viewer | None = None, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1,
+                      min_score: float = 0.0) -> Packed:
         await self._viewer(viewer)
-        d = (await self._call("POST", "/v1/context", json={"query": query, "budget": budget, "k": k, "filter": _filter(filter), "hops": hops})).json()
+        body = {"query": query, "budget": budget, "k": k, "filter": _filter(filter), "hops": hops, "min_score": min_score}
+        d = (await self._call("POST", "/v1/context", json=body)).json()
         return Packed({n: [_recalled(r) for r in rs] for n, rs in d["sections"].items()}, d["tokens"], d["budget"], [])
 
     async def update(self, unit: Unit, *, actor: str = "", reembed: bool = True) -> Unit:

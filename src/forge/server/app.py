@@ -271,13 +271,15 @@ def create_app(
     @app.post("/v1/recall", response_model=m.RecallOut, tags=["recall"], responses={422: E[422]})
     def recall(body: m.RecallIn, p: Who) -> dict[str, Any]:
         """The best units for a query that this key may see, each with why it was returned."""
-        results = service.recall(p, body.query, k=body.k, filter=body.filter.build(), hops=body.hops, touch=body.touch)
+        results = service.recall(p, body.query, k=body.k, filter=body.filter.build(), hops=body.hops, touch=body.touch,
+                                 min_score=body.min_score)
         return {"results": [_recalled(r) for r in results]}
 
     @app.post("/v1/context", response_model=m.ContextOut, tags=["recall"], responses={422: E[422]})
     def context(body: m.ContextReq, p: Who) -> dict[str, Any]:
         """Recall packed into a prompt block of at most ``budget`` tokens."""
-        packed = service.context(p, body.query, budget=body.budget, k=body.k, filter=body.filter.build(), hops=body.hops)
+        packed = service.context(p, body.query, budget=body.budget, k=body.k, filter=body.filter.build(), hops=body.hops,
+                                 min_score=body.min_score)
         return {"prompt": packed.render(), "tokens": packed.tokens, "budget": packed.budget, "units": [u.id for u in packed.units],
                 "sections": {name: [_recalled(r) for r in rs] for name, rs in packed.sections.items()},
                 "dropped": [r.unit.id for r in packed.dropped]}

@@ -54,11 +54,13 @@ def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MC
         return {"id": d.unit_id, **admission_dict(d)}
 
     @server.tool()
-    def recall(query: str, ctx: Context, k: int = 5, kinds: list[str] | None = None, tags: list[str] | None = None) -> list[dict[str, Any]]:
-        """The memories that best match the query, best first, each with why it was returned."""
+    def recall(query: str, ctx: Context, k: int = 5, kinds: list[str] | None = None, tags: list[str] | None = None,
+               min_score: float = 0.0) -> list[dict[str, Any]]:
+        """The memories that best match the query, best first, each with why it was returned;
+        scores are 0-1, and none below ``min_score`` is returned."""
         f = Filter.make(kinds=kinds or (), tags_all=tags or ())
         return [{"id": r.unit.id, "kind": r.unit.kind.value, "content": r.unit.content, "score": round(r.score, 6), "reasons": r.reasons}
-                for r in service.recall(principal(ctx), query, k=k, filter=f)]
+                for r in service.recall(principal(ctx), query, k=k, filter=f, min_score=min_score)]
 
     @server.tool()
     def context(query: str, ctx: Context, budget: int = 400) -> str:

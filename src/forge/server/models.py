@@ -151,6 +151,7 @@ class RecallIn(_Strict):
     hops: int = Field(default=1, ge=0, le=3)
     filter: FilterIn = Field(default_factory=FilterIn)
     touch: bool = True
+    min_score: float = Field(default=0.0, ge=0.0, le=1.0, description="leave out results scored below this (scores are 0-1)")
 
 
 class RecalledOut(BaseModel):
@@ -170,6 +171,7 @@ class ContextReq(_Strict):
     k: int = Field(default=20, ge=1, le=200)
     hops: int = Field(default=1, ge=0, le=3)
     filter: FilterIn = Field(default_factory=FilterIn)
+    min_score: float = Field(default=0.0, ge=0.0, le=1.0, description="pack only results scored at least this (0-1)")
 
 
 class ContextOut(BaseModel):

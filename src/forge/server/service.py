@@ -293,11 +293,13 @@ class Service:
         return unit
 
     # -- recall ---------------------------------------------------------------------------
-    def recall(self, who: Principal, query: str, *, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True) -> list[Recalled]:
+    def recall(self, who: Principal, query: str, *, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True,
+               min_score: float = 0.0) -> list[Recalled]:
+        """The ``k`` best units for ``query`` that ``who`` may see, scored 0-1, none below ``min_score``."""
         _check_query(query, k)
         if not 0 <= hops <= 3:
             raise ValidationError("hops must be between 0 and 3")
-        results = self.memory.recall(query, viewer=who.viewer, k=k, filter=filter, hops=hops, touch=touch)
+        results = self.memory.recall(query, viewer=who.viewer, k=k, filter=filter, hops=hops, touch=touch, min_score=min_score)
         self.reads.record(
             "recall",
             actor=who.actor,
@@ -309,11 +311,12 @@ class Service:
         )
         return self._shown_recalled(who, results)
 
-    def context(self, who: Principal, query: str, *, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1) -> Packed:
+    def context(self, who: Principal, query: str, *, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1,
+                min_score: float = 0.0) -> Packed:
         if not 1 <= budget <= 100_000:
             raise ValidationError("budget must be between 1 and 100000 tokens")
         _check_query(query, k)
-        packed = self.memory.context(query, viewer=who.viewer, budget=budget, k=k, filter=filter, hops=hops)
+        packed = self.memory.context(query, viewer=who.viewer, budget=budget, k=k, filter=filter, hops=hops, min_score=min_score)
         self.reads.record(
             "context",
             actor=who.actor,
