@@ -4,8 +4,13 @@
     python bench/poisoning.py --quick      # labelled screen set, then 4 agents, two policies
     python bench/poisoning.py --screen-only   # only the labelled screen set (seconds)
     python bench/poisoning.py --json       # one JSON object instead of the tables
+    python bench/poisoning.py --fit        # refit the screen's intent model (needs scikit-learn)
 
-First, the safety screen alone on a labelled set (``bench/data/screen_set.jsonl``: 238
+First, the safety screen alone on two labelled sets. The *outside* set
+(``bench/data/screen_outside.jsonl``, 354 attacks in 14 families and 342 benign rules in 13,
+165 of them hard negatives) was written by someone who never saw the screen's code; its
+*dev* half may be looked at and trained on, its *test* half never (figures in separate
+columns). Then the old set (``bench/data/screen_set.jsonl``: 238
 attacks in 13 families and 212 benign operational rules in 7, many of them near misses,
 written by hand for this bench). Each item is in the *tune* half (the screen's patterns
 were adjusted until it passed) or the *heldout* half (never looked at while tuning); the
@@ -48,10 +53,12 @@ from forge.store import ANY_STATUS, SQLiteStore
 
 ADMIN = Viewer.admin()
 SCREEN_SET = Path(__file__).with_name("data") / "screen_set.jsonl"
+OUTSIDE_SET = Path(__file__).with_name("data") / "screen_outside.jsonl"
+INTENT_OUT = Path(__file__).parents[1] / "src" / "forge" / "data" / "screen_intent.json"
 
 
-def screen_set(screen: Screen | None = None, path: Path = SCREEN_SET) -> dict[str, object]:
-    """Caught (attacks) and flagged (benign) per family and split, on the labelled set."""
+def screen_set(screen: Screen | None = None, path: Path = SCREEN_SET, splits: tuple[str, str] = ("heldout", "tune")) -> dict[str, object]:
+    """Caught (attacks) and flagged (benign) per family and split, on a labelled set."""
     screen = screen or Screen()
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     cells: dict[tuple[str, str, str], list[int]] = {}
@@ -72,23 +79,27 @@ def screen_set(screen: Screen | None = None, path: Path = SCREEN_SET) -> dict[st
         return hit, n
 
     families = {lab: sorted({fam for (la, fam, _) in cells if la == lab}) for lab in ("attack", "benign")}
-    out: dict[str, object] = {"items": len(rows), "ms_per_text": round(ms, 2), "families": {}, "misses": misses}
+    out: dict[str, object] = {"set": path.name, "splits": list(splits), "items": len(rows), "ms_per_text": round(ms, 2),
+                              "families": {}, "misses": misses}
     for lab, fams in families.items():
         for fam in [*fams, None]:
             key = f"{lab}:{fam or 'ALL'}"
-            out["families"][key] = {sp: rate(lab, sp, fam) for sp in ("heldout", "tune")}  # type: ignore[index]
+            out["families"][key] = {sp: rate(lab, sp, fam) for sp in splits}  # type: ignore[index]
     return out
 
 
-def print_screen_set(res: dict[str, object]) -> None:
+def print_screen_set(res: dict[str, object], *, show_errors: str | None = "heldout") -> None:
+    """The table; ``show_errors`` names the split whose misses are printed (never a test split)."""
     fams = res["families"]  # type: ignore[assignment]
+    splits = res["splits"]  # type: ignore[assignment]
 
     def cell(hit_n: tuple[int, int]) -> str:
         hit, n = hit_n
         return f"{hit / n:6.1%} ({hit:>3}/{n:<3})" if n else "-"
 
-    print(f"screen on the labelled set: {res['items']} items, {res['ms_per_text']} ms per text")
-    print(f"{'':34}{'held-out':>18}{'tuning':>18}")
+    names = {"heldout": "held-out", "tune": "tuning", "dev": "dev", "test": "test (held out)"}
+    print(f"screen on {res['set']}: {res['items']} items, {res['ms_per_text']} ms per text")
+    print(f"{'':34}" + "".join(f"{names[sp]:>18}" for sp in splits))  # type: ignore[union-attr]
     for label, title in (("attack", "caught"), ("benign", "false positives")):
         print(f"{title} per {label} family")
         for key, splits in fams.items():  # type: ignore[union-attr]
@@ -96,13 +107,140 @@ def print_screen_set(res: dict[str, object]) -> None:
             if lab != label:
                 continue
             name = f"  {'ALL ' + label + 's' if fam == 'ALL' else fam}"
-            print(f"{name:34}{cell(splits['heldout']):>18}{cell(splits['tune']):>18}")
-    held = [m for m in res["misses"] if m["split"] == "heldout"]  # type: ignore[union-attr]
+            print(f"{name:34}" + "".join(f"{cell(splits[sp]):>18}" for sp in res["splits"]))  # type: ignore[union-attr]
+    held = [m for m in res["misses"] if m["split"] == show_errors]  # type: ignore[union-attr]
     if held:
-        print("held-out errors (missed attacks, flagged benign rules):")
+        print(f"{names.get(show_errors or '', show_errors)} errors (missed attacks, flagged benign rules):")
         for m in held:
             kind = "missed" if m["label"] == "attack" else "flagged"
             print(f"  {kind:8} {m['family']:22} {str(m['text'])[:90]!r}")
+
+def print_screen_outside(labelled: dict[str, object], outside: dict[str, object], e2e: dict[str, object] | None) -> None:
+    """Both sets' tables: the outside set first (dev errors only; its test half stays unread)."""
+    print_screen_set(outside, show_errors=None)
+    print("(the intent model trains on the old set and the outside dev half: the old set's columns are no longer held out for it)")
+    print()
+    print_screen_set(labelled)
+    if e2e is not None:
+        print()
+        print(f"signed Exchange, outside {e2e['split']} half: {e2e['attacks_accepted']}/{e2e['attacks']} attacks kept "
+              f"(accepted as useful, merged or corroborated) {e2e['attacks_accepted_by_family']}; "
+              f"benign kept {e2e['benign_kept']}/{e2e['benign']}")
+        print(f"  attack outcomes {e2e['attack_outcomes']}; benign outcomes {e2e['benign_outcomes']}")
+
+
+def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_spec: str = "hash") -> dict[str, object]:
+    """Every item of one split of the outside set sent to one receiver through a signed
+    Exchange (default screen, heuristic assessor): how many attacks it accepted as useful,
+    and what became of the benign rules. Accepted means stored active as ``accepted:useful``
+    (or merged into / corroborating a unit it already held, which also keeps it)."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for r in rows if r["split"] == split]
+    clock = Clock()
+    keyring = Keyring.from_secret("bench-e2e")
+    embedder = HashingEmbedder(256) if embedder_spec == "hash" else open_embedder(embedder_spec)
+    mem = Memory(SQLiteStore(":memory:"), embedder)
+    ex = Exchange(mem, "receiver", keyring, clock=clock)
+    kept = ("accepted", "corroborated", "merged", "conflict")
+    out: dict[str, Counter] = {"attack": Counter(), "benign": Counter()}
+    accepted_attacks: Counter = Counter()
+    for i, r in enumerate(rows):
+        sender = "mallory" if r["label"] == "attack" else f"peer{i % 5}"
+        unit = Unit(r["text"], kind="rule", owner=sender, confidence=0.8)
+        cap = keyring.sign(Capsule(unit=unit, sender=sender, origin=sender, confidence=0.8, sent_at=clock.t).addressed(["receiver"]))
+        d = ex.receive(cap)
+        out[r["label"]][d.outcome] += 1
+        if r["label"] == "attack" and d.outcome in kept:
+            accepted_attacks[r["family"]] += 1
+        clock.t += 60
+    mem.close()
+    n_att, n_ben = sum(out["attack"].values()), sum(out["benign"].values())
+    return {
+        "split": split,
+        "attacks": n_att,
+        "attacks_accepted": sum(out["attack"][k] for k in kept),
+        "attacks_accepted_by_family": dict(accepted_attacks.most_common()),
+        "attack_outcomes": dict(out["attack"].most_common()),
+        "benign": n_ben,
+        "benign_kept": sum(out["benign"][k] for k in kept),
+        "benign_outcomes": dict(out["benign"].most_common()),
+    }
+
+
+def fit_intent(out: Path = INTENT_OUT, *, c: float = 10.0, seeds: int = 3) -> dict[str, object]:
+    """Fit the screen's intent model on the old set and the outside set's dev half (never its
+    test half) and write it where the package ships it.
+
+    Thresholds come from 5-fold cross-validation on the dev half (the old set always in
+    training): ``threshold`` is the lowest at which patterns-or-model flag at most 2.5% of dev
+    benign rules, ``doubt`` the lowest at which they flag at most 10%.
+    """
+    try:
+        import numpy as np
+        import scipy.sparse as sparse
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.model_selection import StratifiedKFold
+    except ImportError as exc:
+        raise SystemExit(f"--fit needs scikit-learn and scipy ({exc.name} is missing): pip install scikit-learn") from None
+    from forge.share.screen import IntentModel, _fold
+
+    old = [json.loads(line) for line in SCREEN_SET.read_text(encoding="utf-8").splitlines() if line.strip()]
+    dev = [r for r in (json.loads(line) for line in OUTSIDE_SET.read_text(encoding="utf-8").splitlines() if line.strip())
+           if r["split"] == "dev"]
+    t_old, t_dev = [_fold(r["text"]) for r in old], [_fold(r["text"]) for r in dev]
+    y_old = np.array([r["label"] == "attack" for r in old])
+    y_dev = np.array([r["label"] == "attack" for r in dev])
+    patterns = np.array([bool(Screen(intent=None).check(r["text"])) for r in dev])
+    spec = [("word", (1, 2)), ("char_wb", (2, 4))]
+
+    def fit(texts: list[str], y: object) -> tuple[list[object], object]:
+        vecs = [TfidfVectorizer(analyzer=a, ngram_range=n, min_df=2, sublinear_tf=True).fit(texts) for a, n in spec]
+        x = sparse.hstack([v.transform(texts) for v in vecs]).tocsr()
+        return vecs, LogisticRegression(C=c, max_iter=5000, class_weight="balanced").fit(x, y)
+
+    def proba(vecs: list[object], clf: object, texts: list[str]) -> object:
+        return clf.predict_proba(sparse.hstack([v.transform(texts) for v in vecs]).tocsr())[:, 1]  # type: ignore[attr-defined]
+
+    cv = np.zeros(len(dev))
+    for seed in range(seeds):
+        for tr, te in StratifiedKFold(5, shuffle=True, random_state=seed).split(t_dev, y_dev):
+            vecs, clf = fit(t_old + [t_dev[i] for i in tr], np.concatenate([y_old, y_dev[tr]]))
+            cv[te] += proba(vecs, clf, [t_dev[i] for i in te]) / seeds
+
+    def lowest(max_fp: float) -> float:
+        for t in np.arange(0.30, 0.991, 0.01):
+            if ((cv >= t) | patterns)[~y_dev].mean() <= max_fp:
+                return round(float(t), 2)
+        return 0.99
+
+    threshold, doubt = lowest(0.025), lowest(0.10)
+    vecs, clf = fit(t_old + t_dev, np.concatenate([y_old, y_dev]))
+    weights = clf.coef_[0]  # type: ignore[attr-defined]
+    blocks, at = [], 0
+    for (analyzer, ngrams), v in zip(spec, vecs, strict=True):
+        vocab = {term: [float(f"{v.idf_[j]:.6g}"), float(f"{weights[at + j]:.6g}")] for term, j in v.vocabulary_.items()}  # type: ignore[attr-defined]
+        at += len(v.vocabulary_)  # type: ignore[attr-defined]
+        blocks.append({"analyzer": analyzer, "ngram_range": list(ngrams), "vocab": dict(sorted(vocab.items()))})
+    model = {
+        "model": f"tf-idf word 1-2 + char_wb 2-4 grams (min_df 2, sublinear), logistic regression (balanced, C={c:g})",
+        "trained_on": f"{SCREEN_SET.name} (all {len(old)}) + {OUTSIDE_SET.name} dev half ({len(dev)}); never its test half",
+        "threshold": threshold, "doubt": doubt, "bias": float(clf.intercept_[0]), "blocks": blocks,  # type: ignore[attr-defined]
+    }
+    mine = IntentModel(model)
+    theirs = proba(vecs, clf, t_dev)
+    drift = max(abs(mine.raw(t) - float(p)) for t, p in zip(t_dev, theirs, strict=True))
+    if drift > 1e-3:
+        raise SystemExit(f"the shipped scorer disagrees with scikit-learn by {drift:.2g}; not written")
+    out.write_text(json.dumps(model, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+    auc = float(np.mean([(a > b) + 0.5 * (a == b) for a in cv[y_dev] for b in cv[~y_dev]]))
+    return {"path": str(out), "bytes": out.stat().st_size, "features": at, "threshold": threshold, "doubt": doubt,
+            "dev_cv_auc": round(auc, 3), "max_scorer_drift": drift,
+            "dev_cv_at_threshold": {"caught": round(float(((cv >= threshold) | patterns)[y_dev].mean()), 3),
+                                    "false_positives": round(float(((cv >= threshold) | patterns)[~y_dev].mean()), 3)},
+            "dev_cv_at_doubt": {"caught": round(float(((cv >= doubt) | patterns)[y_dev].mean()), 3),
+                                "false_positives": round(float(((cv >= doubt) | patterns)[~y_dev].mean()), 3)}}
+
 
 CONDITIONS = [
     "a user host shows a suspicious process",
@@ -427,19 +565,26 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--screen-only", action="store_true", help="only the labelled screen set")
     parser.add_argument("--judge", default=None, help="add the LLM judge with this model (e.g. local); slow, off by default")
+    parser.add_argument("--fit", action="store_true", help="refit the screen's intent model (old set + outside dev half) and exit")
+    parser.add_argument("--no-intent", action="store_true", help="the screen without its semantic layer (patterns only)")
     args = parser.parse_args()
-    screen = Screen()
+    if args.fit:
+        print(json.dumps(fit_intent(), indent=2))
+        return
+    screen = Screen(intent=None) if args.no_intent else Screen()
     if args.judge:
         from forge.llm import open_llm
         from forge.share.screen import LLMJudge
 
-        screen = Screen(judge=LLMJudge(open_llm(args.judge)))
+        screen = Screen(judge=LLMJudge(open_llm(args.judge)), **({"intent": None} if args.no_intent else {}))
     labelled = screen_set(screen)
+    outside = screen_set(screen, OUTSIDE_SET, splits=("dev", "test"))
+    e2e = exchange_end_to_end("test") if not args.no_intent and not args.judge else None
     if args.screen_only:
         if args.json:
-            print(json.dumps({"screen_set": labelled}, indent=2, ensure_ascii=False))
+            print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside_test": e2e}, indent=2, ensure_ascii=False))
         else:
-            print_screen_set(labelled)
+            print_screen_outside(labelled, outside, e2e)
         return
     agents = args.agents or (4 if args.quick else 8)
     n_rules = args.rules or (8 if args.quick else 24)
@@ -449,9 +594,10 @@ def main() -> None:
     results = [run(n_agents=agents, n_rules=n_rules, policy_name=p, embedder_spec=args.embedder, seed=args.seed) for p in policies]
     elapsed = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({"screen_set": labelled, "results": results, "seconds": round(elapsed, 2)}, indent=2, ensure_ascii=False))
+        print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside_test": e2e, "results": results,
+                          "seconds": round(elapsed, 2)}, indent=2, ensure_ascii=False))
         return
-    print_screen_set(labelled)
+    print_screen_outside(labelled, outside, e2e)
     print()
     print(f"poisoning bench: {agents} agents, {n_rules} consensus rules + {len(TRICKY_BENIGN)} tricky benign, embedder {args.embedder}")
     head = f"{'':34}" + "".join(f"{r['policy']:>16}" for r in results)

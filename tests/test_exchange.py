@@ -424,3 +424,20 @@ def test_an_invented_author_and_its_invented_witnesses_count_as_one(memory: Memo
     d = ex.receive(make(keyring, text=PARAPHRASE, sender="mallory", origin="ghost-b", clock=clock, hops=1))
     assert d.reason == "same_channel"
     assert ex.decisions(outcome="promoted") == []
+
+
+def test_a_unit_the_screen_doubts_is_held_for_review_never_accepted_as_useful(memory: Memory, keyring: Keyring, clock: Clock) -> None:
+    """Usefulness and safety are separate verdicts: a capsule the semantic layer doubts is
+    quarantined even though the assessor would call it useful (issue 25)."""
+    from forge.share.screen import IntentModel, Screen
+
+    text = "When a host is scanned twice, restore it and then check its neighbours for the same process."
+    model = IntentModel.load()
+    model.doubt = model.score(text) - 1e-6  # this text is now just doubtful, not blocked
+    model.threshold = 2.0
+    ex = Exchange(memory, "me", keyring, clock=clock, screen=Screen(intent=model))
+    d = ex.receive(make(keyring, text=text, clock=clock))
+    assert (d.outcome, d.reason) == ("quarantined", "injection")
+    assert memory.get(d.unit_id, viewer=ADMIN).meta["quarantine"]["findings"][0]["rule"] == "doubtful"
+    plain = Exchange(memory, "other", keyring, clock=clock, screen=Screen(intent=None))
+    assert plain.receive(make(keyring, text=text, clock=clock, to=("other",))).outcome == "accepted"

@@ -53,7 +53,7 @@ from forge.share.conflicts import (
 )
 from forge.share.consensus import Consensus
 from forge.share.ledger import Ledger, Ruling
-from forge.share.screen import BLOCKING, Screen
+from forge.share.screen import BLOCKING, Finding, Screen
 from forge.store import Filter
 
 __all__ = [
@@ -435,6 +435,12 @@ class Exchange:
             if redacted:
                 content = self.screen.redact(content)
             return _Verdict("quarantine", findings=findings, content=content, redacted=redacted)
+        # Safety and usefulness are separate verdicts: a unit the screen's semantic layer
+        # doubts is held for review, never accepted because the assessor finds it useful.
+        doubt = self.screen.doubtful(capsule.unit) if "injection" in self.block else None
+        if doubt is not None:
+            finding = Finding("injection", "doubtful", f"p={doubt:.2f}: may be orders for agents or harmful advice")
+            return _Verdict("quarantine", findings=[finding], content=capsule.unit.content)
         # The unit we would store keeps the capsule unit's content, context and search
         # context, so this is the vector it is stored with (found near, then written).
         vector = self.memory.embed_units([capsule.unit])[0]

@@ -22,8 +22,21 @@ It works in layers, cheapest first:
    shapes (keys, tokens, private keys, connection strings, login/password pairs); personal
    data with validators (Luhn for cards, SSN area rules, UK NI numbers, IBAN mod-97, phone
    numbers checked by Google's libphonenumber via ``phonenumbers``);
-4. an optional **LLM judge** (:class:`LLMJudge`, off by default) with a fixed rubric, asked
-   only about text the patterns passed: it is slower and less predictable than a regex.
+4. a **semantic layer** (:class:`IntentModel`, on by default) for what patterns cannot see:
+   orders aimed at the agents that will read a memory, and advice that weakens security or
+   leaks data while sounding like best practice. It is a logistic regression over word and
+   character n-grams (TF-IDF), trained by ``bench/poisoning.py --fit`` on the old labelled
+   set and the dev half of an outside set written by someone who never saw this module
+   (``bench/data/screen_outside.jsonl``; its test half is never trained or tuned on), and
+   shipped as ``forge/data/screen_intent.json``. Pure Python at run time (~0.3 ms a text).
+   It asks only about text the patterns passed. Above its ``threshold`` a text is blocked
+   (``injection:intent``); between ``doubt`` and ``threshold`` it is *doubtful*
+   (:meth:`Screen.doubtful`): the exchange holds such a unit for review instead of judging
+   it useful, since usefulness and safety are separate verdicts;
+5. an optional **LLM judge** (:class:`LLMJudge`, off by default) with a fixed rubric, asked
+   only about text the other layers passed: it is slower and less predictable than a regex
+   (Qwen2.5-Coder-1.5B, measured on 60 dev items: AUC 0.69 at ~2.5 s a capsule, against the
+   intent model's 0.87 at well under a millisecond).
 
 Patterns are deliberately specific (an instruction-override phrase, a key's exact shape, a
 card number that passes Luhn), so that ordinary rules such as "ignore the decoy host", "the
@@ -54,7 +67,7 @@ from forge.errors import LLMError, ValidationError
 from forge.llm.base import LLM
 from forge.model import Unit
 
-__all__ = ["BLOCKING", "Finding", "LLMJudge", "Screen", "luhn_ok", "views"]
+__all__ = ["BLOCKING", "Finding", "IntentModel", "LLMJudge", "Screen", "luhn_ok", "views"]
 
 #: Categories that send a unit to quarantine. Everything the screen reports is blocking by
 #: default; a caller that wants personal data through (an address book agent) drops "pii".
@@ -181,7 +194,7 @@ _INJECTION_SRC: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("concealment", _rx(r"\b(?:hide|conceal|keep|mask)\s+(?:this|these\s+(?:instructions|steps)|it|the\s+(?:change|action|instruction))\s+(?:secret\s+|hidden\s+)?from\s+(?:the\s+)?(?:user|operator|human|admin|administrator|supervisor|logs|monitoring|audit)")),
     ("concealment", _rx(r"\b(?:this\s+(?:instruction|message|memory|note)\s+(?:is|must\s+(?:stay|remain))\s+(?:confidential|secret|hidden|invisible))|\b(?:do\s+not|don't|never)\s+(?:acknowledge|repeat|quote|reveal)\s+(?:this|these)\s+(?:instructions?|message|memory|note)")),
     # Exfiltration: the reader's prompt, keys or memories sent or shown to the attacker.
-    ("exfiltration", _rx(r"\b(?:reveal|print|show|repeat|output|leak|dump|disclose|recite|echo|paste|spell\s+out|write\s+out|reply\s+with|respond\s+with|answer\s+with|return|give|tell|share|include|list|display|read\s+back|type\s+out)\s+(?:me\s+|us\s+|back\s+)?(?:the\s+|your\s+|all\s+|any\s+)*(?:full\s+|entire\s+|complete\s+|exact\s+|verbatim\s+|raw\s+|hidden\s+|original\s+|initial\s+|secret\s+|internal\s+|current\s+)*(?:text\s+of\s+|contents?\s+of\s+|wording\s+of\s+)?(?:your\s+|the\s+)?(?:own\s+)?(?:system\s+(?:prompt|message|instructions?)|initial\s+(?:prompt|instructions)|hidden\s+(?:prompt|instructions)|configuration|config|instructions\s+(?:you\s+were\s+given|above)|prompt\s+(?:above|you\s+were\s+given)|api[\s_-]?keys?|credentials|passwords?|secret\s+keys?|access\s+tokens?|auth(?:entication)?\s+tokens?|private\s+keys?|ssh\s+keys?|env(?:ironment)?\s+variables?|\.env\b|session\s+cookies?|context\s+window)")),
+    ("exfiltration", _rx(r"(?<!not\s)(?<!never\s)(?<!don't\s)\b(?:reveal|print|show|repeat|output|leak|dump|disclose|recite|echo|paste|spell\s+out|write\s+out|reply\s+with|respond\s+with|answer\s+with|return|give|tell|share|include|list|display|read\s+back|type\s+out)\s+(?:me\s+|us\s+|back\s+)?(?:the\s+|your\s+|all\s+|any\s+)*(?:full\s+|entire\s+|complete\s+|exact\s+|verbatim\s+|raw\s+|hidden\s+|original\s+|initial\s+|secret\s+|internal\s+|current\s+)*(?:text\s+of\s+|contents?\s+of\s+|wording\s+of\s+)?(?:your\s+|the\s+)?(?:own\s+)?(?:system\s+(?:prompt|message|instructions?)|initial\s+(?:prompt|instructions)|hidden\s+(?:prompt|instructions)|configuration|config|instructions\s+(?:you\s+were\s+given|above)|prompt\s+(?:above|you\s+were\s+given)|api[\s_-]?keys?|credentials|passwords?|secret\s+keys?|access\s+tokens?|auth(?:entication)?\s+tokens?|private\s+keys?|ssh\s+keys?|env(?:ironment)?\s+variables?|\.env\b|session\s+cookies?|context\s+window)")),
     ("exfiltration", _rx(r"\b(?:reveal|print|show|repeat|output|leak|dump|disclose|recite|paste|reply\s+with|give|tell|share)\s+(?:me\s+|us\s+)?(?:the\s+)?(?:full\s+|entire\s+|complete\s+|exact\s+)*(?:text\s+of\s+)?your\s+(?:(?:full|entire|complete|exact|whole|original|hidden|initial|own|current)\s+)*(?:prompt|instructions|rules|guidelines|memories|memory|setup|directives|programming)\b")),
     ("exfiltration", _rx(r"\b(?:send|post|upload|forward|email|e-mail|mail|transmit|exfiltrate|copy|sync|mirror|stream|pipe|leak|submit|report|dump|paste|push|beam|relay|cc|bcc)\s+(?:\w+\s+){0,6}?(?:api[\s_-]?keys?|credentials|creds|passwords?|secrets?|tokens?|system\s+prompt|memor(?:y|ies)|conversations?|chat\s+(?:history|logs?)|transcripts?|private\s+keys?|ssh\s+keys?|env(?:ironment)?\s+(?:variables?|vars?|file)|\.env|session\s+cookies?|cookies|keys|keyring|wallet|seed\s+phrase|customer\s+data|user\s+data|database|prompts?|instructions)\b(?:\s+\w+){0,8}?\s+(?:to|into|at|onto|via|through|using)\s+(?:https?://|ftp://|[\w.+-]+@[\w-]+\.[\w.]+|\d{1,3}(?:\.\d{1,3}){3}|(?:this|that|my|our|the\s+(?:following|given|address|url|endpoint|webhook|link|server|site|email|number|ip|host)\s*(?:below|above|in|here|provided|given|listed)?)\b|(?:an?\s+)?(?:external|outside|public|remote|personal|private|third[\s-]party|offsite|attacker)\b|me\b|us\b|pastebin|webhook|discord|telegram|gist|a\s+(?:gist|paste))")),
     ("exfiltration", _rx(r"(?:^|[.;:!]\s*|\bthen\s+|\band\s+|\bplease\s+|\bnow\s+)exfiltrate\b")),
@@ -193,10 +206,10 @@ _INJECTION_SRC: tuple[tuple[str, re.Pattern[str]], ...] = (
     # Tool abuse: commands that destroy, open a way in or switch defences off.
     ("tool_abuse", _rx(r"\b(?:curl|wget|iwr|invoke-webrequest)\b[^\n|;]*\|\s*(?:sudo\s+)?(?:ba|z|da|k)?sh\b|\b(?:curl|wget)\b[^\n]*(?:-o|-O|>)\s*\S+\s*(?:&&|;)\s*(?:sudo\s+)?(?:chmod\s+\+x|sh|bash|\./|python)")),
     ("tool_abuse", _rx(r"\brm\s+-(?:rf|fr|r\s+-f|f\s+-r)\s+(?:--no-preserve-root\s+)?(?:/|~|\*|\$HOME|/\*|/etc|/var|/home|/usr|\.\s*$|\.\.|/root)(?:\s|$|/|;)|\bmkfs(?:\.\w+)?\s+/dev/|\bdd\s+if=\S+\s+of=/dev/(?:sd|nvme|hd|xvd)|:\(\)\s*\{\s*:\s*\|\s*:\s*&\s*\}\s*;\s*:|\bformat\s+c:")),
-    ("tool_abuse", _rx(r"/dev/tcp/|\b(?:nc|ncat|netcat)\b[^\n]*\s-(?:e|c)\s|\bbash\s+-i\s*>&|\bsocat\b[^\n]*exec:|\bpowershell(?:\.exe)?\b[^\n]*-(?:e|enc|encodedcommand|nop\s+-w\s+hidden)\b|\biex\s*\(\s*(?:new-object|\(new-object|iwr|invoke-webrequest)|\binvoke-expression\b|\bimport\s+socket\s*,\s*subprocess|\bmsfvenom\b|\bmeterpreter\b|\breverse\s+shell\b")),
+    ("tool_abuse", _rx(r"/dev/tcp/|\b(?:nc|ncat|netcat)\b[^\n]*\s-(?:e|c)\s|\bbash\s+-i\s*>&|\bsocat\b[^\n]*exec:|\bpowershell(?:\.exe)?\b[^\n]*-(?:e|enc|encodedcommand|nop\s+-w\s+hidden)\b|\biex\s*\(\s*(?:new-object|\(new-object|iwr|invoke-webrequest)|\binvoke-expression\b|\bimport\s+socket\s*,\s*subprocess|\bmsfvenom\b|\bmeterpreter\b|\b(?:open|start|spawn|launch|establish|create|set\s+up|get|pop)\s+(?:a\s+|an?\s+interactive\s+)?reverse\s+shell\b")),
     ("tool_abuse", _rx(r"\b(?:chmod\s+(?:-R\s+)?(?:777|a\+rwx)\s+/(?:etc|var|usr|home|root|\s|$)?|chown\s+-R\s+\S+\s+/(?:\s|$)|echo\s+[^\n]*>>?\s*~?/?\S*\.ssh/authorized_keys|>>\s*/etc/(?:passwd|shadow|sudoers)|\bNOPASSWD\s*:\s*ALL|\busermod\s+-aG\s+(?:sudo|wheel|root)|\buseradd\b[^\n]*(?:-o\s+-u\s*0|-G\s+(?:sudo|wheel|root))|\bnet\s+user\s+\S+\s+\S+\s+/add|\bnet\s+localgroup\s+administrators\b[^\n]*/add)")),
     ("tool_abuse", _rx(r"\b(?:iptables\s+-F|ufw\s+disable|setenforce\s+0|systemctl\s+(?:stop|disable|mask)\s+(?:auditd|firewalld|ufw|apparmor|falcon-sensor|crowdstrike|clamav|wazuh|osquery|sshguard|fail2ban)|Set-MpPreference\s+-DisableRealtimeMonitoring|auditctl\s+-D|history\s+-c|unset\s+HISTFILE|export\s+HISTFILE=/dev/null|shred\s+[^\n]*/var/log|(?:rm|truncate|>)\s+(?:-\w+\s+)*/var/log/|wevtutil\s+cl|Clear-EventLog)")),
-    ("tool_abuse", _rx(r"\b(?:DROP\s+(?:TABLE|DATABASE|SCHEMA)\s+(?:IF\s+EXISTS\s+)?[\w.`\"]+|TRUNCATE\s+(?:TABLE\s+)?[\w.`\"]+\s*;|DELETE\s+FROM\s+[\w.`\"]+\s*(?:;|$))")),
+    ("tool_abuse", _rx(r"\b(?:DROP\s+(?:TABLE|DATABASE|SCHEMA)\s+(?:IF\s+EXISTS\s+)?(?!(?:in|on|for|the|a|an|any|or|and|is|are|was|statements?|commands?|without|unless|only|must|should)\b)[\w.`\"]+|TRUNCATE\s+(?:TABLE\s+)?[\w.`\"]+\s*;|DELETE\s+FROM\s+[\w.`\"]+\s*(?:;|$))")),
     ("tool_abuse", _rx(r"(?<!not\s)(?<!never\s)(?<!don't\s)\b(?:disable|deactivate|turn\s+off|switch\s+off|shut\s+(?:off|down)|kill|uninstall|remove|bypass|silence|mute|suppress|stop)\s+(?:the\s+|all\s+|any\s+|every\s+)?(?:antivirus|anti-virus|AV|EDR|XDR|endpoint\s+protection|windows\s+defender|defender\s+for\s+endpoint|audit(?:ing|d|\s+log(?:ging|s)?)|security\s+(?:alerts|logging|monitoring|agents?|controls|updates|scans?)|all\s+logging|intrusion\s+detection|IDS|IPS|2FA|MFA|two-factor|multi-factor|authentication\s+checks|signature\s+(?:checks|verification)|safety\s+(?:checks|filters?|screen)|content\s+filters?|the\s+screen|sandbox(?:ing)?|SELinux|AppArmor|tamper\s+protection)\b")),
     ("tool_abuse", _rx(r"\b(?:delete|wipe|erase|purge|clear|destroy|shred)\s+(?:all\s+|the\s+|every\s+|any\s+)*(?:audit\s+(?:logs?|trail)|event\s+logs?|security\s+logs?|(?:all\s+)?(?:the\s+)?logs\s+(?:to|so|before|and\s+then|afterwards?)|backups?\s+(?:and|so|before|to)|(?:every|all)\s+(?:backups?|snapshots?)|shell\s+history|bash\s+history|evidence|traces|your\s+tracks)|\bcover\s+(?:your|our|the)\s+tracks\b")),
     ("tool_abuse", _rx(r"\b(?:grant|give|assign|elevate|escalate)\s+(?:\w+\s+){0,3}(?:admin(?:istrator)?|root|sudo|superuser|domain\s+admin|owner|full|unrestricted|god)\s+(?:rights|access|privileges?|permissions?|role|mode)\b(?!\s+(?:review|request))")),
@@ -303,6 +316,35 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _BLOB = re.compile(r"[A-Za-z0-9+/]{200,}={0,2}")
 
 
+#: Mailboxes of a role or a team, not of a person: "abuse@", "privacy@", "access-team@".
+_ROLE_LIST = (
+    "abuse privacy security support help helpdesk service desk servicedesk team teams ops sre noc soc oncall on-call "
+    "billing accounts accounting finance payroll sales info contact contacts press media legal compliance dpo gdpr hr "
+    "people careers jobs recruiting access accessibility leadership board incident incidents alerts alert noreply "
+    "no-reply postmaster webmaster hostmaster feedback partners partner vendor vendors procurement audit risk trust "
+    "safety it infra platform devops data analytics office admin reception frontdesk customer customers care success "
+    "escalation escalations reports report status releases release"
+)
+_ROLE_WORDS = frozenset(_ROLE_LIST.split())
+
+
+def _role_mailbox(address: str) -> bool:
+    local = address.split("@", 1)[0].lower()
+    parts = [p for p in re.split(r"[._+-]", local) if p]
+    return bool(parts) and all(p in _ROLE_WORDS or p.isdigit() for p in parts) and any(p in _ROLE_WORDS for p in parts)
+
+
+#: A phone number given as an organisation's line: the support line, the duty phone.
+_ORG_LINE = re.compile(
+    r"\b(?:support|help|service|duty|on-?call|hot|switchboard|reception|front\s+desk|office|emergency|customer\s+service|"
+    r"helpdesk|service\s+desk|noc|soc|incident|security\s+desk|main|sales|billing)\s*(?:line|phone|number|desk|hotline|helpline|team)?\s+"
+    r"(?:at|on|is|:|number|line|phone)?\s*[+(]?\d", re.IGNORECASE)
+#: Card numbers published for testing payment integrations (Stripe's, Visa's and others').
+_TEST_CARDS = frozenset({"4242424242424242", "4000056655665556", "5555555555554444", "2223003122003222", "5200828282828210",
+                         "378282246310005", "371449635398431", "6011111111111117", "3056930009020004", "4111111111111111"})
+_TEST_CONTEXT = re.compile(r"\btest(?:ing)?\b|\bsandbox\b", re.IGNORECASE)
+
+
 def luhn_ok(digits: str) -> bool:
     """The Luhn checksum card numbers carry; cuts false alarms on ids and timestamps."""
     nums = [int(c) for c in digits if c.isdigit()]
@@ -339,6 +381,20 @@ def _phone_ok(candidate: str, region: str) -> bool:
         return phonenumbers.is_possible_number(phonenumbers.parse(candidate, region))
     except phonenumbers.NumberParseException:
         return False
+
+
+def _desk_line(candidate: str, region: str) -> bool:
+    """True when libphonenumber knows the number as a fixed, toll-free or shared line."""
+    try:
+        import phonenumbers
+    except ImportError:  # pragma: no cover - a declared dependency
+        return False
+    try:
+        kind = phonenumbers.number_type(phonenumbers.parse(candidate, region))
+    except phonenumbers.NumberParseException:
+        return False
+    t = phonenumbers.PhoneNumberType
+    return kind in (t.FIXED_LINE, t.FIXED_LINE_OR_MOBILE, t.TOLL_FREE, t.SHARED_COST, t.UAN, t.VOIP)
 
 
 def _mask(secret: str) -> str:
@@ -582,6 +638,111 @@ class LLMJudge:
 
 
 # ---------------------------------------------------------------------------------------------
+# The semantic layer: a small classifier of intent
+
+
+_WORD_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+_SPACES = re.compile(r"\s\s+")
+_REDACTED = re.compile(r"\[REDACTED:[\w]*\]")
+INTENT_MODEL = "screen_intent.json"
+
+
+class IntentModel:
+    """P(harmful) of a text from word and character n-grams: TF-IDF and logistic regression.
+
+    The features are computed as scikit-learn's ``TfidfVectorizer`` computes them (word 1-2
+    grams, ``char_wb`` n-grams, sublinear tf, l2-normalised per block), so a model fitted there
+    (``bench/poisoning.py --fit``) scores the same here without scikit-learn. ``threshold``
+    blocks; ``doubt`` marks text to hold for review.
+    """
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        try:
+            self.blocks = [
+                (b["analyzer"], tuple(b["ngram_range"]), {t: (float(v[0]), float(v[1])) for t, v in b["vocab"].items()})
+                for b in spec["blocks"]
+            ]
+            self.bias = float(spec["bias"])
+            self.threshold = float(spec["threshold"])
+            self.doubt = float(spec["doubt"])
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ValidationError(f"not an intent model ({exc!r})") from None
+        self.about = {k: v for k, v in spec.items() if k not in ("blocks",)}
+
+    @classmethod
+    def load(cls, path: Any = None) -> IntentModel:
+        """The shipped model (``forge/data/screen_intent.json``), or the one at ``path``."""
+        import json
+        from importlib import resources
+
+        if path is None:
+            text = resources.files("forge").joinpath("data", INTENT_MODEL).read_text(encoding="utf-8")
+        else:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        return cls(json.loads(text))
+
+    @staticmethod
+    def terms(text: str, analyzer: str, ngram_range: tuple[int, int]) -> list[str]:
+        """The n-grams of ``text`` the way TfidfVectorizer's analyzer makes them."""
+        low, high = ngram_range
+        text = text.lower()
+        if analyzer == "word":
+            tokens = _WORD_TOKEN.findall(text)
+            return [" ".join(tokens[i : i + n]) for n in range(low, high + 1) for i in range(len(tokens) - n + 1)]
+        out: list[str] = []
+        for w in _SPACES.sub(" ", text).split():
+            w = f" {w} "
+            for n in range(low, high + 1):
+                offset = 0
+                out.append(w[offset : offset + n])
+                while offset + n < len(w):
+                    offset += 1
+                    out.append(w[offset : offset + n])
+                if offset == 0:
+                    break
+        return out
+
+    #: Texts with fewer words are not judged (score 0): with so little to go on the model
+    #: would answer its prior, and a rule that short carries no hidden second meaning.
+    MIN_WORDS = 4
+
+    def score(self, text: str) -> float:
+        """The probability that ``text`` is an attack, by this model (0 for too short a text;
+        the screen's own ``[REDACTED:...]`` marks are not read)."""
+        text = _REDACTED.sub(" ", text)
+        if len(_WORD_TOKEN.findall(text)) < self.MIN_WORDS:
+            return 0.0
+        return self.raw(text)
+
+    def raw(self, text: str) -> float:
+        """The model's probability for ``text`` as fitted, with no rule around it."""
+        import math
+
+        z = self.bias
+        for analyzer, ngram_range, vocab in self.blocks:
+            counts: dict[str, int] = {}
+            for t in self.terms(text, analyzer, ngram_range):
+                if t in vocab:
+                    counts[t] = counts.get(t, 0) + 1
+            if not counts:
+                continue
+            tfidf = {t: (1.0 + math.log(c)) * vocab[t][0] for t, c in counts.items()}
+            norm = math.sqrt(sum(v * v for v in tfidf.values())) or 1.0
+            z += sum(v * vocab[t][1] for t, v in tfidf.items()) / norm
+        return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+_SHIPPED: list[IntentModel] = []
+
+
+def _shipped_intent() -> IntentModel:
+    if not _SHIPPED:
+        _SHIPPED.append(IntentModel.load())
+    return _SHIPPED[0]
+
+
+# ---------------------------------------------------------------------------------------------
 # The screen
 
 
@@ -591,7 +752,8 @@ class Screen:
     ``max_chars`` bounds what one memory may add to a prompt (well under the model's hard
     limit: a shared rule is a sentence or a paragraph, not a document). ``categories``
     chooses what is checked at all; ``extra`` adds ``(category, rule, regex)`` patterns;
-    ``judge`` (off by default) asks an LLM about text every pattern passed.
+    ``intent`` is the semantic layer (default: the shipped :class:`IntentModel`; ``None``
+    switches it off); ``judge`` (off by default) asks an LLM about text the rest passed.
     """
 
     def __init__(
@@ -602,6 +764,7 @@ class Screen:
         categories: Iterable[str] = BLOCKING,
         extra: Iterable[tuple[str, str, str | re.Pattern[str]]] = (),
         judge: LLMJudge | None = None,
+        intent: IntentModel | None | str = "shipped",
     ) -> None:
         if max_chars <= 0 or max_lines <= 0:
             raise ValidationError("screen max_chars and max_lines must be positive")
@@ -617,6 +780,9 @@ class Screen:
             (cat, rule, rx if isinstance(rx, re.Pattern) else _rx(rx)) for cat, rule, rx in extra
         ]
         self.judge = judge
+        self.intent = _shipped_intent() if intent == "shipped" else intent
+        if self.intent is not None and not isinstance(self.intent, IntentModel):
+            raise ValidationError("intent must be an IntentModel, None, or 'shipped'")
 
     # -- checks ---------------------------------------------------------------------------
     def check(self, text: str) -> list[Finding]:
@@ -674,6 +840,10 @@ class Screen:
                 if m:
                     add(category, rule, m.group(0)[:40])
                     break
+        if not found and self.intent is not None and "injection" in self.categories:
+            p = self.intent.score(v["folded"])
+            if p >= self.intent.threshold:
+                add("injection", "intent", f"p={p:.2f}: orders for agents, or harmful advice")
         if not found and self.judge is not None:
             verdict = self.judge.judge(text)
             if verdict is not None:
@@ -699,11 +869,16 @@ class Screen:
                 out.append(("secret", rule, _mask(m.group(0))))
                 break
         pii = _pii_view(text)
-        m = _EMAIL.search(pii)
+        m = next((e for e in _EMAIL.finditer(pii) if not _role_mailbox(e.group(0))), None)
         if m:
             out.append(("pii", "email", _mask(m.group(0))))
+        org_line = _ORG_LINE.search(text) is not None
         for rx, region in ((_INTL_PHONE, "ZZ"), (_US_PHONE, "US"), (_NATIONAL_PHONE, "GB")):
-            hit = next((p for p in rx.finditer(text) if _phone_ok(p.group(0), "GB" if region == "ZZ" else region)), None)
+            # An organisation's published line (support, duty phone) is no one's personal
+            # number, when libphonenumber knows it as a fixed or toll-free line (a mobile, or a
+            # number of no known kind, may be a person's).
+            hit = next((p for p in rx.finditer(text) if _phone_ok(p.group(0), "GB" if region == "ZZ" else region)
+                        and not (org_line and _desk_line(p.group(0), "GB" if region == "ZZ" else region))), None)
             if hit:
                 out.append(("pii", "phone", _mask(hit.group(0))))
                 break
@@ -719,7 +894,7 @@ class Screen:
                 out.append(("pii", "iban", _mask(m.group(0))))
                 break
         for m in _CARD.finditer(text):
-            if luhn_ok(m.group(0)):
+            if luhn_ok(m.group(0)) and not (re.sub(r"\D", "", m.group(0)) in _TEST_CARDS and _TEST_CONTEXT.search(text)):
                 out.append(("pii", "credit_card", _mask(re.sub(r"\D", "", m.group(0)))))
                 break
         return out
@@ -735,6 +910,18 @@ class Screen:
                     seen.add((f.category, f.rule))
                     findings.append(Finding(f.category, f.rule, f"in context/meta: {f.excerpt}"))
         return findings
+
+    def doubtful(self, unit: Unit | str) -> float | None:
+        """The semantic layer's P(harmful) when it is at least its ``doubt`` level, else None.
+
+        For a receiver deciding whether a unit the screen passed may be judged useful: a
+        doubtful one is held for review, never accepted on usefulness alone.
+        """
+        if self.intent is None:
+            return None
+        text = unit.content if isinstance(unit, Unit) else unit
+        p = self.intent.score(_fold(text[: 4 * self.max_chars]))
+        return p if p >= self.intent.doubt else None
 
     # -- redaction ------------------------------------------------------------------------
     def redact(self, text: str) -> str:
