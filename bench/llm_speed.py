@@ -509,9 +509,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48, help="tokens generated per generation run")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="probe prompt variants: with, without, near (default: all)")
     parser.add_argument("--skip", default="", help="sections to skip: prefix, cage, gen, probe (comma-separated)")
+    parser.add_argument("--probe-only", action="store_true", help="only the probe (same as --skip prefix,cage,gen)")
     parser.add_argument("--verbose", action="store_true", help="progress and per-situation picks on stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    if args.probe_only:
+        args.skip = ",".join(filter(None, [args.skip, "prefix", "cage", "gen"]))
 
     before = machine()
     results = [measure(spec.strip(), args) for spec in args.models.split(",") if spec.strip()]

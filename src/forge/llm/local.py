@@ -173,6 +173,15 @@ def _without_extra_buffers(build: Any) -> Any:
             low.llama_model_default_params = original
 
 
+def _states_supported() -> bool:
+    """Whether this llama-cpp-python has the memory and sequence-state calls prefix states use
+    (0.3.10 or so on); older ones still score choices, without saved states."""
+    from llama_cpp import llama_cpp as low
+
+    names = ("llama_get_memory", "llama_memory_clear", "llama_state_seq_get_size", "llama_state_seq_get_data", "llama_state_seq_set_data")
+    return all(hasattr(low, name) for name in names)
+
+
 def _gbnf_literal(text: str) -> str:
     """``text`` as a GBNF string literal. A bad grammar crashes llama.cpp, so escape it all."""
     out = []
@@ -442,7 +451,7 @@ class LlamaCppLLM:
         limit = len(tokens) - 1  # the last prompt token is always evaluated: its logits are used
         live = min(common_prefix(model.input_ids[: model.n_tokens].tolist(), tokens), limit)
         static = min(static, limit)
-        if static < _MIN_STATE_TOKENS:
+        if static < _MIN_STATE_TOKENS or not _states_supported():
             return {"prefix": "none", "cached_tokens": live}
         kind = "kv"
         if live < static:
