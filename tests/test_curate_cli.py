@@ -136,6 +136,6 @@ def test_add_through_admission(capsys, db: str) -> None:
     data = json.loads(out)
     assert code == 0, err
     assert data["id"] == first and data["admission"]["action"] == "noop" and "same text" in data["admission"]["reason"]
-    code, out, _ = run(capsys, "--db", db, "add", "The staging proxy is at 10.0.0.9.", "--admit")
-    assert code == 0 and "(update: it contradicts " + first in out
+    code, out, err = run(capsys, "--db", db, "add", "The staging proxy is at 10.0.0.9.", "--admit")
+    assert code == 0 and f"updated {first}" in err and "it contradicts " + first in err  # the id on stdout, the decision on stderr
     assert status_of(capsys, db, first) == "superseded"

@@ -127,3 +127,36 @@ def test_agent_key_sees_only_its_own_scope_in_the_browser(site, page) -> None:
     assert "no unit" in page.inner_text("#error")
     assert "Ignore previous" not in page.content()
     assert page.problems == [] or all("404" in p for p in page.problems)  # type: ignore[attr-defined]
+
+
+def _offline(pg, url: str) -> list[str]:
+    """Abort every request that leaves the server (a CDN, web fonts); return what was tried."""
+    tried: list[str] = []
+
+    def route(r) -> None:
+        if r.request.url.startswith(url) or r.request.url.startswith("data:"):
+            r.continue_()
+        else:
+            tried.append(r.request.url)
+            r.abort()
+
+    pg.route("**/*", route)
+    return tried
+
+
+def test_docs_redoc_and_ui_work_offline(site, page) -> None:
+    setup, url, _ = site
+    tried = _offline(page, url)
+    page.goto(f"{url}/docs")
+    page.locator(".swagger-ui .info .title", has_text="FORGE memory service").wait_for()
+    assert page.locator(".opblock").count() > 20  # every operation rendered from /openapi.json
+    page.goto(f"{url}/redoc")
+    page.locator("h1", has_text="FORGE memory service").wait_for()
+    assert "/v1/recall" in page.content()
+    page.goto(f"{url}/ui")  # the address the banner prints
+    assert page.url.endswith("/ui/login")
+    page.fill("input[name=key]", setup.admin)
+    page.click("button[type=submit]")
+    page.goto(f"{url}/ui")
+    assert page.url == f"{url}/ui/" and page.locator("#search").count() == 1
+    assert tried == []  # nothing fetched from outside the server

@@ -68,13 +68,13 @@ pass_ctx = click.make_pass_decorator(_Ctx)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", default="forge.db", show_default=True, envvar="FORGE_DB", help="Memory database file, or postgresql://USER@HOST/DB[?schema=NAME] (password from PGPASSWORD).")
+@click.option("--db", default="forge.db", show_default=True, envvar="FORGE_DB", help="Memory database file, or postgresql://USER@HOST/DB[?schema=NAME] (password from PGPASSWORD). Read from FORGE_DB when not given.")
 @click.option(
     "--embedder",
     default=None,
     help="local | hash[:DIM] | openai:MODEL. Default: the one the database was built with, else local.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (every command also takes --json after its name).")
 @click.version_option(package_name="forge-memory")
 @click.pass_context
 def cli(ctx: click.Context, db: str, embedder: str | None, as_json: bool) -> None:
@@ -397,6 +397,42 @@ cli.add_command(team_command, "team")
 cli.add_command(curate_command, "curate")
 cli.add_command(trace_command, "trace")
 _register_service(cli)  # serve, keys, audit, mcp
+
+
+def _json_flag(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_object(_Ctx).as_json = True  # type: ignore[union-attr]
+
+
+def _json_everywhere(group: click.Group) -> None:
+    """``--json`` after any command's name too (``forge stats --json``), not only before it.
+
+    A command with a ``--json`` of its own (evolve, report, swarm, team run) keeps it, and
+    takes ``forge --json CMD`` as the same request."""
+    for cmd in group.commands.values():
+        if isinstance(cmd, click.Group):
+            _json_everywhere(cmd)
+            continue
+        if any(p.name == "as_json" for p in cmd.params):
+            cmd.callback = _or_global_json(cmd.callback)
+        elif not any("--json" in getattr(p, "opts", ()) for p in cmd.params):
+            cmd.params.append(click.Option(["--json"], is_flag=True, expose_value=False, callback=_json_flag,
+                                           help="Machine-readable output (the same as forge --json)."))
+
+
+def _or_global_json(callback: Any) -> Any:
+    import functools
+
+    @functools.wraps(callback)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        obj = click.get_current_context().find_object(_Ctx)
+        kwargs["as_json"] = kwargs.get("as_json") or bool(obj and obj.as_json)
+        return callback(*args, **kwargs)
+
+    return call
+
+
+_json_everywhere(cli)
 
 
 def _one_line(text: str) -> str:

@@ -1,5 +1,5 @@
-"""``forge curate`` (a pass, ``--dry-run`` to see it first), ``restore``, ``seed``, ``timeline``
-and ``forge trace``: thin commands over :mod:`forge.curate`. ``forge.cli`` attaches them.
+"""``forge curate`` (``run`` a pass, ``--dry-run`` to see it first; ``restore``, ``seed``,
+``timeline``) and ``forge trace``: thin commands over :mod:`forge.curate`. ``forge.cli`` attaches them.
 """
 
 from __future__ import annotations
@@ -36,7 +36,23 @@ def _when(ts: float | None) -> str:
     return "-" if ts is None else _dt.datetime.fromtimestamp(ts, _dt.UTC).strftime("%Y-%m-%d %H:%M")
 
 
-@click.group("curate", invoke_without_command=True)
+class _CurateGroup(click.Group):
+    """``forge curate`` is a group of subcommands; without one (``forge curate``, ``forge curate
+    --dry-run``) it runs ``forge curate run``, as it did when the pass was the group itself."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0].startswith("-") and args[0] not in ("-h", "--help")):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group("curate", cls=_CurateGroup)
+def curate_command() -> None:
+    """Keep memory healthy: run a curation pass (run), bring units back (restore), load a
+    seed pack (seed), show what was believed when (timeline). 'forge curate' alone runs a pass."""
+
+
+@curate_command.command("run")
 @click.option("--dry-run", is_flag=True, help="Show what would change and why; change nothing.")
 @click.option("--now", type=float, default=None, help="The pass's clock, epoch seconds (default: now).")
 @click.option("--archive-below", type=float, default=0.1, show_default=True, help="Archive active units weaker than this.")
@@ -51,16 +67,14 @@ def _when(ts: float | None) -> str:
 @click.option("--consolidate", "do_consolidate", is_flag=True, help="Also cluster and generalise related units.")
 @click.option("--cluster-at", type=float, default=0.8, show_default=True, help="Cosine that joins a cluster.")
 @click.option("--min-cluster", type=int, default=3, show_default=True, help="Smallest cluster that is generalised.")
-@click.pass_context
-def curate_command(
-    ctx: click.Context, dry_run: bool, now: float | None, archive_below: float, half_lives: tuple[str, ...],
+@click.pass_obj
+def run_command(
+    obj: Any, dry_run: bool, now: float | None, archive_below: float, half_lives: tuple[str, ...],
     ttl_scope: tuple[str, ...], ttl_kind: tuple[str, ...], cap_agent: int | None, cap_scope: int | None,
     cap_kind: tuple[str, ...], no_decay: bool, no_conflicts: bool, do_consolidate: bool, cluster_at: float, min_cluster: int,
 ) -> None:
     """Run a curation pass: settle conflicts, expire, decay, cap (and consolidate); every
-    change is recorded with its reason. Subcommands restore, seed and show timelines."""
-    if ctx.invoked_subcommand is not None:
-        return
+    change is recorded with its reason."""
     from forge.curate.consolidate import ConsolidationPolicy
     from forge.curate.lifecycle import HALF_LIFE_DAYS, CurationPolicy, curate
 
@@ -76,7 +90,6 @@ def curate_command(
         conflicts=not no_conflicts,
     )
     cons = ConsolidationPolicy(threshold=cluster_at, min_size=min_cluster) if do_consolidate else None
-    obj = ctx.obj
     started = time.perf_counter()
     with obj.memory(must_exist=True) as mem:
         plan = curate(mem, policy=policy, now=now, dry_run=dry_run, consolidate=cons, actor="cli-curate")

@@ -159,8 +159,13 @@ def create_app(
         description="Shared, scoped, audited memory for LLM agents. Authenticate with 'Authorization: Bearer <key>'.",
         lifespan=lifespan,
         responses={code: m.ERRORS[code] for code in (400, 401, 403, 404, 409, 413, 421, 422, 429, 500, 503)},
+        docs_url=None,  # served offline by forge.server.docs, not from a CDN
+        redoc_url=None,
         **_no_telemetry(),
     )
+    from forge.server.docs import mount_docs
+
+    mount_docs(app, title="FORGE memory service")
     app.state.service = service
     app.state.auth = auth
     app.state.curation = curation

@@ -82,11 +82,12 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
     from forge.server.auth import is_loopback
 
     keys = _keys(obj, keys_path)
+    notes = []
     if not keys.active():
         if not is_loopback(host):
-            click.echo(f"no API keys in {keys.path}: binding to 127.0.0.1 only, not {host} (create one with 'forge keys create')", err=True)
+            notes.append(f"no API keys in {keys.path}: binding to 127.0.0.1 only, not {host} (create one with 'forge keys create')")
         host = "127.0.0.1"
-        click.echo("local mode: no API keys configured; only this machine (127.0.0.1) can connect, as the operator", err=True)
+        notes.append("local mode: no API keys configured; only this machine (127.0.0.1) can connect, as the operator")
     if not (math.isfinite(rate) and rate > 0):
         raise ConfigError("--rate must be a positive number of requests per second")
     keyring = None
@@ -95,6 +96,9 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
 
         keyring = Keyring.load(capsule_keys)
     max_body = int(max_body_mb * 2**20)
+    _port_free(host, port)  # before any banner: a busy port is one line, never "serving ... on" and then a failure
+    for note in notes:
+        click.echo(note, err=True)
     mem = obj.memory()
     served = f"FORGE serving {obj.db} on http://{host}:{port}  (API /v1, docs /docs{'' if no_mcp else ', MCP /mcp'}{'' if no_dashboard else ', dashboard /ui'})"
     run = {"host": host, "port": port, "log_level": "warning", "timeout_graceful_shutdown": 10, "access_log": False}
@@ -116,6 +120,23 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
                      read_audit_delay_s=read_audit_ms / 1000, max_body=max_body, max_import_body=16 * max_body)
     click.echo(served, err=True)
     uvicorn.run(app, **run)
+
+
+def _port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on, as uvicorn would bind it (SO_REUSEADDR)."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port {port} on {host} is busy (another server listens there); "
+                                  f"stop it or pick another with --port") from None
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 _WORKER_ENV = "FORGE_SERVE_WORKER"  # the settings of `forge serve --workers N`, for its processes (no secrets)

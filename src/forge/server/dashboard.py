@@ -161,6 +161,11 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
         evs = service.events(p, actor=actor or None, ops=[op] if op else (), limit=200, newest_first=True)
         return page(request, "events.html", p, events=[event_dict(e) for e in evs], actor=actor, op=op)
 
+    @app.get("/ui", include_in_schema=False)
+    def ui_root() -> Response:
+        """``/ui`` (the address the server's banner prints) is the dashboard's home page too."""
+        return RedirectResponse("/ui/", status_code=307)
+
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=str(_HERE / "static")), name="ui-static")
 
