@@ -476,23 +476,27 @@ class LlamaCppLLM:
         """Load a saved prefix state and keep its first ``shared`` tokens."""
         from llama_cpp import llama_cpp as low
 
+        start = time.perf_counter()
         memory = low.llama_get_memory(model.ctx)
         low.llama_memory_clear(memory, True)
-        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if low.llama_state_seq_set_data(model.ctx, buffer, len(data), 0) != len(data):
+        source = ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))  # no copy: read only
+        ok = low.llama_state_seq_set_data(model.ctx, source, len(data), 0) == len(data)
+        if ok:
+            model.input_ids[: len(saved)] = saved
+            model.n_tokens = shared
+            model._ctx.kv_cache_seq_rm(-1, shared, -1)
+            model._requires_eval = True
+        else:
             low.llama_memory_clear(memory, True)
             model.reset()
-            return False
-        model.input_ids[: len(saved)] = saved
-        model.n_tokens = shared
-        model._ctx.kv_cache_seq_rm(-1, shared, -1)
-        model._requires_eval = True
-        return True
+        self.prefix_stats.restore_ms += 1000 * (time.perf_counter() - start)
+        return ok
 
     def _save(self, model: Any, prefix: list[int]) -> None:
         """Keep the context's state, which holds exactly ``prefix``, in :attr:`prefix_states`."""
         from llama_cpp import llama_cpp as low
 
+        start = time.perf_counter()
         model._ctx.kv_cache_seq_rm(-1, model.n_tokens, -1)
         size = int(low.llama_state_seq_get_size(model.ctx, 0))
         if not 0 < size <= self.prefix_states.max_bytes:
@@ -501,6 +505,8 @@ class LlamaCppLLM:
         written = int(low.llama_state_seq_get_data(model.ctx, buffer, size, 0))
         if written and self.prefix_states.put(str(self.model_path), prefix, ctypes.string_at(buffer, written)):
             self.prefix_stats.saved += 1
+            self.prefix_stats.saved_bytes += written
+        self.prefix_stats.save_ms += 1000 * (time.perf_counter() - start)
 
     def _score(
         self, model: Any, tokens: list[int], request: Request, start: float, prefix: dict[str, Any]

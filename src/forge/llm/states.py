@@ -54,6 +54,7 @@ class PrefixStats:
     ``kv``: still in llama.cpp's KV cache; ``restored``: restored whole from a saved state;
     ``partial``: a saved state covered part of it, the rest was evaluated; ``evaluated``:
     nothing reusable. ``hits`` are requests that evaluated none of their static prefix.
+    ``saved_bytes``, ``save_ms`` and ``restore_ms`` total what keeping states cost.
     """
 
     requests: int = 0
@@ -64,6 +65,9 @@ class PrefixStats:
     saved: int = 0
     reused_tokens: int = 0
     evaluated_tokens: int = 0
+    saved_bytes: int = 0
+    save_ms: float = 0.0
+    restore_ms: float = 0.0
 
     @property
     def hits(self) -> int:
