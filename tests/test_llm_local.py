@@ -234,3 +234,11 @@ def test_a_memory_opened_before_the_model_does_not_break_it(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert int(out.stdout.split()[-1]) > 0
+
+
+def test_a_single_option_is_returned_without_reading_the_prompt_tail(llm):
+    long_observation = "The hosts are quiet. " * 30
+    before = llm.decoded_tokens()
+    out = llm.complete(Request(messages=[Message("system", SYSTEM), Message("user", long_observation)], choices=["sleep"]))
+    assert out.text == "sleep" and out.completion_tokens == 0
+    assert llm.decoded_tokens() - before < out.prompt_tokens - 100  # the ~150-token tail was skipped

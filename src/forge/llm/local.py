@@ -529,6 +529,11 @@ class LlamaCppLLM:
             model.eval(list(more))
             return low.llama_get_logits_ith(model.ctx, -1)
 
+        if len(options) == 1:  # nothing to decide: the prompt's tail need not be read
+            return Completion(
+                text=options[0], prompt_tokens=len(tokens), completion_tokens=0, model=self.name,
+                seconds=time.perf_counter() - start, meta={"finish_reason": "stop", "constraint": "scored", **prefix, "p": 1.0},
+            )
         try:
             live = min(common_prefix(model.input_ids[: model.n_tokens].tolist(), tokens), len(tokens) - 1)
             model.n_tokens = live
