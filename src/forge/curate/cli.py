@@ -91,8 +91,9 @@ def run_command(
     )
     cons = ConsolidationPolicy(threshold=cluster_at, min_size=min_cluster) if do_consolidate else None
     started = time.perf_counter()
-    with obj.memory(must_exist=True) as mem:
-        plan = curate(mem, policy=policy, now=now, dry_run=dry_run, consolidate=cons, actor="cli-curate")
+    with obj.memory(must_exist=True) as mem, obj.progress("curation pass: scoring, settling, decaying", None) as bar:
+        # a spinner (the pass reports no steps); with --consolidate the embedding of groups counts on it
+        plan = curate(obj.counting(mem, bar), policy=policy, now=now, dry_run=dry_run, consolidate=cons, actor="cli-curate")
     took = time.perf_counter() - started
     verb = "would" if dry_run else "did"
     lines = []
@@ -134,8 +135,8 @@ def seed_command(obj: Any, path: str, scope: str, owner: str, validation: float)
     from forge.curate.seeds import load_seed_pack
 
     units = load_seed_pack(path, scope=scope, owner=owner, validation=validation)  # all checked before the store is opened
-    with obj.memory() as mem:
-        got = admit(mem, units, actor=f"seed:{Path(path).name}")
+    with obj.memory() as mem, obj.progress("embedding seeds", len(units), then=f"admitting {len(units):,} seeds in one transaction") as bar:
+        got = admit(obj.counting(mem, bar), units, actor=f"seed:{Path(path).name}")
     counts: dict[str, int] = {}
     for d in got:
         counts[d.action] = counts.get(d.action, 0) + 1
