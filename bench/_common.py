@@ -105,17 +105,30 @@ def percentiles_ms(samples_s: Sequence[float]) -> dict[str, float]:
     }
 
 
-def time_calls(fn: Callable[[Any], Any], inputs: Sequence[Any], *, warmup: int = 3) -> tuple[list[float], list[Any]]:
-    """Call ``fn`` once per input, timing each call; a few warm-up calls are not counted."""
+def time_calls(fn: Callable[[Any], Any], inputs: Sequence[Any], *, warmup: int = 3,
+               cpu: list[float] | None = None) -> tuple[list[float], list[Any]]:
+    """Call ``fn`` once per input, timing each call; a few warm-up calls are not counted.
+    ``cpu`` (a list) also gets each call's CPU time (this process, every thread): on shared
+    cores wall time includes waiting for them."""
     for x in inputs[:warmup]:
         fn(x)
     times, outs = [], []
     for x in inputs:
+        c0 = time.process_time()
         t0 = time.perf_counter()
         out = fn(x)
         times.append(time.perf_counter() - t0)
+        if cpu is not None:
+            cpu.append(time.process_time() - c0)
         outs.append(out)
     return times, outs
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages: how shared the cores were while a bench ran."""
+    import os
+
+    return [round(v, 2) for v in os.getloadavg()]
 
 
 # -- synthetic vectors --------------------------------------------------------------------

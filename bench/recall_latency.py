@@ -21,8 +21,9 @@ progress is printed). Modes, k=10, one query at a time:
 
 plus ANN recall@10 of store.vector_search against exact numpy search over the same
 vectors, and the first recall after opening the file (the index is loaded beside the
-caller at open, so it should not pay for it). Targets (issue 13): ANN recall@10 >= 0.95;
-hybrid p50 <= 5 ms at 100k and <= 10 ms at 1M; hybrid+filter p50 <= 20 ms at 1M. Where hybrid
+caller at open, so it should not pay for it). Targets (issue 26): ANN recall@10 >= 0.97;
+hybrid p50 <= 3 ms at 100k and <= 5 ms at 1M; hybrid+filter p50 <= 20 ms and a new filter per
+query <= 15 ms at 1M, on wall time and on this process's CPU time (shared cores). Where hybrid
 misses its target at 100k (or with --profile), cProfile shows where the time goes.
 
     python bench/recall_latency.py [--quick] [--json] [--sizes 10000,100000,1000000]
@@ -50,6 +51,7 @@ from _common import (
     Vocabulary,
     emit,
     exact_topk,
+    load_average,
     log,
     parser,
     percentiles_ms,
@@ -74,9 +76,12 @@ FILTER = Filter.make(kinds=["rule"], tags_all=["tag05"])
 FILTERS = [Filter.make(kinds=[kind], tags_all=[f"tag{t:02d}"]) for t in range(3, 9) for kind in KINDS[:4]]
 AGENT = Viewer.of("agent-7", groups=["g3"])
 ADMIN = Viewer.admin()
-TARGET_P50_MS = {100_000: 5.0, 1_000_000: 10.0}
+# Targets (issue 26, tightening issue 13's 5 / 10 / 20 ms and 0.95): p50 wall time, also
+# checked on CPU time because these cores are shared.
+TARGET_P50_MS = {100_000: 3.0, 1_000_000: 5.0}
 TARGET_FILTER_P50_MS = {1_000_000: 20.0}
-TARGET_RECALL = 0.95
+TARGET_VARYING_P50_MS = {1_000_000: 15.0}
+TARGET_RECALL = 0.97
 
 
 def _units(start: int, vecs_clusters: tuple[np.ndarray, np.ndarray], vocab: Vocabulary) -> list[Unit]:
@@ -238,13 +243,16 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
         lat: dict[str, dict[str, float]] = {}
         found_vec: list[list[int]] = []
         for name, fn in modes.items():
-            times, outs = time_calls(fn, queries)
+            cpu: list[float] = []
+            times, outs = time_calls(fn, queries, cpu=cpu)
             lat[name] = percentiles_ms(times)
+            lat[name]["cpu_p50_ms"] = percentiles_ms(cpu)["p50_ms"]
             if name == "vector":
                 found_vec = [[int(h.id[1:]) for h in hits] for hits in outs]
             if name in ("hybrid+filter", "hybrid+filter, varying", "hybrid+agent"):
                 lat[name]["mean_results"] = round(float(np.mean([len(o) for o in outs])), 1)
-            log(f"  {name:<14} p50 {lat[name]['p50_ms']:8.2f} ms  p95 {lat[name]['p95_ms']:8.2f} ms")
+            log(f"  {name:<14} p50 {lat[name]['p50_ms']:8.2f} ms  p95 {lat[name]['p95_ms']:8.2f} ms  "
+                f"CPU p50 {lat[name]['cpu_p50_ms']:8.2f} ms")
         selectivity = store.count(viewer=ADMIN, filter=FILTER) / n
         varying = [store.count(viewer=ADMIN, filter=f) / n for f in FILTERS]
         agent_visible = store.count(viewer=AGENT) / n
@@ -261,11 +269,12 @@ def measure(n: int, n_queries: int, *, cache: Path, rebuild: bool = False, profi
     log(f"{n:,}: exact search for ground truth ...")
     truth = exact_topk(lambda: ((s, v) for s, v, _ in mix.iter_corpus(n)), qv, K)
     ann = round(sum(len(set(f) & set(t.tolist())) / K for f, t in zip(found_vec, truth, strict=True)) / len(truth), 4)
-    targets: dict[str, bool | None] = {"ann_recall@10>=0.95": ann >= TARGET_RECALL}
-    if n in TARGET_P50_MS:
-        targets[f"hybrid_p50<={TARGET_P50_MS[n]:g}ms"] = lat["hybrid"]["p50_ms"] <= TARGET_P50_MS[n]
-    if n in TARGET_FILTER_P50_MS:
-        targets[f"hybrid+filter_p50<={TARGET_FILTER_P50_MS[n]:g}ms"] = lat["hybrid+filter"]["p50_ms"] <= TARGET_FILTER_P50_MS[n]
+    targets: dict[str, bool | None] = {f"ann_recall@10>={TARGET_RECALL:g}": ann >= TARGET_RECALL}
+    for mode, goal in (("hybrid", TARGET_P50_MS), ("hybrid+filter", TARGET_FILTER_P50_MS),
+                       ("hybrid+filter, varying", TARGET_VARYING_P50_MS)):
+        if n in goal:
+            targets[f"{mode}_p50<={goal[n]:g}ms"] = lat[mode]["p50_ms"] <= goal[n]
+            targets[f"{mode}_cpu_p50<={goal[n]:g}ms"] = lat[mode]["cpu_p50_ms"] <= goal[n]
     return {"n": n, "build": build_info, "index_open_s": round(open_s, 2), "open_ms": round(opened_s * 1000, 1),
             "first_recall_ms": round(first_ms, 1), "latency": lat, "keyword_same_top10_as_fts5": round(same, 3),
             "ann_recall@10": ann, "filter_selectivity": round(selectivity, 5),
@@ -287,6 +296,7 @@ def run(sizes: list[int], n_queries: int, *, cache: Path = CACHE_DIR, rebuild: b
         for mode in ("keyword", "hybrid", "hybrid+filter"):
             ratios[f"{mode}_p50_fts5_over_index_{r['n']}"] = round(lat[f"{mode} fts5"]["p50_ms"] / lat[mode]["p50_ms"], 2)
     return {"bench": "recall_latency", "k": K, "queries": n_queries, "filter": "kinds={rule}, tags_all={tag05}",
+            "load_average_after": load_average(),
             "agent": "agent-7, groups={g3}", "sizes": results, "ratios": ratios}
 
 
@@ -296,10 +306,12 @@ def render(r: dict[str, Any]) -> str:
     for m in modes:
         row: list[Any] = [m]
         for s in r["sizes"]:
-            row += [s["latency"][m]["p50_ms"], s["latency"][m]["p95_ms"]]
+            row += [s["latency"][m]["p50_ms"], s["latency"][m]["p95_ms"], s["latency"][m].get("cpu_p50_ms")]
         rows.append(row)
-    heads = ["mode"] + [f"{s['n'] // 1000}k {p}" for s in r["sizes"] for p in ("p50 ms", "p95 ms")]
-    out = [table(f"recall latency, k={r['k']}, {r['queries']} queries per mode, query embedding excluded", heads, rows)]
+    heads = ["mode"] + [f"{s['n'] // 1000}k {p}" for s in r["sizes"] for p in ("p50 ms", "p95 ms", "CPU p50 ms")]
+    out = [table(f"recall latency, k={r['k']}, {r['queries']} queries per mode, query embedding excluded "
+                 f"(wall time; CPU time of this process beside it; load average after: {r.get('load_average_after')})",
+                 heads, rows)]
     facts = []
     for s in r["sizes"]:
         b = s["build"]

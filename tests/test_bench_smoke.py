@@ -262,3 +262,18 @@ def test_service_bench_counts_the_cpu_of_a_process_and_its_children() -> None:
         finally:
             child.kill()
     assert service.cpu_seconds(child.pid) == 0.0  # gone: nothing to count, no error
+
+
+def test_ann_choice_compares_filtered_exact_search_methods() -> None:
+    import importlib.util
+
+    import ann_choice
+
+    libs = () if importlib.util.find_spec("faiss") else ("usearch",)
+    r = ann_choice.filtered(3_000, 8, libs=libs)
+    got = {row["method"]: row for row in r["rows"]}
+    assert {"usearch get_many", "f32 copy", "i8 copy, re-score 40", "store (shipped)"} <= set(got)
+    assert got["store (shipped)"]["recall@10"] == 1.0 and got["f32 copy"]["recall@10"] == 1.0
+    assert got["i8 copy, re-score 40"]["copy_bytes_per_vector"] == 384
+    assert all(0.0 <= row["recall@10"] <= 1.0 and row["cpu_p50_ms"] >= 0 for row in r["rows"])
+    assert "filtered exact search" in ann_choice.render_filtered(r)

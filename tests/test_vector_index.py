@@ -341,43 +341,75 @@ def test_check_index_reports_what_the_database_and_index_disagree_on(tmp_path):
     s.close()
 
 
-def test_exact_search_among_keys_follows_changed_vectors_and_skips_keys_without_one():
-    """The vectors gathered for a set of keys are reused only while the index is unchanged."""
-    from forge.store.vectors import VectorIndex
+def test_exact_search_among_keys_reads_the_int8_copy_and_scores_its_best_from_the_index():
+    """A filter's units are searched in the int8 copy; only its best candidates are fetched
+    from usearch and scored exactly, so the answer is exact search's, and it follows changes."""
+    from forge.store.vectors import RESCORE_MIN, VectorIndex
 
-    idx = VectorIndex(dim=8, path=None)
-    v = _vecs(40, dim=8)
-    idx.upsert(np.arange(40, dtype=np.uint64), v, seq=1)
-    among = np.arange(0, 40, 2)
+    idx = VectorIndex(dim=16, path=None)
+    v = _vecs(400, dim=16)
+    idx.upsert(np.arange(400, dtype=np.uint64), v, seq=1)
+    among = np.arange(0, 400, 2)
     q = v[3]  # an odd key's vector: not among them
 
-    def brute(keys: np.ndarray) -> list[int]:
+    def brute(keys: np.ndarray, k: int = 5) -> list[int]:
         x = v[keys]
         sims = (x @ q) / (np.linalg.norm(x, axis=1) * np.linalg.norm(q))
-        return keys[np.argsort(-sims)[:5]].tolist()
+        return keys[np.argsort(-sims)[:k]].tolist()
 
-    assert [key for key, _ in idx.search_exact_among(q, np.append(among, 999), k=5)] == brute(among)  # 999: no vector
-    assert [key for key, _ in idx.search_exact_among(q, among, k=5)] == brute(among)
-    assert [key for key, _ in idx.search_exact_among(q, among, k=5)] == brute(among)  # the kept copy: same answer
     fetched: list[list[int]] = []
     get_many = idx._get_many
     idx._get_many = lambda keys: fetched.append(keys.tolist()) or get_many(keys)  # type: ignore[method-assign]
-    idx.upsert(np.array([10], dtype=np.uint64), 2 * q[None, :], seq=2)  # key 10 now points where the query does
-    best = idx.search_exact_among(q, among, k=1)
-    assert best[0][0] == 10 and best[0][1] == pytest.approx(1.0, abs=1e-5)
-    assert fetched == [[10]]  # the rest came from the kept copy
+    best = idx.search_exact_among(q, np.append(among, 999), k=5)  # 999: no vector
+    assert [key for key, _ in best] == brute(among)
+    sims = (v[brute(among)] @ q) / (np.linalg.norm(v[brute(among)], axis=1) * np.linalg.norm(q))
+    assert [s for _, s in best] == pytest.approx(sims.tolist(), abs=1e-5)  # exact scores, not int8 ones
+    assert len(fetched) == 1 and len(fetched[0]) == RESCORE_MIN  # the other 160 were read from the copy
+    v[10] = 2 * q
+    idx.upsert(np.array([10], dtype=np.uint64), v[10:11], seq=2)  # key 10 now points where the query does
+    top = idx.search_exact_among(q, among, k=1)
+    assert top[0][0] == 10 and top[0][1] == pytest.approx(1.0, abs=1e-5)
     wider = np.sort(np.append(among, 3))  # the set gains key 3, the query's own vector
     assert [key for key, _ in idx.search_exact_among(q, wider, k=2)] == [3, 10]
-    assert fetched == [[10], [3, 10]]  # what changed since the kept copy, and what it lacks
-    assert len(idx.search_exact_among(q, among, k=100)) == len(among)
-    assert fetched[-1] == [10]
-    from forge.store.vectors import CHANGES_KEPT
-
-    for i in range(CHANGES_KEPT + 1):  # more changes than are kept: gathered again, whole
-        idx.upsert(np.array([12], dtype=np.uint64), (q if i == CHANGES_KEPT else -q)[None, :], seq=3 + i)
-    assert {key for key, _ in idx.search_exact_among(q, among, k=2)} == {10, 12}  # both point where q does
-    assert fetched[-1] == among.tolist()
+    assert len(idx.search_exact_among(q, among, k=300)) == len(among)
+    idx._index.remove(10)  # gone from the index behind the copy's back: never named
+    assert 10 not in [key for key, _ in idx.search_exact_among(q, among, k=5)]
     assert idx.search_exact_among(q, np.array([999], dtype=np.uint64), k=3) == []
+
+
+def test_a_loaded_index_codes_its_copy_on_demand_and_when_filled(tmp_path):
+    from forge.store.vectors import VectorIndex
+
+    v = _vecs(300, dim=16)
+    q = v[7]
+    keys = np.arange(1, 301, dtype=np.uint64)
+    saved = VectorIndex(dim=16, path=tmp_path / "i.usearch")
+    saved.upsert(keys, v, seq=1)
+    saved.save()
+    loaded = VectorIndex(dim=16, path=tmp_path / "i.usearch")
+    assert loaded.load() and not loaded._coded.any()
+    among = keys[::3]
+    want = [key for key, _ in saved.search_exact_among(q, among, k=5)]
+    assert [key for key, _ in loaded.search_exact_among(q, among, k=5)] == want  # coded as it searched
+    assert loaded._coded[among.astype(int)].all() and not loaded._complete
+    loaded.fill_copy()
+    assert loaded._complete and loaded._coded[keys.astype(int)].all()
+    assert np.array_equal(loaded._codes, saved._codes[: len(loaded._codes)])
+    assert [key for key, _ in loaded.search_exact_among(q, keys[1::3], k=5)] == \
+        [key for key, _ in saved.search_exact_among(q, keys[1::3], k=5)]
+
+
+def test_sparse_keys_get_no_copy_and_are_still_searched_exactly():
+    from forge.store.vectors import VectorIndex
+
+    idx = VectorIndex(dim=8, path=None)
+    v = _vecs(100, dim=8)
+    keys = np.arange(100, dtype=np.uint64) * 10_000_000  # a copy by key would be mostly empty rows
+    idx.upsert(keys, v, seq=1)
+    assert idx._sparse and len(idx._codes) == 0
+    q = v[4]
+    sims = (v @ q) / (np.linalg.norm(v, axis=1) * np.linalg.norm(q))
+    assert [key for key, _ in idx.search_exact_among(q, keys, k=3)] == keys[np.argsort(-sims)[:3]].tolist()
 
 
 def test_a_selective_tag_filter_is_searched_exactly_among_its_units(tmp_path, monkeypatch):

@@ -302,6 +302,9 @@ class SQLiteStore(SQLStore):
             self._ensure_index()
         with contextlib.suppress(Exception):  # keyword search falls back to FTS5 meanwhile
             self._ensure_keywords(build=True)
+        with contextlib.suppress(Exception):  # filtered exact search codes what it needs meanwhile
+            if self._index is not None:
+                self._index.fill_copy()
         self._drop_reader()  # this thread ends here: its connection would only wait for close
 
     def _connect(self) -> sqlite3.Connection:

@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -53,15 +52,20 @@ EXPANSION_SEARCH_MAX = 256
 # 7,400 self-queries on clustered data at every ef_search tried (128, 256, 512, 1024): the
 # misses are nodes the graph does not reach, which a wider beam does not fix.
 EXACT_MAX = 10_000
-# The vectors gathered for the last exact search among a set of keys are kept (with their
-# norms) while the index is unchanged, for sets up to this many keys (30 MB at 384-d): usearch
-# hands back one array per key, so gathering 9k vectors took ~17 ms of a filtered recall at 1M
-# (bench/recall_latency.py) against ~1 ms for the search itself, and an agent recalls with
-# the same filter again, as the two halves of a hybrid recall do.
-GATHERED_MAX = 20_000
-# After a change only the keys changed since are fetched (an agent's writes between its
-# recalls), not the whole set again, while the last this many changes are known.
-CHANGES_KEPT = 256
+# Exact search among a filter's units reads an int8 copy of every vector, one row per key
+# (row ids are dense), instead of asking usearch for each key's vector: usearch hands back one
+# array per key, so a new filter's 5-33k units at 1M took 17-35 ms to gather. The copy's rows
+# are gathered in one numpy take and searched with usearch's SIMD cosine kernel; the best
+# RESCORE_MIN (or 2k) are then scored exactly from the f32 index. Chosen by bench/ann_choice.py
+# --filtered (1M vectors, 0.5-3.3% admitted, a new set per query): int8 with 40 re-scored found
+# every exact top 10 at the lowest CPU time; f16 the same at twice the bytes, an f32 copy at 4x;
+# faiss' HNSW filtering while it searches found 0.30-0.90 of them. 384 bytes per 384-d vector:
+# a quarter of what the index holds for its own f32 vectors.
+RESCORE_MIN = 40
+FILL_BATCH = 16_384  # keys coded per step when a loaded index's copy is filled
+# Keys this far past the number of vectors are too sparse for a copy by key: exact search then
+# fetches each key's vector from usearch, as before the copy.
+SPARSE_KEYS = 8
 
 
 def expansion_search(n: int) -> int:
@@ -88,9 +92,13 @@ class VectorIndex:
             expansion_search=EXPANSION_SEARCH,
         )
         self._dirty = False
-        self._version = 0  # bumped by every change to the vectors: what _gathered was taken from
-        self._changes: deque[tuple[int, np.ndarray]] = deque(maxlen=CHANGES_KEPT)  # (version, keys it changed)
-        self._gathered: tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        # The int8 copy (see RESCORE_MIN): row ``key`` holds that key's vector when
+        # ``_coded[key]``; ``_complete`` says every vector of the index is coded (false after
+        # a load until fill_copy() or the searches have coded them); ``_sparse`` turns it off.
+        self._codes = np.zeros((0, dim), dtype=np.int8)
+        self._coded = np.zeros(0, dtype=bool)
+        self._complete = True
+        self._sparse = False
 
     # -- persistence ------------------------------------------------------------------
     @property
@@ -119,8 +127,9 @@ class VectorIndex:
             seq = int(meta["seq"])
             if max_seq is not None and seq > max_seq:
                 return False  # ahead of the database: it reflects writes this file never had
-            self._version += 1
-            self._changes.clear()  # every vector may differ: a kept copy cannot be brought up to date
+            with self._lock:  # every vector may differ from the copy's
+                self._coded[:] = False
+                self._complete = False
             self._index.load(str(self.path))
             if len(self._index) != meta.get("count"):
                 raise ValueError("count mismatch")
@@ -128,6 +137,8 @@ class VectorIndex:
         except Exception:  # any unreadable index is just rebuilt from the database
             self._index.reset()
             self.seq = 0
+            with self._lock:
+                self._complete = True  # empty: nothing to code
             return False
         return True
 
@@ -160,9 +171,9 @@ class VectorIndex:
                 for k in keys[present].tolist():
                     self._index.remove(k)
             if len(keys):
-                self._version += 1
-                self._changes.append((self._version, keys.copy()))
-                self._index.add(keys, np.asarray(vectors, dtype=np.float32), threads=0)
+                vectors = np.asarray(vectors, dtype=np.float32)
+                self._index.add(keys, vectors, threads=0)
+                self._code(keys, vectors)
             self.seq = max(self.seq, seq)
             self._dirty = True
 
@@ -191,51 +202,96 @@ class VectorIndex:
         return [(int(key), 1.0 - float(d)) for key, d in zip(matches.keys, matches.distances, strict=True)]
 
     def search_exact_among(self, query: np.ndarray, keys: list[int] | np.ndarray, k: int) -> list[tuple[int, float]]:
-        """Exact cosine search restricted to ``keys`` (used when filters are selective)."""
-        q = np.asarray(query, dtype=np.float32)
-        present, sims = self._similarities(np.asarray(keys, dtype=np.uint64), q / (np.linalg.norm(q) or 1.0))
-        if not len(present):
+        """Exact cosine search restricted to ``keys`` (used when filters are selective): the
+        best candidates of the int8 copy, scored from the f32 vectors. Keys without a vector
+        (units without one are not in the index) are skipped."""
+        q = np.asarray(query, dtype=np.float32).reshape(-1)
+        q = q / (np.linalg.norm(q) or 1.0)
+        keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+        if not len(keys) or k <= 0:
             return []
+        depth = max(RESCORE_MIN, 2 * k)
+        rows = self._coded_rows(keys) if len(keys) > depth else None
+        if rows is None:  # few keys, or no copy: each key's vector from usearch
+            cand = keys[np.asarray(self._index.contains(keys), dtype=bool)]
+        else:
+            present, codes = rows
+            if len(present) > depth:
+                from usearch.index import MetricKind
+                from usearch.index import search as brute
+
+                found = brute(np.take(codes, present.astype(np.intp), axis=0), _quantize(q[None, :])[0],
+                              depth, MetricKind.Cos, exact=True, threads=1)
+                present = present[np.asarray(found.keys, dtype=np.intp)]
+            cand = present[np.asarray(self._index.contains(present), dtype=bool)]  # removed since it was coded: skipped
+        if not len(cand):
+            return []
+        vecs, inv_norms = self._fetch(cand)
+        sims = (vecs @ q) * inv_norms
         k = min(k, len(sims))
         top = np.argpartition(-sims, k - 1)[:k] if k < len(sims) else np.arange(len(sims))
-        top = top[np.argsort(-sims[top], kind="stable")]
-        return [(int(present[i]), float(sims[i])) for i in top]
+        top = top[np.lexsort((cand[top], -sims[top]))]  # ties by key, whatever order the copy found them in
+        return [(int(cand[i]), float(sims[i])) for i in top]
 
-    def _similarities(self, keys: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The keys of ``keys`` that have a vector (units without one are not in the index)
-        and their cosine similarity to the unit vector ``q``.
+    def _coded_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The keys of ``keys`` that have a vector, and the copy to read their rows from; keys
+        the copy lacks (after a load) are coded first. None when there is no copy."""
+        with self._lock:
+            if self._sparse:
+                return None
+            if not self._complete:
+                inside = keys[keys < len(self._coded)]
+                missing = np.concatenate([keys[keys >= len(self._coded)], inside[~self._coded[inside.astype(np.intp)]]])
+                missing = missing[np.asarray(self._index.contains(missing), dtype=bool)] if len(missing) else missing
+                if len(missing):
+                    self._code(missing, self._fetch(missing)[0])
+                    if self._sparse:
+                        return None
+            codes, coded = self._codes, self._coded
+        keys = keys[keys < len(coded)]
+        return keys[coded[keys.astype(np.intp)]], codes
 
-        The vectors gathered by an earlier call are kept (with 1 / norm) and reused: whole
-        when the same keys are asked of the same index; else the keys no change since has
-        touched are scored from the kept copy and only the rest are fetched (an agent's
-        filter after a few writes), the copy itself being replaced once that rest grows past
-        an eighth of the set or the changes since are no longer known.
-        """
-        version, base = self._version, self._gathered
-        if base is not None and base[0] == version and np.array_equal(base[1], keys):
-            return base[2], (base[3] @ q) * base[4]
-        present = keys[np.asarray(self._index.contains(keys), dtype=bool)] if len(keys) else keys
-        reuse = np.zeros(len(present), dtype=bool)
-        at = np.zeros(len(present), dtype=np.intp)
-        changed = self._changed_since(base[0]) if base is not None and len(base[2]) else None
-        if changed is not None and base is not None and len(present):
-            at = np.minimum(np.searchsorted(base[2], present), len(base[2]) - 1)  # base[2] ascends: see below
-            reuse = (base[2][at] == present) & ~np.isin(present, changed)
-        fetch = present[~reuse]
-        got, got_inv = self._fetch(fetch)
-        if base is not None and len(fetch) * 8 <= len(present):
-            sims = np.empty(len(present), dtype=np.float32)
-            sims[reuse] = ((base[3] @ q) * base[4])[at[reuse]]
-            sims[~reuse] = (got @ q) * got_inv
-            return present, sims
-        vecs = np.empty((len(present), self.dim), dtype=np.float32)
-        inv_norms = np.empty(len(present), dtype=np.float32)
-        if base is not None and reuse.any():
-            vecs[reuse], inv_norms[reuse] = base[3][at[reuse]], base[4][at[reuse]]
-        vecs[~reuse], inv_norms[~reuse] = got, got_inv
-        if len(keys) <= GATHERED_MAX and bool(np.all(present[1:] > present[:-1])):  # ascending keys only (row ids are)
-            self._gathered = (version, keys.copy(), present, vecs, inv_norms)
-        return present, (vecs @ q) * inv_norms
+    def fill_copy(self) -> None:
+        """Code every vector the int8 copy lacks (a loaded index), a batch at a time so that
+        searches run in between: the store's warm-up thread calls it after loading."""
+        if self._complete or self._sparse:
+            return
+        keys = np.sort(np.asarray(self._index.keys, dtype=np.uint64))
+        for at in range(0, len(keys), FILL_BATCH):
+            with self._lock:
+                if self._complete or self._sparse:
+                    return
+                chunk = keys[at : at + FILL_BATCH]
+                inside = chunk < len(self._coded)
+                need = np.concatenate([chunk[~inside], chunk[inside][~self._coded[chunk[inside].astype(np.intp)]]])
+                need = need[np.asarray(self._index.contains(need), dtype=bool)] if len(need) else need
+                if len(need):
+                    self._code(need, self._fetch(need)[0])
+        with self._lock:  # complete unless a load reset the copy meanwhile
+            keys = np.asarray(self._index.keys, dtype=np.uint64)
+            inside = keys < len(self._coded)
+            if not self._sparse and bool(inside.all()) and bool(self._coded[keys.astype(np.intp)].all()):
+                self._complete = True
+
+    def _code(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Write ``vectors`` into the int8 copy at ``keys`` (holding ``_lock``), growing it."""
+        if self._sparse or not len(keys):
+            return
+        top = int(keys.max())
+        if top >= len(self._coded):
+            if top > SPARSE_KEYS * (len(self._index) + len(keys)) + 65_536:
+                self._sparse = True  # row ids this sparse would make a copy mostly empty rows
+                self._codes, self._coded = np.zeros((0, self.dim), dtype=np.int8), np.zeros(0, dtype=bool)
+                return
+            size = max(top + 1, 2 * len(self._coded), 1024)
+            codes = np.zeros((size, self.dim), dtype=np.int8)
+            codes[: len(self._codes)] = self._codes
+            coded = np.zeros(size, dtype=bool)
+            coded[: len(self._coded)] = self._coded
+            self._codes, self._coded = codes, coded  # a search that took the old arrays keeps them
+        rows = keys.astype(np.intp)
+        self._codes[rows] = _quantize(vectors)
+        self._coded[rows] = True
 
     def _fetch(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The vectors of ``keys`` (all present) as one matrix, and 1 / norm of each (0 for a zero vector)."""
@@ -245,15 +301,6 @@ class VectorIndex:
         vecs = np.concatenate(self._get_many(keys)).astype(np.float32, copy=False).reshape(len(keys), self.dim)
         norms = np.sqrt(np.einsum("ij,ij->i", vecs, vecs))  # 6x faster than linalg.norm's temporary x * x
         return vecs, np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
-
-    def _changed_since(self, version: int) -> np.ndarray | None:
-        """Every key changed after ``version``, or None when the changes kept do not reach back."""
-        with self._lock:
-            current, log = self._version, list(self._changes)
-        newer = [keys for v, keys in log if v > version]
-        if len(newer) != current - version:
-            return None
-        return np.concatenate(newer) if newer else np.zeros(0, dtype=np.uint64)
 
     def _get_many(self, keys: np.ndarray) -> Sequence[np.ndarray]:
         """The vectors of ``keys`` (all present). usearch's ``Index.get`` wraps each row in two
@@ -276,3 +323,9 @@ class VectorIndex:
 
     def __len__(self) -> int:
         return len(self._index)
+
+
+def _quantize(vectors: np.ndarray) -> np.ndarray:
+    """Each row scaled so its largest component is +-127, as int8: cosine needs no scale back."""
+    peak = np.abs(vectors).max(axis=1, keepdims=True)
+    return np.rint(vectors * (127.0 / np.where(peak > 0, peak, 1.0))).astype(np.int8)
