@@ -8,6 +8,7 @@ console error. Set FORGE_SCREENSHOTS=DIR to save screenshots of the main pages.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -160,3 +161,100 @@ def test_docs_redoc_and_ui_work_offline(site, page) -> None:
     page.goto(f"{url}/ui")
     assert page.url == f"{url}/ui/" and page.locator("#search").count() == 1
     assert tried == []  # nothing fetched from outside the server
+
+
+def _sign_in(page, url: str, key: str) -> None:
+    page.goto(f"{url}/ui/login")
+    page.fill("input[name=key]", key)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{url}/ui/")
+
+
+def test_unit_page_reads_as_text_not_data(site, page) -> None:
+    setup, url, ids = site
+    _sign_in(page, url, setup.admin)
+    page.goto(f"{url}/ui/units/{ids['ice']}")
+    main = page.inner_text("main")
+    content = "When the ice is thin, step back and test it with a pole."
+    assert main.count(content) == 1  # the title, not the title and again in the card
+    context = page.inner_text("#unit-context")
+    assert "domain" in context and "lake" in context and "safety" in context
+    assert "{'domain'" not in page.content() and "&#39;domain&#39;" not in page.content()  # was the context's dict repr
+    rels = page.inner_text("#relations")
+    assert "Thin ice cracks with a loud booming sound." in rels and "The lake froze early" in rels  # by content, not id
+    assert ids["crack"] not in rels and "supports this unit" in rels
+    history = page.inner_text("#history")
+    assert "added a rule in global" in history and not re.search(r"\b1\d{9}\.\d+", history)
+    assert page.problems == []  # type: ignore[attr-defined]
+
+
+def test_audit_page_shows_when_who_what_and_why(site, page) -> None:
+    setup, url, ids = site
+    from forge.curate import admit
+
+    mem = setup.memory
+    mem.set_status(ids["held"], "active", reason="the 'quote' was a false positive", actor="reviewer")
+    admit(mem, Unit("The relay port is 8080."), actor="ops")
+    admit(mem, Unit("The relay port is 9090."), actor="ops")
+    _sign_in(page, url, setup.admin)
+    page.goto(f"{url}/ui/events")
+    table = page.inner_text("#events")
+    assert "\\u0027" not in table and '{"' not in table and not re.search(r"\b1\d{9}\.\d+", table)  # was escaped JSON and epoch floats
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", table)
+    row = page.locator("#events tr", has_text="reviewer")
+    assert "status quarantined → active" in row.inner_text() and "the 'quote' was a false positive" in row.inner_text()
+    assert "superseded" in table and "ops" in table
+    assert page.problems == []  # type: ignore[attr-defined]
+
+
+def test_every_list_pages_instead_of_stopping(site, page) -> None:
+    setup, url, _ = site
+    setup.memory.add([Unit(f"Inventory note {i:03d}: shelf {i} holds crate {i}.") for i in range(60)], actor="seed")
+    _sign_in(page, url, setup.admin)
+    page.goto(f"{url}/ui/?kind=fact")  # the listing without a query: 62 facts
+    assert page.locator("#results .unit-link").count() == 25 and "page 1 of 3" in page.inner_text("#results")
+    first = set(page.locator("#results .unit-link").all_inner_texts())
+    page.click("#results a.next")
+    page.wait_for_url("**page=2**")
+    second = set(page.locator("#results .unit-link").all_inner_texts())
+    assert len(second) == 25 and not first & second
+    page.click("#results a.next")
+    assert page.locator("#results .unit-link").count() == 12 and page.locator("#results a.next").count() == 0
+
+    page.goto(f"{url}/ui/?q=inventory+crate+shelf&min_score=0")  # a query pages through a deeper recall
+    assert page.locator("#results .unit-link").count() == 25
+    page.click("#results a.next")
+    assert page.locator("#results .unit-link").count() == 25 and "page 2" in page.inner_text("#results")
+
+    page.goto(f"{url}/ui/events")  # 60 adds and more: newest first, then older
+    assert page.locator("#events tr").count() == 26
+    newest = page.locator("#events tr td:first-child").first.inner_text()
+    page.click("a.next")
+    assert int(page.locator("#events tr td:first-child").first.inner_text()) < int(newest)
+    assert page.problems == []  # type: ignore[attr-defined]
+
+
+def test_conflicts_show_resolved_facts_and_empty_states(site, page) -> None:
+    setup, url, _ = site
+    from forge.curate import admit
+
+    _sign_in(page, url, setup.admin)
+    page.goto(f"{url}/ui/conflicts")
+    assert "No open contradictions" in page.inner_text("#no-open")
+    assert "No contradiction has been settled" in page.inner_text("#no-resolved")
+    assert "No conflict or resolution decisions" in page.inner_text("#no-decisions")  # "Resolutions" had no empty state
+    [old] = admit(setup.memory, Unit("The build server restarts on Sundays"), actor="ops")
+    [new] = admit(setup.memory, Unit("The build server restarts on Mondays"), actor="ops")
+    assert new.action == "update"
+    page.goto(f"{url}/ui/conflicts")
+    resolved = page.inner_text("#resolved")  # was: "No contradictions recorded" right after this
+    assert "restarts on Sundays" in resolved and "restarts on Mondays" in resolved and "different_value" in resolved
+    assert page.problems == []  # type: ignore[attr-defined]
+
+
+def test_agents_link_only_for_admins(site, page) -> None:
+    setup, url, _ = site
+    _sign_in(page, url, setup.bob)
+    assert page.locator("header a[href='/ui/agents']").count() == 0  # it led agents to an error page
+    _sign_in(page, url, setup.admin)
+    assert page.locator("header a[href='/ui/agents']").count() == 1

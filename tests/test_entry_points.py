@@ -129,3 +129,16 @@ def test_serve_on_a_busy_port_says_so_in_one_line(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "busy" in lines[0] and f"port {port}" in lines[0], done.stderr
     assert "serving" not in done.stderr + done.stdout
+
+
+def test_forge_trace_prints_words_not_dict_reprs(capsys, tmp_path: Path) -> None:
+    import re
+
+    db = str(tmp_path / "m.db")
+    _, uid, _ = _run(capsys, "--db", db, "--embedder", "hash", "add", "The relay port is 8080.", "--tag", "net")
+    _run(capsys, "--db", db, "add", "The relay port is 8080.")
+    _run(capsys, "--db", db, "add", "The relay port is 9090.")
+    code, out, err = _run(capsys, "--db", db, "trace", uid.strip())
+    assert code == 0, err
+    assert "{'" not in out and "': " not in out and not re.search(r"\b1\d{9}\.\d+", out)  # was str(dict) of each event
+    assert "status active → superseded" in out and "merged " in out and re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", out)

@@ -22,7 +22,7 @@ from typing import Any
 from forge.errors import NotFoundError
 from forge.model import Viewer
 
-__all__ = ["trace", "render"]
+__all__ = ["describe", "readable", "render", "trace", "when"]
 
 #: How far back the audit log is searched for recalls of the unit.
 RECALL_SCAN = 100_000
@@ -120,13 +120,85 @@ def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int
     }
 
 
+def when(ts: Any) -> str:
+    """An epoch time as people read it (UTC, to the second)."""
+    import datetime as dt
+
+    if not isinstance(ts, int | float) or isinstance(ts, bool):
+        return "-"
+    return dt.datetime.fromtimestamp(float(ts), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+#: Keys whose numbers are epoch times.
+_TIME_KEYS = ("at", "ts", "created_at", "updated_at", "valid_from", "valid_to", "since", "until", "before",
+              "received_at", "authored_at", "promoted_at", "last_access", "erased_at")
+
+
+def readable(value: Any, *, key: str = "", width: int = 160) -> str:
+    """A value as short plain text: times as dates, lists and objects as ``k=v`` lists, no JSON escapes."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and (key in _TIME_KEYS or key.endswith("_at")) and value > 1e8:
+        text = when(value)
+    elif isinstance(value, float):
+        text = f"{value:.4g}"
+    elif isinstance(value, dict):
+        text = ", ".join(f"{k}={readable(v, key=str(k), width=width)}" for k, v in value.items() if v not in (None, "", [], {}))
+        text = "{" + text + "}" if text else "-"
+    elif isinstance(value, list | tuple):
+        text = "[" + ", ".join(readable(v, width=width) for v in value[:10]) + (f", +{len(value) - 10} more" if len(value) > 10 else "") + "]"
+    elif value is None:
+        text = "-"
+    else:
+        text = str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def describe(op: str, data: dict[str, Any]) -> tuple[str, str]:
+    """(what happened, why) for one event of the log, in words: the dashboard's audit page
+    and unit history, and ``forge trace``, print these instead of the raw data."""
+    d = dict(data or {})
+    why = str(d.get("reason") or d.get("note") or "")
+    if op == "add":
+        return f"added a {d.get('kind', 'unit')} in {d.get('scope', '-')}", why
+    if op == "admit":
+        action = d.get("action")
+        what = {"add": "admitted as a new unit", "noop": f"merged {d.get('incoming')} into it",
+                "update": f"superseded {d.get('existing')}"}.get(str(action), f"admission: {action}")
+        return what, why
+    if op == "status":
+        return f"status {d.get('from', '?')} → {d.get('to', '?')}", why
+    if op == "update":
+        parts = []
+        for field, change in d.items():
+            if isinstance(change, dict) and {"from", "to"} <= set(change):
+                old, new = change["from"], change["to"]
+                if isinstance(old, dict) and isinstance(new, dict):
+                    keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+                    parts.append(f"{field}: {', '.join(keys) or 'unchanged'}")
+                else:
+                    parts.append(f"{field}: {readable(old, width=60)} → {readable(new, width=60)}")
+        return ("changed " + "; ".join(parts)) if parts else "changed", why
+    if op == "relate":
+        return f"{d.get('src')} {d.get('type', 'related_to')} {d.get('dst')}", why
+    if op in ("recall", "context"):
+        hits = d.get("hits") or []
+        return f"{op} for {str(d.get('query', ''))[:80]!r}: {len(hits)} unit(s) shown", ""
+    if op == "list":
+        return f"listed {len(d.get('ids') or [])} unit(s)", ""
+    if op == "read":
+        return "read", ""
+    if op == "erase":
+        return f"erased a {d.get('kind', 'unit')} ({', '.join(d.get('removed', [])) or 'content'})", why
+    rest = {k: v for k, v in d.items() if k not in ("reason", "note")}
+    return readable(rest, width=200), why
+
+
 def render(t: dict[str, Any]) -> str:
     """The trace as an indented tree for a terminal."""
     u, made = t["unit"], t["made_by"]
     lines = [f"{u['id']} [{u['kind']}] {u['status']}: {u['content'][:100]}"]
     lines.append(f"├─ made by: source={made['source'] or '-'} owner={made['owner'] or '-'} origin={made['origin'] or '-'}")
     for ep in made["episodes"]:
-        lines.append(f"│  ├─ episode {ep['id']}" + ("" if ep.get("missing") else f" ({ep['agent']}, {ep['env']}, outcome {ep['outcome']})"))
+        lines.append(f"│  ├─ episode {ep['id']}" + ("" if ep.get("missing") else f" ({ep['agent']}, {ep['env']}, outcome {readable(ep['outcome'], width=80)})"))
 
     def walk(nodes: list[dict[str, Any]], pad: str) -> None:
         for n in nodes:
@@ -135,11 +207,12 @@ def render(t: dict[str, Any]) -> str:
 
     walk(made["derived_from"], "│  ")
     if t["broadcast"]:
-        lines.append("├─ broadcast: " + ", ".join(f"{k}={v}" for k, v in t["broadcast"].items() if k != "assessment"))
+        lines.append("├─ broadcast: " + ", ".join(f"{k}={readable(v, key=k, width=60)}" for k, v in t["broadcast"].items() if k != "assessment"))
     c = t["corroborations"]
-    lines.append(f"├─ corroborated by {len(c['channels'])} channel(s) {c['origins']}; {len(c['merged'])} merged duplicate(s)")
+    lines.append(f"├─ corroborated by {len(c['channels'])} channel(s) ({', '.join(map(str, c['origins'])) or 'no other origin'}); "
+                 f"{len(c['merged'])} merged duplicate(s)")
     for m in c["merged"]:
-        lines.append(f"│  ├─ merged {m.get('id')} from {m.get('origin') or '-'} (cosine {m.get('similarity')})")
+        lines.append(f"│  ├─ merged {m.get('id')} from {m.get('origin') or '-'} (cosine {m.get('similarity')}, {when(m.get('at'))})")
     for d in t.get("decisions", []):
         lines.append(f"├─ {d['ledger']} decided {d['outcome']} ({d['reason']}): {d['detail'][:80]}")
     for r in t["conflicts"]:
@@ -152,5 +225,6 @@ def render(t: dict[str, Any]) -> str:
         lines.append(f"│  ├─ recall #{r['seq']} by {r['actor'] or '-'}: {r['query'][:60]!r}")
     lines.append(f"└─ history: {len(t['history'])} event(s)")
     for e in t["history"]:
-        lines.append(f"   ├─ #{e['seq']} {e['op']} by {e['actor'] or '-'}: {str(e['data'])[:100]}")
+        what, why = describe(e["op"], e["data"])
+        lines.append(f"   ├─ #{e['seq']} {when(e['ts'])} {e['op']} by {e['actor'] or '-'}: {what}" + (f" (why: {why[:120]})" if why else ""))
     return "\n".join(lines)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, FastAPI, Form, Request
+from fastapi import APIRouter, Depends, FastAPI, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from forge.curate.trace import describe, readable
 from forge.errors import AccessError, ForgeError, ValidationError
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
 from forge.server.keys import Principal
@@ -51,6 +53,8 @@ Who = Annotated[Principal, Depends(_who)]
 def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None:
     templates = Jinja2Templates(directory=str(_HERE / "templates"))
     templates.env.filters["ts"] = _ts
+    templates.env.globals["describe"] = describe
+    templates.env.filters["readable"] = readable
     router = APIRouter(prefix="/ui", include_in_schema=False)
 
     def page(request: Request, name: str, p: Principal, code: int = 200, **ctx: Any) -> HTMLResponse:
@@ -93,14 +97,15 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
 
     @router.get("/", response_class=HTMLResponse)
     def search_page(request: Request, p: Who, q: str = "", agent: str = "", groups: str = "", kind: str = "", status: str = "active",
-                    min_score: str = MIN_SCORE) -> HTMLResponse:
-        ctx = _search(service, viewing(p, agent, groups), q, kind, status, min_score)
+                    min_score: str = MIN_SCORE, page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1) -> HTMLResponse:
+        ctx = _search(service, viewing(p, agent, groups), q, kind, status, min_score, page_no, request)
         return page(request, "search.html", p, q=q, agent=agent, groups=groups, kind=kind, status=status, min_score=min_score, **ctx)
 
     @router.get("/search", response_class=HTMLResponse)
     def search_results(request: Request, p: Who, q: str = "", agent: str = "", groups: str = "", kind: str = "", status: str = "active",
-                       min_score: str = MIN_SCORE) -> HTMLResponse:
-        return page(request, "_results.html", p, **_search(service, viewing(p, agent, groups), q, kind, status, min_score))
+                       min_score: str = MIN_SCORE, page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1) -> HTMLResponse:
+        ctx = _search(service, viewing(p, agent, groups), q, kind, status, min_score, page_no, request, at="/ui/")
+        return page(request, "_results.html", p, **ctx)
 
     @router.get("/units/{unit_id}", response_class=HTMLResponse)
     def unit_page(request: Request, unit_id: str, p: Who) -> HTMLResponse:
@@ -109,11 +114,14 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
         except ForgeError as exc:
             return page(request, "error.html", p, code=404, message=str(exc))
         rels = service.relations(p, unit_id)
-        return page(request, "unit.html", p, t=trace, u=trace["unit"], rels=rels, graph=_graph(service, p, unit_id, rels))
+        others = {u.id: u for u in service.store.get_many([r.dst if r.src == unit_id else r.src for r in rels], viewer=p.viewer)}
+        related = [{"rel": r, "other": others.get(r.dst if r.src == unit_id else r.src), "outgoing": r.src == unit_id} for r in rels]
+        return page(request, "unit.html", p, t=trace, u=trace["unit"], rels=rels, related=related, graph=_graph(service, p, unit_id, rels))
 
     @router.get("/quarantine", response_class=HTMLResponse)
-    def quarantine_page(request: Request, p: Who) -> HTMLResponse:
-        return page(request, "quarantine.html", p, units=service.quarantine(p, limit=200))
+    def quarantine_page(request: Request, p: Who, page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1) -> HTMLResponse:
+        units = service.quarantine(p, limit=PER_PAGE + 1, offset=(page_no - 1) * PER_PAGE)
+        return page(request, "quarantine.html", p, units=units[:PER_PAGE], pager=_pager(request, page_no, more=len(units) > PER_PAGE))
 
     @router.post("/units/{unit_id}/review", response_class=HTMLResponse)
     def review(request: Request, unit_id: str, p: Who, decision: Annotated[str, Form()], reason: Annotated[str, Form(max_length=1000)] = "") -> HTMLResponse:
@@ -132,21 +140,31 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
         return page(request, "_review_row.html", p, unit=unit, unit_id=unit_id, error="")
 
     @router.get("/conflicts", response_class=HTMLResponse)
-    def conflicts_page(request: Request, p: Who) -> HTMLResponse:
-        rels = _contradictions(service, p)
-        decisions = service.decisions(p) if p.admin else []
-        return page(request, "conflicts.html", p, rels=rels, decisions=decisions)
+    def conflicts_page(request: Request, p: Who, page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1,
+                       resolved_page: Annotated[int, Query(ge=1, le=100_000)] = 1,
+                       decisions_page: Annotated[int, Query(ge=1, le=100_000)] = 1) -> HTMLResponse:
+        rels = _contradictions(service, p, upto=page_no * PER_PAGE + 1)
+        shown = rels[(page_no - 1) * PER_PAGE : page_no * PER_PAGE]
+        resolved, total = _resolved(service, p, page=resolved_page)
+        decisions = service.decisions(p, limit=decisions_page * PER_PAGE + 1) if p.admin else []
+        return page(request, "conflicts.html", p, rels=shown, resolved=resolved, decisions=decisions[(decisions_page - 1) * PER_PAGE : decisions_page * PER_PAGE],
+                    pager=_pager(request, page_no, more=len(rels) > page_no * PER_PAGE),
+                    resolved_pager=_pager(request, resolved_page, more=resolved_page * PER_PAGE < total, param="resolved_page", total=total),
+                    decisions_pager=_pager(request, decisions_page, more=len(decisions) > decisions_page * PER_PAGE, param="decisions_page"))
 
     @router.get("/agents", response_class=HTMLResponse)
-    def agents_page(request: Request, p: Who) -> HTMLResponse:
+    def agents_page(request: Request, p: Who, page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1) -> HTMLResponse:
         if not p.admin:
             return page(request, "error.html", p, code=403, message="only an admin key can list agents")
-        return page(request, "agents.html", p, agents=service.agents(p), reputations=service.reputations(p))
+        agents = service.agents(p)
+        return page(request, "agents.html", p, agents=agents[(page_no - 1) * PER_PAGE : page_no * PER_PAGE], reputations=service.reputations(p),
+                    pager=_pager(request, page_no, more=page_no * PER_PAGE < len(agents), total=len(agents)))
 
     @router.get("/runs", response_class=HTMLResponse)
-    def runs_page(request: Request, p: Who) -> HTMLResponse:
+    def runs_page(request: Request, p: Who, page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1) -> HTMLResponse:
         rows = []
-        for r in service.runs(p):
+        every = service.runs(p)
+        for r in every[(page_no - 1) * PER_PAGE : page_no * PER_PAGE]:
             summary = None
             if r["finished"]:
                 try:
@@ -154,12 +172,18 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
                 except ForgeError:
                     summary = None
             rows.append({**r, "summary": summary, "curve": _curve(summary["curve"]) if summary else None})
-        return page(request, "runs.html", p, runs=rows)
+        return page(request, "runs.html", p, runs=rows, pager=_pager(request, page_no, more=page_no * PER_PAGE < len(every), total=len(every)))
 
     @router.get("/events", response_class=HTMLResponse)
-    def events_page(request: Request, p: Who, actor: str = "", op: str = "") -> HTMLResponse:
-        evs = service.events(p, actor=actor or None, ops=[op] if op else (), limit=200, newest_first=True)
-        return page(request, "events.html", p, events=[event_dict(e) for e in evs], actor=actor, op=op)
+    def events_page(request: Request, p: Who, actor: str = "", op: str = "",
+                    before: Annotated[float | None, Query(ge=0, le=1e11)] = None) -> HTMLResponse:
+        """Newest first, a page at a time; older pages are the entries before the last one shown."""
+        evs = service.events(p, actor=actor or None, ops=[op] if op else (), until=before, limit=PER_PAGE + 1, newest_first=True)
+        rows = [event_dict(e) for e in evs[:PER_PAGE]]
+        older = _link(request, before=rows[-1]["ts"]) if len(evs) > PER_PAGE else None
+        return page(request, "events.html", p, events=rows, actor=actor, op=op,
+                    pager={"label": "newest first" if before is None else f"before {_ts(before)}", "prev": _link(request, before=None) if before else None,
+                           "next": older})
 
     @app.get("/ui", include_in_schema=False)
     def ui_root() -> Response:
@@ -190,24 +214,56 @@ def _same_origin(request: Request) -> bool:
 MIN_SCORE = "0.1"
 
 
-def _search(service: Service, p: Principal, q: str, kind: str, status: str, min_score: str = MIN_SCORE) -> dict[str, Any]:
+#: Rows per page on every list; a search with a query pages through a recall at most this deep.
+PER_PAGE = 25
+MAX_RECALL_DEPTH = 200
+
+
+def _link(request: Request, **changes: Any) -> str:
+    """This page's address with some query parameters changed (None drops one)."""
+    params = {k: v for k, v in request.query_params.items()}
+    for k, v in changes.items():
+        if v is None:
+            params.pop(k, None)
+        else:
+            params[k] = str(v)
+    return str(request.url.path) + ("?" + urlencode(params) if params else "")
+
+
+def _pager(request: Request, page: int, *, more: bool, param: str = "page", total: int | None = None, at: str | None = None) -> dict[str, Any]:
+    """Previous / next links for page ``page`` of a list (``more``: there is a next page)."""
+    def go(n: int) -> str:
+        url = _link(request, **{param: n if n > 1 else None})
+        return url.replace(str(request.url.path), at, 1) if at else url
+
+    pages = f" of {max(1, -(-total // PER_PAGE))}" if total is not None else ""
+    return {"label": f"page {page}{pages}" + (f" ({total} in all)" if total is not None else ""),
+            "prev": go(page - 1) if page > 1 else None, "next": go(page + 1) if more else None}
+
+
+def _search(service: Service, p: Principal, q: str, kind: str, status: str, min_score: str = MIN_SCORE, page_no: int = 1,
+            request: Request | None = None, *, at: str | None = None) -> dict[str, Any]:
     try:
         least = float(min_score or 0)
         if not 0 <= least <= 1:
             raise ValueError
     except ValueError:
-        return {"results": [], "error": f"min score {min_score!r}: give a number from 0 to 1", "viewer": p, "least": None}
+        return {"results": [], "error": f"min score {min_score!r}: give a number from 0 to 1", "viewer": p, "least": None, "pager": None}
     f = Filter.make(kinds=[kind] if kind else (), status=[status] if status else None)
     try:
-        if q.strip():
-            results = [{"unit": r.unit, "score": r.score, "reasons": r.reasons}
-                       for r in service.recall(p, q, k=25, filter=f, touch=False, min_score=least)]
+        if q.strip():  # recall ranks the top k: a page is the next PER_PAGE of a longer recall (at most 200 deep)
+            k = min(MAX_RECALL_DEPTH, page_no * PER_PAGE)
+            found = service.recall(p, q, k=k, filter=f, touch=False, min_score=least)
+            results = [{"unit": r.unit, "score": r.score, "reasons": r.reasons} for r in found[(page_no - 1) * PER_PAGE :]]
+            more, total = len(found) == k and k < MAX_RECALL_DEPTH, None
         else:
-            units, _ = service.list(p, filter=f, limit=50)
+            units, total = service.list(p, filter=f, limit=PER_PAGE, offset=(page_no - 1) * PER_PAGE)
             results = [{"unit": u, "score": None, "reasons": []} for u in units]
-        return {"results": results, "error": "", "viewer": p, "least": least if q.strip() else None}
+            more = page_no * PER_PAGE < total
+        pager = _pager(request, page_no, more=more, total=total, at=at) if request is not None else None
+        return {"results": results, "error": "", "viewer": p, "least": least if q.strip() else None, "pager": pager}
     except ForgeError as exc:
-        return {"results": [], "error": str(exc), "viewer": p, "least": None}
+        return {"results": [], "error": str(exc), "viewer": p, "least": None, "pager": None}
 
 
 def _graph(service: Service, p: Principal, center: str, rels: list[Any]) -> dict[str, Any]:
@@ -227,16 +283,45 @@ def _graph(service: Service, p: Principal, center: str, rels: list[Any]) -> dict
     return {"nodes": nodes, "edges": edges}
 
 
-def _contradictions(service: Service, p: Principal) -> list[dict[str, Any]]:
+def _contradictions(service: Service, p: Principal, *, upto: int) -> list[dict[str, Any]]:
+    """Open contradictions (``contradicts`` links), oldest unit first: the first ``upto`` found,
+    reading the store 500 units and one neighbour query at a time (no cap on how far)."""
+    from forge.model import RelationType
+
     f = Filter.make(status=["active", "superseded", "archived"])
-    out = []
-    for u in service.store.list(viewer=p.viewer, filter=f, limit=2000):
-        for r in service.store.relations(u.id, viewer=p.viewer):
-            if r.type.value == "contradicts" and r.src == u.id:
-                others = service.store.get_many([r.dst], viewer=p.viewer)
-                if others:
-                    out.append({"a": u, "b": others[0], "note": r.note})
-    return out
+    out: list[dict[str, Any]] = []
+    offset = 0
+    while len(out) < upto:
+        units = service.store.list(viewer=p.viewer, filter=f, limit=500, offset=offset)
+        if not units:
+            break
+        by_id = {u.id: u for u in units}
+        links = [rel for _, rel in service.store.neighbors(list(by_id), viewer=p.viewer, types=[RelationType.CONTRADICTS], filter=f)
+                 if rel.src in by_id]
+        others = {u.id: u for u in service.store.get_many(sorted({r.dst for r in links}), viewer=p.viewer)}
+        seen = set()
+        for r in links:
+            if (r.src, r.dst) not in seen and r.dst in others:
+                seen.add((r.src, r.dst))
+                out.append({"a": by_id[r.src], "b": others[r.dst], "note": r.note})
+        offset += len(units)
+    return out[:upto]
+
+
+def _resolved(service: Service, p: Principal, *, page: int) -> tuple[list[dict[str, Any]], int]:
+    """Contradictions settled by superseding the old unit (admission, consensus, curation):
+    each superseded unit with the one that replaced it and why, newest page first."""
+    f = Filter.make(status=["superseded"])
+    total = service.store.count(viewer=p.viewer, filter=f)
+    old = service.store.list(viewer=p.viewer, filter=f, limit=PER_PAGE, offset=(page - 1) * PER_PAGE)
+    new = {u.id: u for u in service.store.get_many(sorted({str(u.meta.get("superseded_by")) for u in old if u.meta.get("superseded_by")}),
+                                                    viewer=p.viewer)}
+    rows = []
+    for u in old:
+        by = new.get(str(u.meta.get("superseded_by", "")))
+        note = next((r.note for r in service.store.relations(u.id, viewer=p.viewer) if r.type.value == "supersedes" and r.dst == u.id), "")
+        rows.append({"old": u, "new": by, "at": u.meta.get("valid_to"), "note": note})
+    return rows, total
 
 
 def _curve(values: list[Any]) -> dict[str, Any] | None:

@@ -467,9 +467,9 @@ class Service:
                 ex = self._exchanges[agent] = Exchange(self.memory, agent, self.capsule_keyring, groups=groups)
             return ex
 
-    def quarantine(self, who: Principal, *, limit: int = 100) -> list[Unit]:
+    def quarantine(self, who: Principal, *, limit: int = 100, offset: int = 0) -> list[Unit]:
         f = Filter.make(status=["quarantined"], owner=None if who.admin else who.agent)
-        return self.shown(who, self.store.list(viewer=who.viewer, filter=f, limit=limit))
+        return self.shown(who, self.store.list(viewer=who.viewer, filter=f, limit=limit, offset=offset))
 
     def decisions(self, who: Principal, *, outcomes: Iterable[str] = ("conflict", "resolved"), limit: int = 200) -> list[dict[str, Any]]:
         """Ledger decisions (conflicts and resolutions by default) across every agent's ledger."""
