@@ -162,3 +162,23 @@ def test_cli_add_admits_by_default(tmp_path: Path, capsys) -> None:
     assert second == first and said.startswith(f"merged into {first}")
     third, _ = add("--no-admit")
     assert third != first
+
+
+def test_langgraph_put_over_the_service_admits_too(setup) -> None:
+    pytest.importorskip("langgraph")
+    from forge.integrations.langgraph import ForgeStore
+
+    with running(setup.app) as url, Client(url, setup.alice) as alice, Client(url, setup.bob) as bob:
+        mine = ForgeStore(alice)
+        assert mine.agent == "alice" and mine.groups == {"red"}  # from the key
+        mine.put(("ops",), "a", {"content": FACT})
+        mine.put(("ops",), "b", {"content": FACT, "n": 2})
+        assert mine.last_admission.action == "noop"
+        assert mine.get(("ops",), "b").value == {"content": FACT, "n": 2} and mine.get(("ops",), "a").value == {"content": FACT}
+        assert [u.content for u in _active(setup.memory)] == [FACT]
+        # Another agent's duplicate corroborates alice's unit on the server, but bob may not
+        # rename alice's unit: his key keeps a unit of its own.
+        theirs = ForgeStore(bob)
+        theirs.put(("ops",), "c", {"content": FACT})
+        assert theirs.get(("ops",), "c").value == {"content": FACT}
+        assert sum(u.content == FACT for u in _active(setup.memory)) == 2

@@ -1,11 +1,17 @@
 """ForgeStore against the behaviours LangGraph's own store tests check (put/get/delete,
 search with filters and queries, namespace listing with prefixes, suffixes, wildcards,
-depth and pagination, invalid namespaces, async), plus scope mapping and a real graph."""
+depth and pagination, invalid namespaces, async), plus scope mapping and a real graph.
+
+Every test runs three times: over a Memory in this process, over the service through a
+Client, and over the service through an AsyncClient (its sync methods driven on one event
+loop here, since a ForgeStore over an AsyncClient answers the async ones)."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,21 +21,90 @@ from langgraph.store.base import InvalidNamespaceError, PutOp  # noqa: E402
 
 from forge.engine.embed import HashingEmbedder  # noqa: E402
 from forge.engine.memory import Memory  # noqa: E402
+from forge.errors import ConfigError  # noqa: E402
 from forge.integrations.langgraph import ForgeStore  # noqa: E402
 from forge.model import Viewer  # noqa: E402
 from forge.store import SQLiteStore  # noqa: E402
 
+BACKENDS = ["memory", "client", "async"]
+
+
+class _Loop:
+    """One event loop in a thread, for the AsyncClient-backed stores of a test."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
+        self.loop.close()
+
+
+class _Synced:
+    """A ForgeStore over an AsyncClient, its async methods called through the sync names."""
+
+    def __init__(self, store: ForgeStore, loop: _Loop) -> None:
+        self.inner, self.loop = store, loop
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("put", "get", "search", "delete", "list_namespaces", "batch"):
+            method = getattr(self.inner, "a" + name)
+            return lambda *a, **kw: self.loop.run(method(*a, **kw))
+        return getattr(self.inner, name)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, tmp_path: Path):
+    """(the Memory behind it, make(agent, groups) -> a store seen as that agent, kind)."""
+    mem = Memory(SQLiteStore(tmp_path / "lg.db"), HashingEmbedder(128))
+    if request.param == "memory":
+        yield mem, lambda agent="langgraph", groups=(): ForgeStore(mem, agent=agent, groups=groups), "memory"
+        mem.close()
+        return
+    pytest.importorskip("fastapi")
+    from forge.client import AsyncClient, Client
+    from forge.server.app import create_app
+    from forge.server.keys import KeyStore
+    from forge.server.testing import running
+
+    keys = KeyStore(tmp_path / "lg.keys.json")
+    keys.create(admin=True)  # a server with keys: each agent below has its own
+    loop = _Loop() if request.param == "async" else None
+    clients: list[Any] = []
+    with running(create_app(mem, keys=keys, rate=1e6)) as url:
+        def make(agent: str = "langgraph", groups: tuple[str, ...] | list[str] = ()) -> Any:
+            token = keys.create(agent=agent, groups=list(groups))
+            if loop is None:
+                clients.append(Client(url, token))
+                return ForgeStore(clients[-1])
+            clients.append(AsyncClient(url, token))
+            return _Synced(ForgeStore(clients[-1]), loop)
+
+        yield mem, make, request.param
+        for c in clients:
+            if loop is None:
+                c.close()
+            else:
+                loop.run(c.aclose())
+    if loop is not None:
+        loop.close()
+    mem.close()
+
 
 @pytest.fixture
-def mem(tmp_path: Path):
-    m = Memory(SQLiteStore(tmp_path / "lg.db"), HashingEmbedder(128))
-    yield m
-    m.close()
+def mem(backend):
+    return backend[0]
 
 
 @pytest.fixture
-def store(mem):
-    return ForgeStore(mem, agent="planner", groups=["ops"])
+def store(backend):
+    return backend[1]("planner", ["ops"])
 
 
 def test_put_get_update_delete(store) -> None:
@@ -100,8 +175,8 @@ def test_list_namespaces(store) -> None:
     assert store.list_namespaces(prefix=("*", "users"), suffix=("*", "settings")) == []
 
 
-def test_list_namespaces_pagination_and_empty(mem) -> None:
-    store = ForgeStore(mem)
+def test_list_namespaces_pagination_and_empty(backend) -> None:
+    store = backend[1]()
     assert store.list_namespaces() == []
     for i in range(20):
         store.put(("namespace", f"sub_{i:02d}"), f"id_{i:02d}", {"data": i})
@@ -109,8 +184,8 @@ def test_list_namespaces_pagination_and_empty(mem) -> None:
     assert store.list_namespaces(prefix=("namespace",), limit=5, offset=15) == [("namespace", f"sub_{i:02d}") for i in range(15, 20)]
 
 
-def test_async_methods(store) -> None:
-    async def main() -> None:
+def test_async_methods(backend, store) -> None:
+    async def main(store: ForgeStore) -> None:
         await store.aput(("a",), "k", {"content": "async value"})
         assert (await store.aget(("a",), "k")).value == {"content": "async value"}
         assert (await store.asearch(("a",), query="async"))[0].key == "k"
@@ -120,13 +195,19 @@ def test_async_methods(store) -> None:
         with pytest.raises(InvalidNamespaceError):
             await store.aput((), "k", {"x": 1})
 
-    asyncio.run(main())
+    if backend[2] == "async":  # its own coroutines, on the loop its client lives on
+        store.loop.run(main(store.inner))
+        with pytest.raises(ConfigError, match="async methods"):
+            store.inner.get(("a",), "k")  # the sync ones say what to use instead
+    else:
+        asyncio.run(main(store))
 
 
-def test_namespaces_map_to_scopes_and_items_are_forge_units(mem) -> None:
-    planner = ForgeStore(mem, agent="planner", groups=["ops"])
-    coder = ForgeStore(mem, agent="coder", groups=["ops"])
-    outsider = ForgeStore(mem, agent="outsider")
+def test_namespaces_map_to_scopes_and_items_are_forge_units(backend) -> None:
+    mem, make, _ = backend
+    planner = make("planner", ["ops"])
+    coder = make("coder", ["ops"])
+    outsider = make("outsider")
     planner.put(("private", "notes"), "n1", {"content": "my private plan"})
     planner.put(("group", "ops", "runbook"), "r1", {"content": "restart the worker first"})
     planner.put(("shared",), "s1", {"content": "the deploy window is friday"})
@@ -135,11 +216,13 @@ def test_namespaces_map_to_scopes_and_items_are_forge_units(mem) -> None:
     assert outsider.get(("group", "ops", "runbook"), "r1") is None
     assert outsider.get(("shared",), "s1") is not None
     assert {u.scope.kind for u in mem.store.list(viewer=Viewer.admin())} == {"private", "group", "global"}
+    assert {u.owner for u in mem.store.list(viewer=Viewer.admin())} == {"planner"}
     hits = mem.recall("restart the worker", viewer=Viewer.of("coder", ["ops"]), k=1)
-    assert hits[0].unit.content == "restart the worker first" and hits[0].unit.provenance.source == "langgraph:planner"
+    assert hits[0].unit.content == "restart the worker first"
+    assert hits[0].unit.provenance.source.endswith("langgraph:planner")  # over the service: api:planner/langgraph:planner
 
 
-def test_a_langgraph_graph_uses_it_as_its_store(mem) -> None:
+def test_a_langgraph_graph_uses_it_as_its_store(backend) -> None:
     from typing import TypedDict
 
     from langgraph.graph import END, START, StateGraph
@@ -147,6 +230,9 @@ def test_a_langgraph_graph_uses_it_as_its_store(mem) -> None:
     class State(TypedDict):
         user: str
         answer: str
+
+    store = backend[1]("graph")
+    asynchronous = backend[2] == "async"
 
     def remember(state: State, *, store) -> dict:
         store.put(("users", state["user"]), "last", {"content": f"{state['user']} asked about ice"})
@@ -156,11 +242,23 @@ def test_a_langgraph_graph_uses_it_as_its_store(mem) -> None:
         found = store.search(("users", state["user"]), query="ice", limit=1)
         return {"answer": found[0].value["content"] if found else "nothing"}
 
+    async def aremember(state: State, *, store) -> dict:
+        await store.aput(("users", state["user"]), "last", {"content": f"{state['user']} asked about ice"})
+        return {}
+
+    async def aanswer(state: State, *, store) -> dict:
+        found = await store.asearch(("users", state["user"]), query="ice", limit=1)
+        return {"answer": found[0].value["content"] if found else "nothing"}
+
     builder = StateGraph(State)
-    builder.add_node("remember", remember)
-    builder.add_node("answer", answer)
+    builder.add_node("remember", aremember if asynchronous else remember)
+    builder.add_node("answer", aanswer if asynchronous else answer)
     builder.add_edge(START, "remember")
     builder.add_edge("remember", "answer")
     builder.add_edge("answer", END)
-    graph = builder.compile(store=ForgeStore(mem, agent="graph"))
-    assert graph.invoke({"user": "ann", "answer": ""})["answer"] == "ann asked about ice"
+    if asynchronous:  # an async graph over an AsyncClient: ainvoke, on the client's loop
+        graph = builder.compile(store=store.inner)
+        assert store.loop.run(graph.ainvoke({"user": "ann", "answer": ""}))["answer"] == "ann asked about ice"
+    else:
+        graph = builder.compile(store=store)
+        assert graph.invoke({"user": "ann", "answer": ""})["answer"] == "ann asked about ice"

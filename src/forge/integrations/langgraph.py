@@ -103,8 +103,11 @@ def _drive(coro: Coroutine[Any, Any, Any]) -> Any:
     except StopIteration as done:
         return done.value
     coro.close()
-    raise ConfigError("this ForgeStore is over an AsyncClient: use the async methods (aput, aget, asearch, ...), "
-                      "or give it a Client for the sync ones")
+    raise RuntimeError("a blocking backend suspended")  # a bug: the blocking backends never wait
+
+
+_ASYNC_ONLY = ("this ForgeStore is over an AsyncClient: use the async methods (aput, aget, asearch, ...), "
+               "or give it a Client for the sync ones")
 
 
 class _Local:
@@ -226,19 +229,26 @@ class ForgeStore(BaseStore):
 
     @property
     def agent(self) -> str:
-        """The agent this store reads and writes as (over a client: the key's, asked once)."""
-        if self._backend.agent is None:
-            _drive(self._backend.who())
+        """The agent this store reads and writes as (over a client: the key's, asked once;
+        over an AsyncClient known after the first async call)."""
+        self._know()
         return self._backend.agent
 
     @property
     def groups(self) -> frozenset[str]:
-        if self._backend.agent is None:
-            _drive(self._backend.who())
+        self._know()
         return self._backend.groups
+
+    def _know(self) -> None:
+        if self._backend.agent is None:
+            if not self._backend.blocking:
+                raise ConfigError(_ASYNC_ONLY)
+            _drive(self._backend.who())
 
     # -- the two methods LangGraph needs -------------------------------------------------
     def batch(self, ops: Iterable[Op]) -> list[Result]:
+        if not self._backend.blocking:
+            raise ConfigError(_ASYNC_ONLY)
         return _drive(self._run(list(ops)))
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
