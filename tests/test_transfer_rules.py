@@ -155,3 +155,15 @@ def test_a_rule_may_name_an_action_by_its_kind_and_it_stands_for_every_action_of
     assert rec.advised(situation) == {"restore User1", "restore User2"}  # every User host, not the Enterprise one
     assert rec.offered(situation) == ["restore User1", "restore User2"]
     assert rec.verdict(situation, "restore User1") is True and rec.verdict(situation, "sleep") is False
+
+
+def test_a_rule_that_copies_the_whole_situation_is_narrowed_to_its_actions_clauses():
+    situation = "on the start tile; left: edge; down: hole; right: frozen; up: edge; goal: down-right at distance 6"
+    kept, why = rules.check(
+        f"when {situation}, do not down; right was safe there", valid_actions=GRID, situations=[situation],
+        failing_situation=situation, failing_action="down", safe_actions=["right"],
+    )
+    assert kept == "when down: hole; right: frozen, do not down; right was safe there" and "narrowed" in why
+    # a rule already naming part of the situation is left as written
+    kept, why = rules.check("when down: hole, do not down", valid_actions=GRID, situations=[situation], failing_situation=situation, failing_action="down")
+    assert kept == "when down: hole, do not down" and why == ""

@@ -240,6 +240,24 @@ def check(
                 "recommends an action that was not safe" if unsafe else "does not say what to avoid"
             )
             return repaired, f"repaired: rule {what} ({text[:60]!r})"
+    narrowed = _narrowed(text, parsed, failing_situation)
+    if narrowed != text:
+        return narrowed, f"repaired: 'when' narrowed to the clauses of the actions it names ({original[:60]!r})"
     if repaired_names:
         return text, f"repaired: names made general ({original[:60]!r})"
     return text, ""
+
+
+def _narrowed(text: str, parsed: ParsedRule, situation: str) -> str:
+    """A rule whose "when" is the whole failing situation, narrowed by :func:`focus` to the
+    clauses of the actions it names: a 1.5B reflector copies the whole situation ("on the
+    start tile; left: edge; down: hole; ...; goal: down-right at distance 6"), which recurs
+    on few other maps, while "down: hole" recurs on most."""
+    if normalize(parsed.when) != normalize(situation) or not (parsed.avoid or parsed.do):
+        return text
+    named = [*parsed.avoid, *parsed.do]
+    narrow = focus(situation, named[0], named[1:])
+    if narrow == situation:
+        return text
+    at = text.find(parsed.when)
+    return text if at < 0 else text[:at] + narrow + text[at + len(parsed.when):]
