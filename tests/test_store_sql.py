@@ -95,3 +95,31 @@ def test_both_backends_export_the_same_records_to_each_viewer(both):
         assert exports[0] == exports[1], viewer
         episodes = {rec["agent"] for rec in exports[0] if rec["record"] == "episode"}
         assert episodes == ({"ann", "bob", ""} if viewer.operator else {viewer.agent} & {"ann", "bob"}), viewer
+
+
+def test_a_unit_read_again_unchanged_is_not_decoded_again_and_any_write_is_seen(both):
+    from forge.model import Provenance
+
+    for s in both:
+        admin = Viewer.admin()
+        first = s.get("u001", viewer=admin)
+        assert s.get_many(["u001"], viewer=admin)[0] is first  # the same row: the unit decoded before
+        changed = s.update(first.replace(content="note 1, revised", meta={"speaker": "ann"},
+                                         provenance=Provenance(source="test", episodes=("e1",))))
+        again = s.get("u001", viewer=admin)
+        assert again is not first and again.content == "note 1, revised" and again.meta == {"speaker": "ann"}
+        assert again.provenance == Provenance(source="test", episodes=("e1",)) and again.updated_at == changed.updated_at
+        s.set_status("u001", Status.ARCHIVED, reason="test")
+        assert s.get("u001", viewer=admin).status is Status.ARCHIVED
+        assert s.get("u002", viewer=admin).provenance == Provenance() and s.get("u002", viewer=admin).meta == {}
+
+
+def test_the_decoded_units_kept_are_bounded(monkeypatch):
+    import forge.store.sql as sql
+
+    monkeypatch.setattr(sql, "DECODED_MAX", 5)
+    s = SQLiteStore(":memory:")
+    s.add([Unit(f"n{i}", id=f"n{i}") for i in range(20)])
+    assert [u.id for u in s.get_many([f"n{i}" for i in range(20)], viewer=Viewer.admin())] == [f"n{i}" for i in range(20)]
+    assert len(s._units_decoded) == 5
+    s.close()

@@ -133,8 +133,9 @@ def unit_row(u: Unit, *, tags: Callable[[list[str]], Any], text: Callable[[str],
 
 def row_unit(r: Sequence[Any], *, tags: Callable[[Any], Sequence[str]] = tuple) -> Unit:
     """The unit of a ``units`` row (the first 19 columns of :func:`unit_row`). The row was
-    validated when it was written, so it is restored without checking it again."""
-    prov = json.loads(r[16])
+    validated when it was written, so it is restored without checking it again. Provenance
+    and meta as :func:`unit_row` writes them when empty (most units) are not parsed."""
+    prov = _NO_PROVENANCE if r[16] == _NO_PROVENANCE_TEXT else json.loads(r[16])
     return Unit.restore(
         id=r[0],
         kind=Kind(r[1]),
@@ -152,8 +153,12 @@ def row_unit(r: Sequence[Any], *, tags: Callable[[Any], Sequence[str]] = tuple) 
         provenance=Provenance.restore(source=prov.get("source", ""), episodes=tuple(prov.get("episodes") or ()),
                                       derived_from=tuple(prov.get("derived_from") or ())),
         status=Status(r[17]),
-        meta=json.loads(r[18]),
+        meta={} if r[18] == "{}" else json.loads(r[18]),
     )
+
+
+_NO_PROVENANCE = Provenance().to_dict()  # read only: its lists are copied into tuples
+_NO_PROVENANCE_TEXT = json.dumps(_NO_PROVENANCE)
 
 
 @functools.lru_cache(maxsize=4096)
