@@ -92,9 +92,12 @@ def test_unknown_family_or_level_is_a_one_line_config_error(name: str, says: str
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
-def test_only_cache_dir_may_be_passed(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="takes only cache_dir"):
-        make_env("textworld:coin-1", max_steps=3)
+def test_only_cache_dir_and_max_steps_may_be_passed(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="takes only cache_dir and max_steps"):
+        make_env("textworld:coin-1", seed=3)
+    with pytest.raises(ConfigError, match="max_steps must be a positive integer"):
+        make_env("textworld:coin-1", max_steps=0)
+    assert make_env("textworld:coin-1", cache_dir=tmp_path, max_steps=7).spec.max_steps == 7  # the team runner's cap
     env = make_env("textworld:coin-1", cache_dir=tmp_path)
     assert isinstance(env, Env) and env.spec.name == "textworld:coin-1"
     assert env.spec.major_failure_return < env.spec.tau < 0 < env.spec.success_return

@@ -618,7 +618,9 @@ class TextWorldEnv:
     """
 
     def __init__(self, *, family: str, level: int = 1,
-                 cache_dir: str | os.PathLike[str] | None = None) -> None:
+                 cache_dir: str | os.PathLike[str] | None = None, max_steps: int | None = None) -> None:
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+            raise ConfigError(f"max_steps must be a positive integer, got {max_steps!r}")
         _check_family(family)
         _check_level(family, level)
         _textworld()  # fail here, with the install hint, rather than at the first reset
@@ -626,7 +628,7 @@ class TextWorldEnv:
         self.cache_dir = textworld_cache_dir(cache_dir)
         self._spec_level = _LEVELS[family][level]
         self._lexicon = _Lexicon(family)
-        steps = self._spec_level.max_steps
+        steps = max_steps or self._spec_level.max_steps
         self.spec = EnvSpec(
             name=f"textworld:{family}-{level}",
             description=(
@@ -771,9 +773,9 @@ class TextWorldEnv:
 
 
 def make_textworld(name: str, **kwargs: Any) -> TextWorldEnv:
-    """Build ``<family>-<level>`` (e.g. ``"coin-1"``); only ``cache_dir`` may be passed."""
+    """Build ``<family>-<level>`` (e.g. ``"coin-1"``); ``cache_dir`` and ``max_steps`` may be passed."""
     family, level = _parse_name(name)
-    unknown = set(kwargs) - {"cache_dir"}
+    unknown = set(kwargs) - {"cache_dir", "max_steps"}
     if unknown:
-        raise ConfigError(f"textworld:{name} takes only cache_dir, got: {', '.join(sorted(unknown))}")
+        raise ConfigError(f"textworld:{name} takes only cache_dir and max_steps, got: {', '.join(sorted(unknown))}")
     return TextWorldEnv(family=family, level=level, **kwargs)
