@@ -498,3 +498,78 @@ def test_keyword_queries_of_any_shape_are_words_not_syntax(store):
         assert all(isinstance(h.id, str) for h in hits)
     assert [h.id for h in store.keyword_search("'; storm --", k=5, viewer=ADMIN)] == ["log"]
     assert store.count(viewer=ADMIN) == 2  # nothing was executed
+
+
+SECRET = "Zebrafinch quartzlamp walrusgate: the vault code is 4471-XQ."
+
+
+def _everything_readable(store) -> str:
+    """All a store gives back: export, the event log, listings and keyword hits."""
+    parts = [json.dumps(r, sort_keys=True) for r in store.export_records(viewer=ADMIN)]
+    parts += [json.dumps(e.data) for e in store.events(viewer=ADMIN, limit=100_000)]
+    parts += [u.content + json.dumps(u.meta) for u in store.list(viewer=ADMIN, filter=ANY_STATUS, limit=1000)]
+    return "\n".join(parts)
+
+
+def test_erase_removes_every_trace_of_the_text(store):
+    v = vecs(3, seed=7)
+    secret, other, third = Unit(SECRET, kind="fact", context=Context(tags=("vault",))), Unit("the lobby opens at nine"), Unit("a third note")
+    store.add([secret, other, third], v)
+    store.relate(Relation(other.id, secret.id, "related_to", note="see: the vault code is 4471-XQ"))
+    store.relate(Relation(secret.id, third.id, "supports"))
+    store.update(secret.replace(content=SECRET + " Rotate it monthly.", meta={"merged": [{"id": "dup", "content": "walrusgate vault code 4471-XQ"}]}))
+    store.set_status(secret.id, Status.ACTIVE, reason="confirmed the vault code 4471-XQ", actor="ops")
+    store.append_event("recall", actor="bob", data={"query": "vault code", "hits": [{"id": secret.id, "reasons": ["keyword #1"]}]})
+    store.append_event("admit", unit_id=other.id, actor="ops", data={"action": "add", "existing": secret.id,
+                                                                   "reason": f"beside {secret.id}: 'walrusgate' contradicts"})
+    assert store.keyword_search("walrusgate", k=5, viewer=ADMIN)[0].id == secret.id
+    assert store.vector_search(v[0], k=1, viewer=ADMIN)[0].id == secret.id
+
+    done = store.erase(secret.id, actor="dpo", reason="right to erasure request #12")
+    assert done["kind"] == "fact" and done["removed"]["relations"] == 2 and done["removed"]["history"] >= 3
+
+    with pytest.raises(NotFoundError):
+        store.get(secret.id, viewer=ADMIN)
+    assert store.get_many([secret.id], viewer=ADMIN) == []
+    assert store.keyword_search("walrusgate", k=5, viewer=ADMIN) == []
+    assert store.keyword_search("zebrafinch quartzlamp", k=5, viewer=ADMIN) == []
+    assert secret.id not in {h.id for h in store.vector_search(v[0], k=3, viewer=ADMIN)}
+    with pytest.raises(NotFoundError):
+        store.vector(secret.id, viewer=ADMIN)
+    assert store.relations(other.id, viewer=ADMIN) == [] and store.relations(third.id, viewer=ADMIN) == []
+    assert store.neighbors([other.id, third.id], viewer=ADMIN) == []
+    seen = _everything_readable(store).lower()
+    for word in ("zebrafinch", "quartzlamp", "walrusgate", "4471", "vault code", "rotate it monthly"):
+        assert word not in seen, word
+    [tomb] = store.events(unit_id=secret.id, viewer=ADMIN)  # only the tombstone is left of its history
+    assert tomb.op == "erase" and tomb.actor == "dpo" and tomb.data["reason"] == "right to erasure request #12"
+    assert tomb.data["kind"] == "fact" and tomb.ts > 0
+    # The other events about it keep their ids, not its words.
+    recall = next(e for e in store.events(viewer=ADMIN, ops=["recall"]))
+    assert recall.data["hits"][0]["id"] == secret.id and recall.data["query"] == "[erased]"
+    assert store.count(viewer=ADMIN) == 2 and store.get(other.id, viewer=ADMIN).content == "the lobby opens at nine"
+    with pytest.raises(NotFoundError):
+        store.erase(secret.id, actor="dpo", reason="again")
+
+
+def test_erase_leaves_no_text_in_the_sqlite_files(tmp_path):
+    from forge.store import SQLiteStore
+
+    path = tmp_path / "e.db"
+    store = SQLiteStore(path)
+    v = vecs(40, seed=3)
+    units = [Unit(SECRET)] + [Unit(f"filler note {i} about the lobby") for i in range(39)]
+    store.add(units, v)
+    assert store.vector_search(v[0], k=1, viewer=ADMIN)[0].id == units[0].id
+    store.flush()  # the vector index is on disk now, with the vector in it
+    assert (tmp_path / "e.db.usearch").exists()
+    store.erase(units[0].id, actor="dpo", reason="erasure")
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    for word in (b"Zebrafinch", b"zebrafinch", b"walrusgate", b"quartzlamp", b"4471-XQ"):
+        assert word not in raw, word  # not in the database, its WAL, the FTS5 segments or a saved index
+    assert v[0].tobytes() not in raw
+    assert units[0].id not in {h.id for h in store.vector_search(v[0], k=5, viewer=ADMIN)}  # the index rebuilt without it
+    assert store.vector_search(v[1], k=1, viewer=ADMIN)[0].id == units[1].id
+    store.close()
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+    assert b"walrusgate" not in raw and v[0].tobytes() not in raw

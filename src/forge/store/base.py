@@ -210,6 +210,12 @@ class Store(Protocol):
 
     def set_status(self, unit_id: str, status: Status, *, reason: str, actor: str = "") -> None: ...
 
+    def erase(self, unit_id: str, *, actor: str = "", reason: str = "") -> dict[str, Any]:
+        """Remove a unit's content, vector, keyword postings, relations and history text,
+        leaving one ``erase`` event (who, which id, when, why); the tombstone's data
+        (:mod:`forge.store.erase`). Archiving keeps a unit; this does not."""
+        ...
+
     def list(
         self, *, viewer: Viewer, filter: Filter = Filter(), limit: int = 100, offset: int = 0
     ) -> list[Unit]: ...

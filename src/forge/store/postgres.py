@@ -82,6 +82,7 @@ from forge.model import Unit, Viewer
 from forge.store import pg
 from forge.store.base import Filter, Hit
 from forge.store.common import count_arg as _count_arg
+from forge.store.erase import erase_rows
 from forge.store.pg import redact_dsn
 from forge.store.sql import COLUMNS as _COLUMNS
 from forge.store.sql import Dialect, Duplicate, EventRow, SQLStore
@@ -768,6 +769,17 @@ class PostgresStore(SQLStore):
         with db.cursor() as cur, cur.copy("COPY events (ts, op, unit_id, actor, data) FROM STDIN") as copy:
             for ts, op, uid, who, data in events:
                 copy.write_row((ts, op, uid, who, json.dumps(dict(data), default=str)))
+
+    def erase(self, unit_id: str, *, actor: str = "", reason: str = "") -> dict[str, Any]:
+        """Remove a unit and every trace of its text (see :mod:`forge.store.erase`); the tombstone's data.
+
+        Its keyword postings (``unit_fts``, ``unit_terms``) go with its row, by cascade and
+        trigger, and its vector is in the row. The old row versions stay on disk until
+        (auto)vacuum reclaims them, as for any PostgreSQL delete; no query can read them.
+        """
+        with self._tx() as db:
+            return erase_rows(self, db, unit_id, actor=actor, reason=reason,
+                              delete_unit=lambda db, uid: db.execute("DELETE FROM units WHERE id = %s", (uid,)))
 
     def touch(self, ids: Sequence[str], *, at: float | None = None) -> None:
         """Count a recall of ``ids`` now (one statement; concurrent recalls add up)."""

@@ -31,6 +31,7 @@ from forge.model import Status, Unit, Viewer  # noqa: F401  (Status: kept import
 from forge.store.base import Filter, Hit
 from forge.store.common import count_arg as _count_arg
 from forge.store.common import query_words
+from forge.store.erase import erase_rows
 from forge.store.facts import COLUMNS as FACT_COLUMNS
 from forge.store.facts import Facts, member
 from forge.store.keywords import KeywordIndex, stem, tokens, top
@@ -987,6 +988,46 @@ class SQLiteStore(SQLStore):
     # -- bulk -----------------------------------------------------------------------------
     def _stats_extra(self) -> dict[str, Any]:
         return {"embedder": self._setting("embedder"), "path": self.path}
+
+    def erase(self, unit_id: str, *, actor: str = "", reason: str = "") -> dict[str, Any]:
+        """Remove a unit and every trace of its text (see :mod:`forge.store.erase`); the tombstone's data.
+
+        Beyond the rows: the delete runs with ``secure_delete`` (freed pages are zeroed, not
+        left in the file), the full-text index is merged so no old segment keeps the words,
+        the WAL is checkpointed and truncated when no reader holds it, and the saved vector
+        index is dropped (it holds the vector; it is rebuilt from the database on the next
+        vector search, once).
+        """
+        with self._tx() as db:
+            secure = db.execute("PRAGMA secure_delete").fetchone()[0]
+            db.execute("PRAGMA secure_delete = ON")
+            try:
+                done = erase_rows(self, db, unit_id, actor=actor, reason=reason, delete_unit=self._delete_unit_row)
+            except BaseException:
+                db.execute(f"PRAGMA secure_delete = {int(secure)}")
+                raise
+            self._on_commit(lambda: self._after_erase(secure))
+        return done
+
+    def _delete_unit_row(self, db: sqlite3.Connection, unit_id: str) -> None:
+        (rowid,) = db.execute("SELECT rowid FROM units WHERE id = ?", (unit_id,)).fetchone()
+        db.execute("DELETE FROM unit_tags WHERE unit_rowid = ?", (rowid,))
+        db.execute("DELETE FROM units WHERE rowid = ?", (rowid,))  # the FTS5 row and the change feed by trigger
+
+    def _after_erase(self, secure: int) -> None:
+        try:
+            with self._tx(check=False) as db:  # rewrite the FTS5 segments without the deleted words
+                db.execute("INSERT INTO units_fts(units_fts) VALUES ('optimize')")
+        finally:
+            self._db.execute(f"PRAGMA secure_delete = {int(secure)}")
+        with contextlib.suppress(sqlite3.DatabaseError):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # busy while a reader holds it: rewritten later
+        with self._index_lock:
+            self._index = None
+        if self._file is not None:
+            for suffix in (".usearch", ".usearch.json"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path + suffix)
 
     def flush(self) -> None:
         """Write pending access statistics and persist the vector index now (close does both).
