@@ -205,7 +205,7 @@ def protocols(args: argparse.Namespace) -> dict[str, Any]:
                 "rule_shown": sum(r["rules"].get("rule_shown", 0) for r in runs),
                 "rule_followed": sum(r["rules"].get("rule_followed", 0) for r in runs),
                 "decisions": sum(r["rules"].get("decisions", 0) for r in runs),
-                "seconds": sum(r["seconds"] for r in runs), "paper": PAPER.get(condition),
+                "seconds": sum(r["seconds"] for r in runs), "paper": PAPER.get(condition) if args.env == "cyborg-cage2" else None,
             }
     baselines: dict[str, Policy] = {"sleep": sleep}
     if args.env == "cyborg-cage2":
