@@ -258,3 +258,24 @@ def test_agents_link_only_for_admins(site, page) -> None:
     assert page.locator("header a[href='/ui/agents']").count() == 0  # it led agents to an error page
     _sign_in(page, url, setup.admin)
     assert page.locator("header a[href='/ui/agents']").count() == 1
+
+
+def test_an_admin_erases_a_unit_from_its_page(site, page) -> None:
+    setup, url, ids = site
+    from forge.errors import NotFoundError
+
+    _sign_in(page, url, setup.bob)
+    page.goto(f"{url}/ui/units/{ids['lake']}")
+    assert page.locator("#erase").count() == 0  # agents archive; only admins erase
+    _sign_in(page, url, setup.admin)
+    page.goto(f"{url}/ui/units/{ids['lake']}")
+    page.on("dialog", lambda d: d.accept())  # "Erase this unit for good?"
+    page.fill("#erase input[name=reason]", "erasure request 12")
+    page.click("#erase-button")
+    page.wait_for_url("**/ui/events?op=erase")
+    row = page.locator("#events tr", has_text="erase")
+    assert "erasure request 12" in row.inner_text() and "admin" in row.inner_text()
+    with pytest.raises(NotFoundError):
+        setup.memory.get(ids["lake"], viewer=Viewer.admin())
+    assert "froze early" not in page.content()
+    assert page.problems == []  # type: ignore[attr-defined]

@@ -68,6 +68,7 @@ def test_no_rest_endpoint_leaks(world) -> None:
         ("GET", f"/v1/units/{a}", None), ("GET", f"/v1/units/{g}", None),
         ("PATCH", f"/v1/units/{a}", {"content": "overwritten"}), ("PATCH", f"/v1/units/{g}", {"importance": 1.0}),
         ("POST", f"/v1/units/{a}/status", {"status": "archived", "reason": "x"}),
+        ("DELETE", f"/v1/units/{a}?reason=x", None), ("DELETE", f"/v1/units/{g}?reason=x", None),
         ("GET", f"/v1/units/{a}/relations", None), ("GET", f"/v1/units/{g}/relations", None),
         ("GET", f"/v1/units/{a}/history", None), ("GET", f"/v1/units/{a}/trace", None),
         ("POST", "/v1/recall", {"query": Q_SECRET, "k": 50, "filter": {"status": ["active", "quarantined", "archived", "superseded"]}}),
@@ -112,7 +113,8 @@ def test_no_mcp_tool_or_resource_leaks(world) -> None:
         async with MCPClient(server) as client:
             calls = [("recall", {"query": Q_SECRET, "k": 50}), ("recall", {"query": Q_GROUP, "k": 50}),
                      ("context", {"query": Q_SECRET, "budget": 2000}), ("relate", {"src": a, "dst": g}),
-                     ("forget", {"unit_id": a, "reason": "x"}), ("trace", {"unit_id": a}), ("trace", {"unit_id": g}),
+                     ("forget", {"unit_id": a, "reason": "x"}), ("erase", {"unit_id": a, "reason": "x"}), ("erase", {"unit_id": g, "reason": "x"}),
+                     ("trace", {"unit_id": a}), ("trace", {"unit_id": g}),
                      ("stats", {}), ("remember", {"content": "probe", "scope": "group:red"})]
             assert {n for n, _ in calls} == {t.name for t in (await client.list_tools()).tools}
             for name, args in calls:

@@ -232,6 +232,27 @@ def relate(obj: _Ctx, src: str, relation: str, dst: str, weight: float, note: st
     obj.emit(rel.to_dict(), f"{src} -[{relation}]-> {dst}")
 
 
+@cli.command()
+@click.argument("unit_id")
+@click.option("--reason", required=True, help="Why (kept in the tombstone event), e.g. 'erasure request 12'.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@pass_ctx
+def erase(obj: _Ctx, unit_id: str, reason: str, yes: bool) -> None:
+    """Erase a unit for good: its text, vector, keyword postings, relations and history go;
+    one tombstone event says who erased it, when and why. (To forget a unit and keep its
+    history, archive it: forge curate, or status archived through the API.)"""
+    with obj.memory(must_exist=True) as mem:
+        unit = mem.get(unit_id, viewer=Viewer.admin())
+        if not yes:
+            if not sys.stdin.isatty():
+                raise UserError("erasing cannot be undone: add --yes to erase without being asked")
+            click.confirm(f"Erase {unit.id} ({unit.kind.value}: {unit.content[:60]!r}) for good?", abort=True, err=True)
+        done = mem.erase(unit_id, reason=reason, actor="cli")
+    removed = done["removed"]
+    obj.emit({"erased": unit_id, **done}, f"erased {unit_id}: {removed['relations']} relation(s), {removed['history']} history event(s), "
+             f"{removed['mentions_scrubbed']} other event(s) scrubbed; tombstone event #{done['seq']}")
+
+
 @cli.command("export")
 @click.argument("path", default="-")
 @click.option("--agent", default=None, help="Export only what this agent may see. Default: everything.")

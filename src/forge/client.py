@@ -209,6 +209,10 @@ class Client:
         body = {"src": src, "dst": dst, "type": str(type), "weight": weight, "note": note}
         return Relation.from_dict(self._call("POST", "/v1/relations", json=body).json())
 
+    def erase(self, unit_id: str, *, reason: str, actor: str = "") -> dict[str, Any]:
+        """Erase a unit for good (an admin key; see :meth:`forge.Memory.erase`); the tombstone."""
+        return self._call("DELETE", f"/v1/units/{unit_id}", params={"reason": reason}).json()
+
     def add_episode(self, episode: Episode, *, actor: str = "") -> str:
         return self._call("POST", "/v1/episodes", json=_Calls.episode(episode)).json()["id"]
 
@@ -323,6 +327,9 @@ class AsyncClient:
     async def relate(self, src: str, dst: str, type: str = "related_to", *, weight: float = 1.0, note: str = "", actor: str = "") -> Relation:
         body = {"src": src, "dst": dst, "type": str(type), "weight": weight, "note": note}
         return Relation.from_dict((await self._call("POST", "/v1/relations", json=body)).json())
+
+    async def erase(self, unit_id: str, *, reason: str, actor: str = "") -> dict[str, Any]:
+        return (await self._call("DELETE", f"/v1/units/{unit_id}", params={"reason": reason})).json()
 
     async def get(self, unit_id: str, *, viewer: Viewer | None = None) -> Unit:
         await self._viewer(viewer)

@@ -206,6 +206,16 @@ class Memory:
     def set_status(self, unit_id: str, status: Status | str, *, reason: str, actor: str = "") -> None:
         self.store.set_status(unit_id, Status.parse(status), reason=reason, actor=actor)
 
+    def erase(self, unit_id: str, *, reason: str, actor: str = "") -> dict[str, Any]:
+        """Remove a unit for good (the right to erasure): its content, vector, keyword postings,
+        relations and history text, in every backend, leaving one ``erase`` event that says who
+        erased which id, when and why. :meth:`set_status` to ``archived`` is the way to forget
+        a unit and keep its history; this is for what must not be kept. Returns the
+        tombstone's data (kind, scope, owner, reason, how much was removed)."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValidationError("erasing a unit needs a reason (it is kept in the tombstone), e.g. reason='erasure request 12'")
+        return self.store.erase(unit_id, actor=actor, reason=reason.strip())
+
     def relate(self, src: str, dst: str, type: str = "related_to", *, weight: float = 1.0, note: str = "", actor: str = "") -> Relation:
         rel = Relation(src=src, dst=dst, type=type, weight=weight, note=note)  # type: ignore[arg-type]
         self.store.relate(rel, actor=actor)

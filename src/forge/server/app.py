@@ -259,6 +259,13 @@ def create_app(
         """Change status with a reason: archive (forget), approve or reject from quarantine."""
         return _unit(service.set_status(p, unit_id, body.status, reason=body.reason))
 
+    @app.delete("/v1/units/{unit_id}", response_model=m.ErasedOut, tags=["units"], responses={k: E[k] for k in (403, 404, 422)})
+    def erase_unit(unit_id: str, p: Who, reason: Annotated[str, Query(min_length=1, max_length=1000)]) -> dict[str, Any]:
+        """Erase a unit for good (admin; the right to erasure): its content, vector, keyword
+        postings, relations and history text go; one ``erase`` event says who, when and why.
+        To forget a unit and keep its history, set its status to ``archived`` instead."""
+        return service.erase(p, unit_id, reason=reason)
+
     @app.get("/v1/units/{unit_id}/relations", response_model=list[m.RelationOut], tags=["units"], responses={404: E[404]})
     def unit_relations(unit_id: str, p: Who) -> list[dict[str, Any]]:
         return [r.to_dict() for r in service.relations(p, unit_id)]

@@ -14,6 +14,7 @@ cross-site form cannot send.
 from __future__ import annotations
 
 import math
+from html import escape
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -138,6 +139,19 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
         except (AccessError, ForgeError) as exc:
             return page(request, "_review_row.html", p, error=str(exc), unit=None, unit_id=unit_id)
         return page(request, "_review_row.html", p, unit=unit, unit_id=unit_id, error="")
+
+    @router.post("/units/{unit_id}/erase", response_class=HTMLResponse)
+    def erase(request: Request, unit_id: str, p: Who, reason: Annotated[str, Form(max_length=1000)] = "") -> Response:
+        """Erase a unit for good (admins), with a reason; then the audit log's erase entries."""
+        if request.headers.get("hx-request") != "true":
+            return HTMLResponse("state changes need the HX-Request header", status_code=403)
+        try:
+            if not reason.strip():
+                raise ValidationError("give a reason: it is kept in the tombstone")
+            service.erase(p, unit_id, reason=reason.strip())
+        except ForgeError as exc:
+            return HTMLResponse(f'<p class="error" id="erase-error">{escape(str(exc))}</p>')
+        return HTMLResponse("", headers={"HX-Redirect": "/ui/events?op=erase"})
 
     @router.get("/conflicts", response_class=HTMLResponse)
     def conflicts_page(request: Request, p: Who, page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1,

@@ -1,7 +1,7 @@
 """The MCP server: FORGE memory as tools and resources for coding and desktop agents.
 
-Tools: ``remember``, ``recall``, ``context``, ``relate``, ``forget`` (archive), ``trace``
-(provenance), ``stats``. Resources: ``forge://units/{id}``, ``forge://units`` (oldest first, ``?limit=``),
+Tools: ``remember``, ``recall``, ``context``, ``relate``, ``forget`` (archive), ``erase``
+(for good, admin), ``trace`` (provenance), ``stats``. Resources: ``forge://units/{id}``, ``forge://units`` (oldest first, ``?limit=``),
 ``forge://runs`` and ``forge://runs/{name}``. Every tool calls the same
 :class:`~forge.server.service.Service` method the REST API does, so scope, audit and
 ownership rules are the same.
@@ -77,6 +77,12 @@ def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MC
         """Archive a memory: it is no longer recalled, but kept with the reason for history."""
         unit = service.set_status(principal(ctx), unit_id, "archived", reason=reason)
         return {"id": unit.id, "status": unit.status.value}
+
+    @server.tool()
+    def erase(unit_id: str, reason: str, ctx: Context) -> dict[str, Any]:
+        """Erase a memory for good (admin keys only; the right to erasure): its text, vector,
+        links and history go, one tombstone event says who, when and why. Use forget to archive."""
+        return service.erase(principal(ctx), unit_id, reason=reason)
 
     @server.tool()
     def trace(unit_id: str, ctx: Context) -> dict[str, Any]:

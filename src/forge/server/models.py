@@ -121,6 +121,24 @@ class StatusIn(_Strict):
     reason: str = Field(min_length=1, max_length=1000)
 
 
+class ErasedCounts(BaseModel):
+    relations: int
+    history: int
+    mentions_scrubbed: int
+
+
+class ErasedOut(BaseModel):
+    """The tombstone of an erased unit: what it was (never its text), why, what went with it."""
+
+    erased: str
+    kind: str
+    scope: str
+    owner: str
+    reason: str
+    removed: ErasedCounts
+    seq: int
+
+
 class UnitPage(BaseModel):
     units: list[UnitOut]
     total: int

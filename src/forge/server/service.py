@@ -286,6 +286,16 @@ class Service:
         self.memory.set_status(unit_id, new, reason=reason.strip(), actor=who.actor)
         return self.shown(who, [self.store.get(unit_id, viewer=Viewer.admin())])[0]
 
+    def erase(self, who: Principal, unit_id: str, *, reason: str) -> dict[str, Any]:
+        """Erase a unit for good (admin): see :meth:`forge.engine.memory.Memory.erase`.
+
+        Pending read records are written first, so the recalls that returned it are scrubbed
+        with the rest of the log."""
+        _admin(who, "erase units (an agent archives its own: status archived)")
+        self.flush()
+        done = self.memory.erase(unit_id, reason=reason, actor=who.actor)
+        return {"erased": unit_id, **done}
+
     def _writable(self, who: Principal, unit_id: str) -> Unit:
         unit = self.memory.get(unit_id, viewer=who.viewer)  # NotFound for what it cannot see
         if not who.admin and unit.owner != who.agent:
