@@ -28,6 +28,9 @@ LAYERS = [
 ALLOWED_OUTWARD = {
     # The scripted test LLM obeys rules in its prompt, so it reads the rule grammar.
     ("forge.llm.testing", "forge.learn.rules"),
+    # Memory.add_messages is the library's front door for conversations (mem0's add(messages));
+    # what it runs, extraction and admission, lives in curate, above the engine. One lazy call.
+    ("forge.engine.memory", "forge.curate.messages"),
 }
 
 

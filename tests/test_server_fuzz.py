@@ -19,6 +19,7 @@ schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
 
+from forge.llm.testing import ScriptedLLM  # noqa: E402
 from server_support import make_setup  # noqa: E402
 
 schemathesis.serializer.alias("application/x-ndjson", "text/plain")  # /v1/import takes JSON lines as text
@@ -26,7 +27,7 @@ schemathesis.serializer.alias("application/x-ndjson", "text/plain")  # /v1/impor
 _TMP = Path(tempfile.mkdtemp(prefix="forge-fuzz-"))
 # Bodies up to 64 MiB: schema-valid extremes (10,000 episode steps) pass the default 8 MiB cap,
 # whose 413 test_server_hardening checks; here every schema-valid body reaches its route.
-_SETUP = make_setup(_TMP, mcp=False, capsule_secret="fuzz", max_body=64 * 2**20)
+_SETUP = make_setup(_TMP, mcp=False, capsule_secret="fuzz", max_body=64 * 2**20, llm=ScriptedLLM())  # no real model
 _SETUP.memory.add([__import__("forge").Unit("When the ice is thin, step back.", kind="rule", id="seed-unit")])
 
 schema = schemathesis.openapi.from_asgi("/openapi.json", _SETUP.app).exclude(path_regex=r"/v1/events/stream$")

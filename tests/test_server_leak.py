@@ -17,6 +17,7 @@ pytest.importorskip("fastapi")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+from forge.llm.testing import ScriptedLLM  # noqa: E402
 from forge.server.keys import Principal  # noqa: E402
 from forge.server.mcp import build_mcp  # noqa: E402
 from server_support import make_setup  # noqa: E402
@@ -33,7 +34,7 @@ def world(request: pytest.FixtureRequest, tmp_path: Path):
     from conftest import make_store
 
     store = None if request.param == "sqlite" else make_store(request.param, tmp_path, request)
-    setup = make_setup(tmp_path, store=store, capsule_secret="k")
+    setup = make_setup(tmp_path, store=store, capsule_secret="k", llm=ScriptedLLM())  # extracts nothing, obeys the schema
     with TestClient(setup.app) as c:
         h = setup.h(setup.alice)
         ids = c.post("/v1/units", json={"units": [{"content": SECRET, "scope": "private", "kind": "rule"},
@@ -69,6 +70,7 @@ def test_no_rest_endpoint_leaks(world) -> None:
         ("PATCH", f"/v1/units/{a}", {"content": "overwritten"}), ("PATCH", f"/v1/units/{g}", {"importance": 1.0}),
         ("POST", f"/v1/units/{a}/status", {"status": "archived", "reason": "x"}),
         ("DELETE", f"/v1/units/{a}?reason=x", None), ("DELETE", f"/v1/units/{g}?reason=x", None),
+        ("POST", "/v1/messages", {"messages": [{"role": "user", "content": Q_SECRET}], "scope": "group:red"}),
         ("GET", f"/v1/units/{a}/relations", None), ("GET", f"/v1/units/{g}/relations", None),
         ("GET", f"/v1/units/{a}/history", None), ("GET", f"/v1/units/{a}/trace", None),
         ("POST", "/v1/recall", {"query": Q_SECRET, "k": 50, "filter": {"status": ["active", "quarantined", "archived", "superseded"]}}),
@@ -113,6 +115,7 @@ def test_no_mcp_tool_or_resource_leaks(world) -> None:
         async with MCPClient(server) as client:
             calls = [("recall", {"query": Q_SECRET, "k": 50}), ("recall", {"query": Q_GROUP, "k": 50}),
                      ("context", {"query": Q_SECRET, "budget": 2000}), ("relate", {"src": a, "dst": g}),
+                     ("remember_messages", {"messages": [{"role": "user", "content": Q_SECRET}]}),
                      ("forget", {"unit_id": a, "reason": "x"}), ("erase", {"unit_id": a, "reason": "x"}), ("erase", {"unit_id": g, "reason": "x"}),
                      ("trace", {"unit_id": a}), ("trace", {"unit_id": g}),
                      ("stats", {}), ("remember", {"content": "probe", "scope": "group:red"})]

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from forge.curate.admission import Admitted
+from forge.curate.messages import Ingested
 from forge.engine.recall import Packed, Recalled
 from forge.errors import (
     AccessError,
@@ -135,6 +136,12 @@ class _Calls:
         return {k: v for k, v in _unit_in(unit).items() if k in ("content", "kind", "context", "scope", "confidence", "importance", "meta")}
 
     @staticmethod
+    def turns(messages: Sequence[Any], scope: str, admit: bool) -> dict[str, Any]:
+        from forge.curate.messages import parse_messages
+
+        return {"messages": [{"role": m.role, "content": m.content} for m in parse_messages(messages)], "scope": scope, "admit": admit}
+
+    @staticmethod
     def episode(episode: Episode) -> dict[str, Any]:
         d = episode.to_dict()
         d.pop("created_at")
@@ -208,6 +215,10 @@ class Client:
     def relate(self, src: str, dst: str, type: str = "related_to", *, weight: float = 1.0, note: str = "", actor: str = "") -> Relation:
         body = {"src": src, "dst": dst, "type": str(type), "weight": weight, "note": note}
         return Relation.from_dict(self._call("POST", "/v1/relations", json=body).json())
+
+    def add_messages(self, messages: Sequence[Any], *, scope: str = "global", admit: bool = True, actor: str = "") -> Ingested:
+        """Remember a conversation with the server's LLM (see :meth:`forge.Memory.add_messages`)."""
+        return Ingested.from_dict(self._call("POST", "/v1/messages", json=_Calls.turns(messages, scope, admit)).json())
 
     def erase(self, unit_id: str, *, reason: str, actor: str = "") -> dict[str, Any]:
         """Erase a unit for good (an admin key; see :meth:`forge.Memory.erase`); the tombstone."""
@@ -327,6 +338,9 @@ class AsyncClient:
     async def relate(self, src: str, dst: str, type: str = "related_to", *, weight: float = 1.0, note: str = "", actor: str = "") -> Relation:
         body = {"src": src, "dst": dst, "type": str(type), "weight": weight, "note": note}
         return Relation.from_dict((await self._call("POST", "/v1/relations", json=body)).json())
+
+    async def add_messages(self, messages: Sequence[Any], *, scope: str = "global", admit: bool = True, actor: str = "") -> Ingested:
+        return Ingested.from_dict((await self._call("POST", "/v1/messages", json=_Calls.turns(messages, scope, admit))).json())
 
     async def erase(self, unit_id: str, *, reason: str, actor: str = "") -> dict[str, Any]:
         return (await self._call("DELETE", f"/v1/units/{unit_id}", params={"reason": reason})).json()

@@ -12,6 +12,7 @@ than silently mixing vector spaces.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import deque
@@ -104,7 +105,11 @@ class Memory:
     than letting them all contend for the GIL (see ``_Gate``).
     """
 
-    def __init__(self, store: Store, embedder: Embedder, *, concurrent_recalls: int | None = None) -> None:
+    def __init__(self, store: Store, embedder: Embedder, *, concurrent_recalls: int | None = None, llm: Any = None) -> None:
+        """``llm`` (an LLM or a spec for :func:`forge.llm.open_llm`) is what :meth:`add_messages`
+        extracts with; it defaults to the embedded model, opened on first use."""
+        self.llm = llm
+        self._opened_llm: Any = None
         slots = (os.cpu_count() or 1) if concurrent_recalls is None else concurrent_recalls
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ValidationError("concurrent_recalls must be a positive integer")
@@ -123,7 +128,7 @@ class Memory:
 
     @classmethod
     def open(cls, path: str | Path = ":memory:", *, embedder: str | Embedder | None = None,
-             concurrent_recalls: int | None = None) -> Memory:
+             concurrent_recalls: int | None = None, llm: Any = None) -> Memory:
         """Open a store by path/URL; the embedder defaults to the one the store was built with."""
         store = open_store(path)
         try:
@@ -131,7 +136,7 @@ class Memory:
                 embedder = store.settings().get("embedder") or "local"
             if isinstance(embedder, str):
                 embedder = open_embedder(embedder)  # a recorded name ("local:all-MiniLM-L6-v2") reopens that model
-            return cls(store, embedder, concurrent_recalls=concurrent_recalls)
+            return cls(store, embedder, concurrent_recalls=concurrent_recalls, llm=llm)
         except BaseException:
             store.close()
             raise
@@ -205,6 +210,32 @@ class Memory:
 
     def set_status(self, unit_id: str, status: Status | str, *, reason: str, actor: str = "") -> None:
         self.store.set_status(unit_id, Status.parse(status), reason=reason, actor=actor)
+
+    def add_messages(self, messages: Any, *, llm: Any = None, actor: str = "", scope: str = "global", owner: str = "",
+                     admit: bool = True) -> Any:
+        """Remember a conversation: candidate facts, preferences and rules extracted by the LLM
+        (``llm``, else this memory's, else the embedded model) under a JSON-schema grammar, each
+        with why and from which turns, then admitted (a known fact merges, a changed one
+        supersedes; ``admit=False`` stores as given). ``messages`` are ``{"role", "content"}``
+        turns. Returns a :class:`forge.curate.messages.Ingested`: every candidate, with
+        admission's decision or why it was skipped."""
+        from forge.curate.messages import add_messages
+        from forge.llm import open_llm
+
+        if isinstance(llm, str):  # a spec for this call only
+            with contextlib.closing(open_llm(llm)) as once:
+                return add_messages(self, messages, llm=once, actor=actor, scope=scope, owner=owner, admit_units=admit)
+        return add_messages(self, messages, llm=llm or self.get_llm(), actor=actor, scope=scope, owner=owner, admit_units=admit)
+
+    def get_llm(self) -> Any:
+        """This memory's LLM: the one it was given, else its spec (or the embedded model) opened once."""
+        if self.llm is not None and not isinstance(self.llm, str):
+            return self.llm
+        if self._opened_llm is None:
+            from forge.llm import open_llm
+
+            self._opened_llm = open_llm(self.llm or "local")
+        return self._opened_llm
 
     def erase(self, unit_id: str, *, reason: str, actor: str = "") -> dict[str, Any]:
         """Remove a unit for good (the right to erasure): its content, vector, keyword postings,
@@ -361,6 +392,9 @@ class Memory:
         return self.store.stats()
 
     def close(self) -> None:
+        opened, self._opened_llm = self._opened_llm, None
+        if opened is not None:
+            opened.close()
         self.store.close()
 
     def __enter__(self) -> Memory:

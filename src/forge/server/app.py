@@ -106,6 +106,7 @@ def create_app(
     max_body: int = 8 * 2**20,
     max_import_body: int = 128 * 2**20,
     allowed_hosts: tuple[str, ...] = (),
+    llm: Any = None,
 ) -> FastAPI:
     """The ASGI app over one Memory. ``close_memory`` closes it at shutdown (``forge serve``).
 
@@ -123,7 +124,7 @@ def create_app(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name} must be a positive number of bytes")
     service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret, capsule_keyring=capsule_keyring,
-                      read_audit_delay_s=read_audit_delay_s)
+                      read_audit_delay_s=read_audit_delay_s, llm=llm)
     auth = Authenticator(keys, rate=rate, burst=burst, share=workers, **({"clock": clock} if clock else {}))
     mcp_server = None
     if mcp:
@@ -278,6 +279,15 @@ def create_app(
     def unit_trace(unit_id: str, p: Who) -> dict[str, Any]:
         """Provenance: episodes, derived-from units, broadcast, corroborations, promotion, history."""
         return service.trace(p, unit_id)
+
+    @app.post("/v1/messages", response_model=m.MessagesOut, status_code=201, tags=["units"], responses={k: E[k] for k in (403, 422, 502)})
+    def add_messages(body: m.MessagesIn, p: Who) -> dict[str, Any]:
+        """Remember a conversation: the server's LLM extracts candidate facts, preferences and
+        rules (under a JSON-schema grammar), each with why and the turns that state it; those
+        grounded in the turns go through admission. Every candidate comes back, with
+        admission's decision or why it was skipped."""
+        got = service.add_messages(p, [t.model_dump() for t in body.messages], scope=body.scope, admit=body.admit)
+        return got.to_dict()
 
     # -- recall ---------------------------------------------------------------------------
     @app.post("/v1/recall", response_model=m.RecallOut, tags=["recall"], responses={422: E[422]})

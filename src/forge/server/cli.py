@@ -56,10 +56,13 @@ def _emit(obj: Any, data: Any, human: str) -> None:
 @click.option("--read-audit-ms", type=float, default=50.0, show_default=True,
               help="Read audit records (recall, read, list, context) are written in batches at most this old; "
                    "a crash loses at most this much of them. 0 writes each at once (a write transaction per read).")
+@click.option("--llm", "llm_spec", default=None,
+              help="What POST /v1/messages and MCP remember_messages extract with: local (the embedded model, loaded on "
+                   "first use; the default), local:smollm2, openai:MODEL.")
 @click.pass_obj
 def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_dir: str, rate: float, capsule_keys: str | None,
                   no_mcp: bool, no_dashboard: bool, curate_every: float | None, workers: int, max_body_mb: float,
-                  read_audit_ms: float) -> None:
+                  read_audit_ms: float, llm_spec: str | None) -> None:
     """Serve the REST API (/v1, docs at /docs), MCP (/mcp) and the dashboard (/ui) over one memory."""
     import math
 
@@ -100,6 +103,7 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
     for note in notes:
         click.echo(note, err=True)
     mem = obj.memory()
+    mem.llm = llm_spec  # opened on the first conversation, not before
     served = f"FORGE serving {obj.db} on http://{host}:{port}  (API /v1, docs /docs{'' if no_mcp else ', MCP /mcp'}{'' if no_dashboard else ', dashboard /ui'})"
     run = {"host": host, "port": port, "log_level": "warning", "timeout_graceful_shutdown": 10, "access_log": False}
     if workers > 1:
@@ -111,6 +115,7 @@ def serve_command(obj: Any, host: str, port: int, keys_path: str | None, runs_di
             "db": str(obj.db), "embedder": embedder, "keys": str(keys.path), "rate": rate, "runs": runs_dir,
             "capsule_keys": capsule_keys, "host": host, "mcp": not no_mcp, "dashboard": not no_dashboard,
             "curate_every": curate_every, "workers": workers, "read_audit_s": read_audit_ms / 1000, "max_body": max_body,
+            "llm": llm_spec,
         })
         click.echo(f"{served}, {workers} worker processes", err=True)
         uvicorn.run("forge.server.cli:worker_app", factory=True, workers=workers, **run)
@@ -157,7 +162,7 @@ def worker_app() -> Any:
     cfg = json.loads(os.environ[_WORKER_ENV])
     curate_every = cfg["curate_every"] if cfg["curate_every"] and _take_curation_lock(cfg["db"]) else None
     return create_app(
-        Memory.open(cfg["db"], embedder=cfg["embedder"]), keys=KeyStore(cfg["keys"]), rate=cfg["rate"], runs_dir=cfg["runs"],
+        Memory.open(cfg["db"], embedder=cfg["embedder"], llm=cfg.get("llm")), keys=KeyStore(cfg["keys"]), rate=cfg["rate"], runs_dir=cfg["runs"],
         capsule_secret=os.environ.get("FORGE_CAPSULE_SECRET"),
         capsule_keyring=Keyring.load(cfg["capsule_keys"]) if cfg["capsule_keys"] else None,
         host=cfg["host"], mcp=cfg["mcp"], dashboard=cfg["dashboard"], close_memory=True, curate_every=curate_every,

@@ -54,6 +54,13 @@ def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MC
         return {"id": d.unit_id, **admission_dict(d)}
 
     @server.tool()
+    def remember_messages(messages: list[dict[str, str]], ctx: Context, scope: str = "global", admit: bool = True) -> dict[str, Any]:
+        """Remember a conversation ([{"role": "user", "content": "..."}, ...]): the server's LLM
+        extracts facts, preferences and rules, each with why; those grounded in the turns are
+        admitted. Returns every candidate with its decision or why it was skipped."""
+        return service.add_messages(principal(ctx), messages, scope=scope, admit=admit).to_dict()
+
+    @server.tool()
     def recall(query: str, ctx: Context, k: int = 5, kinds: list[str] | None = None, tags: list[str] | None = None,
                min_score: float = 0.0) -> list[dict[str, Any]]:
         """The memories that best match the query, best first, each with why it was returned;

@@ -104,6 +104,34 @@ class AddOut(BaseModel):
     admission: list[AdmissionOut]
 
 
+class TurnIn(_Strict):
+    role: str = Field(default="user", min_length=1, max_length=40, examples=["user", "assistant"])
+    content: str = Field(min_length=1, max_length=MAX_CONTENT_CHARS)
+
+
+class MessagesIn(_Strict):
+    """A conversation to remember; ``scope`` and ``admit`` as for ``POST /v1/units``."""
+
+    messages: list[TurnIn] = Field(min_length=1, max_length=200)
+    scope: str = Field(default="global", max_length=200, pattern=r"^(global|private|group:\S.*)$")
+    admit: bool = True
+
+
+class ExtractedOut(BaseModel):
+    kind: str
+    content: str
+    why: str
+    turns: list[int]
+    decision: dict[str, Any] | None = Field(default=None, description="admission's decision (action, summary, unit_id, reason) when kept")
+    skipped: str | None = Field(default=None, description="why it was not kept (not grounded in the turns, said twice...)")
+
+
+class MessagesOut(BaseModel):
+    model: str
+    extracted: list[ExtractedOut]
+    ids: list[str] = Field(description="the units that hold what was kept")
+
+
 class UnitPatch(_Strict):
     """Fields to change; absent fields stay as they are."""
 
@@ -300,6 +328,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         400: "malformed request", 401: "missing or unknown API key", 403: "the key may not do this",
         404: "not found (or not visible to this key)", 409: "the id already exists",
         413: "request body too large", 421: "wrong Host for a server without keys (DNS rebinding)",
-        422: "invalid input", 429: "rate limit exceeded", 500: "backend failure", 503: "backend unavailable",
+        422: "invalid input", 429: "rate limit exceeded", 500: "backend failure",
+        502: "a backend answered wrongly (an LLM that gave no valid reply)", 503: "backend unavailable",
     }.items()
 }

@@ -133,6 +133,7 @@ class Service:
         capsule_secret: str | None = None,
         capsule_keyring: Any = None,
         read_audit_delay_s: float = 0.05,
+        llm: Any = None,
     ) -> None:
         """``capsule_keyring`` (a :class:`forge.share.capsule.Keyring` of senders' public keys) or the
         legacy shared ``capsule_secret`` lets agents receive capsules through the service.
@@ -140,6 +141,7 @@ class Service:
         (0: each at once, none lost on a crash, a write transaction per read)."""
         self.memory = memory
         self.store = memory.store
+        self.llm = llm  # what add_messages extracts with (default: the memory's, else the embedded model)
         self.runs_dir = Path(runs_dir) if runs_dir else None
         if capsule_keyring is None and capsule_secret:
             from forge.share.capsule import Keyring
@@ -285,6 +287,19 @@ class Service:
             raise AccessError("only an admin or the unit's owner can release it from quarantine")
         self.memory.set_status(unit_id, new, reason=reason.strip(), actor=who.actor)
         return self.shown(who, [self.store.get(unit_id, viewer=Viewer.admin())])[0]
+
+    def add_messages(self, who: Principal, messages: Any, *, scope: str = "global", admit: bool = True) -> Any:
+        """Remember a conversation (:mod:`forge.curate.messages`): candidates extracted by the
+        LLM, each with why, written through :meth:`write` (the caller's ownership, groups and
+        provenance stamps, admission); the :class:`~forge.curate.messages.Ingested` report."""
+        from forge.curate.messages import Ingested, decided, extract, units_of
+
+        llm = self.llm if self.llm is not None else self.memory.get_llm()
+        found = extract(messages, llm=llm)
+        units = [u.to_dict() for u in units_of(found, source="messages", scope=scope, owner="" if who.admin else who.agent)]
+        if not units:
+            return Ingested(tuple(found), getattr(llm, "name", ""))
+        return Ingested(tuple(decided(found, self.write(who, units, admit=admit))), getattr(llm, "name", ""))
 
     def erase(self, who: Principal, unit_id: str, *, reason: str) -> dict[str, Any]:
         """Erase a unit for good (admin): see :meth:`forge.engine.memory.Memory.erase`.
