@@ -1,0 +1,153 @@
+"""FORGE memory for the OpenAI Agents SDK: function tools and a session, over a Memory or a Client.
+
+    from agents import Agent, Runner
+    from forge.integrations.openai_agents import ForgeSession, forge_function_tools
+    agent = Agent(name="ops", instructions="...", tools=forge_function_tools(mem))
+    result = Runner.run_sync(agent, "The worker is stuck", session=ForgeSession("chat-42", mem))
+
+- ``forge_function_tools(memory)``: ``recall_memory(query)`` (hybrid recall, 0-1 scores, the
+  reasons) and ``remember(content, kind)`` (through admission: its answer says added /
+  merged into X / updated X), for long-term memory the agent reads and writes itself.
+- ``ForgeSession(session_id, memory)``: the SDK's conversation history kept as FORGE units
+  (kind ``episode``, tagged ``session:<id>``, stored as given: a history keeps repeats), so a
+  conversation is audited, exported and erasable like any memory.
+
+The Agents SDK sends traces to OpenAI unless told not to (``agents.set_tracing_disabled(True)``
+or ``OPENAI_AGENTS_DISABLE_TRACING=1``); FORGE sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from agents import FunctionTool, function_tool
+from agents.memory import SessionABC
+
+from forge.model import Context, Status, Unit, Viewer
+from forge.store import Filter
+
+__all__ = ["ForgeSession", "forge_function_tools"]
+
+
+def _remote(memory: Any) -> bool:
+    from forge.client import Client
+
+    return isinstance(memory, Client)
+
+
+def forge_function_tools(memory: Any, *, viewer: Viewer | None = None, actor: str = "agents", k: int = 5,
+                         min_score: float = 0.1) -> list[FunctionTool]:
+    """``recall_memory`` and ``remember`` as the SDK's function tools (a blocking memory or client
+    runs in a worker thread, off the agent's event loop)."""
+
+    def recall(query: str) -> str:
+        kw: dict[str, Any] = {"k": k, "min_score": min_score}
+        if not _remote(memory):
+            kw["viewer"] = viewer or Viewer.admin()
+        hits = memory.recall(query, **kw)
+        if not hits:
+            return "No memory matches."
+        return "\n".join(f"- [{r.unit.kind.value}] {r.unit.content} (score {r.score:.2f}; {'; '.join(r.reasons)})" for r in hits)
+
+    def store(content: str, kind: str) -> str:
+        unit = Unit(content, kind=kind)  # type: ignore[arg-type]
+        if _remote(memory):
+            d = memory.admit(unit)[0]
+        else:
+            from forge.curate.admission import admit
+
+            d = admit(memory, unit, actor=actor)[0]
+        return f"{d.summary} ({d.unit_id})"
+
+    @function_tool
+    async def recall_memory(query: str) -> str:
+        """Search long-term memory for what is known about the query; the best memories, with why."""
+        return await asyncio.to_thread(recall, query)
+
+    @function_tool
+    async def remember(content: str, kind: str = "fact") -> str:
+        """Store something worth remembering (kind: fact, rule, preference, lesson); a duplicate merges."""
+        return await asyncio.to_thread(store, content, kind)
+
+    return [recall_memory, remember]
+
+
+class ForgeSession(SessionABC):
+    """An Agents SDK session whose items are FORGE units (see the module docstring)."""
+
+    def __init__(self, session_id: str, memory: Any, *, owner: str = "", scope: str = "global") -> None:
+        self.session_id = session_id
+        self.memory = memory
+        self.owner = owner
+        self.scope = scope
+        self.tag = f"session:{session_id}"
+        self.session_settings = None
+
+    def _units(self) -> list[Unit]:
+        f = Filter.make(tags_all=[self.tag], kinds=["episode"])
+        out: list[Unit] = []
+        while True:
+            kw: dict[str, Any] = {"filter": f, "limit": 1000, "offset": len(out)}
+            if not _remote(self.memory):
+                kw["viewer"] = Viewer.admin() if not self.owner else Viewer.of(self.owner)
+            page = self.memory.list(**kw)
+            out += page
+            if len(page) < 1000:
+                return sorted(out, key=lambda u: (u.meta.get("session_seq", 0), u.created_at))
+
+    def _get(self, limit: int | None) -> list[Any]:
+        items = [json.loads(u.meta["item"]) for u in self._units()]
+        return items[-limit:] if limit else items
+
+    def _add(self, items: list[Any]) -> None:
+        start = len(self._units())
+        units = [Unit(_text(item), kind="episode", scope=self.scope, owner=self.owner,  # type: ignore[arg-type]
+                      context=Context(tags=(self.tag,)), meta={"item": json.dumps(item, default=str), "session_seq": start + i})
+                 for i, item in enumerate(items)]
+        if units:
+            if _remote(self.memory):
+                self.memory.add(units, admit=False)
+            else:
+                self.memory.add(units, actor=self.owner or "agents-session")
+
+    def _pop(self) -> Any:
+        units = self._units()
+        if not units:
+            return None
+        last = units[-1]
+        self.memory.set_status(last.id, Status.ARCHIVED, reason=f"popped from session {self.session_id}")
+        return json.loads(last.meta["item"])
+
+    def _clear(self) -> None:
+        for u in self._units():
+            self.memory.set_status(u.id, Status.ARCHIVED, reason=f"session {self.session_id} cleared")
+
+    async def get_items(self, limit: int | None = None) -> list[Any]:
+        return await asyncio.to_thread(self._get, limit)
+
+    async def add_items(self, items: list[Any]) -> None:
+        await asyncio.to_thread(self._add, list(items))
+
+    async def pop_item(self) -> Any:
+        return await asyncio.to_thread(self._pop)
+
+    async def clear_session(self) -> None:
+        await asyncio.to_thread(self._clear)
+
+
+def _text(item: Any) -> str:
+    """What an item says, as the unit's content (what recall and the dashboard show)."""
+    if isinstance(item, dict):
+        content = item.get("content")
+        if isinstance(content, str) and content.strip():
+            return f"{item.get('role', item.get('type', 'item'))}: {content}"[:16_000]
+        if isinstance(content, list):
+            texts = [c.get("text", "") for c in content if isinstance(c, dict) and c.get("text")]
+            if texts:
+                return f"{item.get('role', 'item')}: {' '.join(texts)}"[:16_000]
+        for key in ("output", "arguments", "name"):
+            if isinstance(item.get(key), str) and item[key].strip():
+                return f"{item.get('type', 'item')}: {item[key]}"[:16_000]
+    return json.dumps(item, default=str)[:16_000] or "item"
