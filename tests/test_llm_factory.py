@@ -44,7 +44,13 @@ def test_unknown_spec_lists_the_options(spec):
     message = str(info.value)
     assert "\n" not in message
     if spec != "openai":
-        assert "'local', 'local:/path/model.gguf', 'openai:MODEL' or 'test'" in message
+        assert "'local', 'local:/path/model.gguf', 'openai:MODEL', 'test' or 'test:walker'" in message
+
+
+def test_open_test_walker_gives_the_rule_obeying_walker():
+    from forge.llm.testing import WalkerLLM
+
+    assert isinstance(open_llm("test:walker", seed=3), WalkerLLM) and open_llm("test:walker", seed=3).seed == 3
 
 
 def test_open_test_spec_gives_a_scripted_llm():
