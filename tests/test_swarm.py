@@ -52,7 +52,7 @@ def leftover_keys(client, prefix: str) -> list[bytes]:
 
 def run(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
     out = tmp_path / "swarm"
-    result = CliRunner().invoke(swarm_command, ["--llm", "test", "--dir", str(out), "--linger", "5", *args], env=env)
+    result = CliRunner().invoke(swarm_command, ["--llm", "test", "--dir", str(out), "--linger", "30", *args], env=env)
     return result, out
 
 

@@ -239,7 +239,7 @@ def _linger(agent: Any, board: Board, spec: Mapping[str, Any], publish: Callable
     Without this the fastest agent would leave before its slower peers' last rules arrive.
     """
     publish(state="lingering")
-    deadline = time.monotonic() + float(spec.get("linger_s", 10.0))
+    deadline = time.monotonic() + float(spec.get("linger_s", 60.0))
     quiet = 0
     while time.monotonic() < deadline:
         _check_parent(spec, stop)

@@ -86,7 +86,7 @@ class SwarmConfig:
     seed: int = 0
     max_steps: int | None = None
     rule_guard: bool = False
-    linger_s: float = 10.0
+    linger_s: float = 60.0  # at most: an agent leaves as soon as its peers have settled
     keep: bool = False
     warmup_episodes: int = 0
     warmup_validation: float = 0.0
