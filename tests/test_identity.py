@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import stat
+import sys
 import time
 
 import pytest
@@ -29,6 +30,14 @@ from forge.store import SQLiteStore
 
 RULE = "When the door is locked, look for a key first."
 T0 = time.time()  # real time: inboxes check expiry against the wall clock
+
+
+@pytest.fixture(autouse=True)
+def _now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's "now", not the module's import time: a relayed capsule is stamped with the
+    wall clock, and in a 10-minute suite run the exchange's fixed clock (T0) fell that far
+    behind it and refused the relay as sent from the future."""
+    monkeypatch.setattr(sys.modules[__name__], "T0", time.time())
 
 
 @pytest.fixture
