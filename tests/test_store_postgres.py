@@ -465,3 +465,79 @@ def test_the_hnsw_candidate_list_grows_with_the_memory_and_k():
     lists = [_ef_search(10, n) for n in sizes]
     assert lists == sorted(lists) and lists[0] == lists[2] == 40 and lists[-1] == 1000
     assert _ef_search(300, 0) == 600  # at least 2k
+
+
+def test_tags_live_in_unit_tags_with_their_kind_migrated_and_kept_by_every_write(pg_server, url):
+    """Migration 8 copies every unit's tags (a private one too, whatever the viewer policy);
+    inserts, updates of tags or kind and deletes keep unit_tags the units' own."""
+    import psycopg
+
+    from forge.model import Context
+    from forge.store.base import Filter
+    from forge.store.postgres import PostgresStore, migrate, parse_url
+
+    dsn, schema = parse_url(url)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert migrate(conn, schema, upto=7) == 7
+        conn.execute("SELECT set_config('forge.operator', 'on', false)")
+        for uid, kind, scope, owner, tags in (("a", "rule", "global", "", ["red", "blue"]),
+                                              ("b", "fact", "private", "ann", ["red"])):
+            conn.execute(
+                f"INSERT INTO {schema}.units (id, kind, content, search_text, tags, scope, owner, confidence, "
+                "validation, importance, created_at, updated_at, status) "
+                "VALUES (%s, %s, 'x', 'x', %s, %s, %s, 0.5, 0.5, 0.5, 1, 1, 'active')", (uid, kind, tags, scope, owner))
+    with PostgresStore(url) as store:
+        def tagged() -> set[tuple[str, str, str]]:
+            return {tuple(r) for r in store._q("SELECT t.tag, t.kind, u.id FROM unit_tags t JOIN units u USING (seq)")}
+
+        assert tagged() == {("red", "rule", "a"), ("blue", "rule", "a"), ("red", "fact", "b")}
+        red = Filter.make(tags_all=["red"])
+        assert {u.id for u in store.list(viewer=Viewer.of("ann"), filter=red)} == {"a", "b"}
+        assert {u.id for u in store.list(viewer=Viewer.of("bob"), filter=red)} == {"a"}  # the viewer still rules
+        assert [u.id for u in store.list(viewer=ADMIN, filter=Filter.make(tags_all=["red"], kinds=["fact"]))] == ["b"]
+        store.add([Unit("c", id="c", kind="lesson", context=Context(tags=("blue", "green")))])
+        old = store.get("a", viewer=ADMIN)
+        store.update(old.replace(kind="fact", context=Context(tags=("green",))))
+        store.update(store.get("c", viewer=ADMIN).replace(content="c, again"))  # same tags and kind: left as they were
+        assert tagged() == {("green", "fact", "a"), ("red", "fact", "b"), ("blue", "lesson", "c"), ("green", "lesson", "c")}
+        with store._tx() as db:
+            db.execute("DELETE FROM units WHERE id = 'c'")
+        assert tagged() == {("green", "fact", "a"), ("red", "fact", "b")}
+        assert [u.id for u in store.list(viewer=ADMIN, filter=Filter.make(tags_any=["green", "blue"]))] == ["a"]
+
+
+def test_a_filter_whose_tags_admit_few_units_is_ranked_exactly_among_them(url, monkeypatch):
+    """Listed through unit_tags (tags_all intersected, tags_any joined, the kinds with them)
+    and ranked exactly; the viewer still rules; the same answers as the HNSW path's."""
+    import forge.store.postgres as pgmod
+    from forge.model import Context
+    from forge.store.base import Filter
+    from forge.store.postgres import PostgresStore
+
+    v = _vecs(300, dim=8, seed=4)
+    units = [Unit(f"note {i} about harbour ships" if i % 2 else f"note {i} about mountain goats", id=f"n{i:03d}",
+                  kind="rule" if i % 3 else "fact", scope="private" if i % 10 == 0 else "global",
+                  owner="ann" if i % 10 == 0 else "", context=Context(tags=tuple(t for t, m in (("a", 2), ("b", 3), ("c", 5)) if i % m == 0)))
+             for i in range(300)]
+    q = v[7]
+
+    def exact(keep) -> list[str]:
+        idx = [i for i in range(300) if keep(i)]
+        sims = (v[idx] @ q) / (np.linalg.norm(v[idx], axis=1) * np.linalg.norm(q))
+        return [units[idx[j]].id for j in np.argsort(-sims)[:5]]
+
+    with PostgresStore(url) as store:
+        store.add(units, v)
+        cases = [
+            (Filter.make(tags_all=["a", "b"], kinds=["fact"]), Viewer.of("bob"), lambda i: i % 6 == 0 and i % 10),
+            (Filter.make(tags_any=["c"]), Viewer.of("ann"), lambda i: i % 5 == 0),
+            (Filter.make(tags_all=["b"]), ADMIN, lambda i: i % 3 == 0),
+        ]
+        listed = [[h.id for h in store.vector_search(q, k=5, viewer=w, filter=f)] for f, w, _ in cases]
+        assert listed == [exact(keep) for _, _, keep in cases]
+        words = [[h.id for h in store.keyword_search("harbour ships goats", k=5, viewer=w, filter=f)] for f, w, _ in cases]
+        monkeypatch.setattr(pgmod, "LIST_FIRST_MAX", 0)  # every filter through HNSW (and its exact fallback) instead
+        assert [[h.id for h in store.vector_search(q, k=5, viewer=w, filter=f)] for f, w, _ in cases] == listed
+        assert [[h.id for h in store.keyword_search("harbour ships goats", k=5, viewer=w, filter=f)] for f, w, _ in cases] == words
+        assert all(len(ids) == 5 and all(keep(int(i[1:])) for i in ids) for ids, (_, _, keep) in zip(words, cases, strict=True))
+

@@ -76,12 +76,13 @@ class Dialect:
         """``expr`` is one of ``values`` (text), as SQL and its parameters."""
         return f"{expr} IN ({','.join([self.mark] * len(values))})", list(values)
 
-    def tags_all(self, p: str, tags: Sequence[str]) -> tuple[str, list[Any]]:
-        """The unit (columns prefixed ``p``) has every one of ``tags``."""
+    def tags_all(self, p: str, tags: Sequence[str], kinds: Sequence[str] = ()) -> tuple[str, list[Any]]:
+        """The unit (columns prefixed ``p``) has every one of ``tags``. ``kinds`` are the
+        filter's kinds (tested on their own as well), for a tag index that holds the kind too."""
         raise NotImplementedError
 
-    def tags_any(self, p: str, tags: Sequence[str]) -> tuple[str, list[Any]]:
-        """The unit (columns prefixed ``p``) has at least one of ``tags``."""
+    def tags_any(self, p: str, tags: Sequence[str], kinds: Sequence[str] = ()) -> tuple[str, list[Any]]:
+        """The unit (columns prefixed ``p``) has at least one of ``tags``; ``kinds`` as for :meth:`tags_all`."""
         raise NotImplementedError
 
     def encode_tags(self, tags: list[str]) -> Any:
@@ -132,8 +133,9 @@ class Dialect:
             add(*self.visible(p, viewer))
         if f.status and len(f.status) < len(Status):
             add(*self.in_(f"{p}status", sorted(s.value for s in f.status)))
-        if f.kinds:
-            add(*self.in_(f"{p}kind", sorted(k.value for k in f.kinds)))
+        kinds = sorted(k.value for k in f.kinds)
+        if kinds:
+            add(*self.in_(f"{p}kind", kinds))
         for col in ("domain", "task", "role", "owner"):
             value = getattr(f, col)
             if value is not None:
@@ -141,9 +143,9 @@ class Dialect:
         if f.scopes:
             add(*self.in_(f"{p}scope", sorted(f.scopes)))
         if f.tags_all:
-            add(*self.tags_all(p, sorted(f.tags_all)))
+            add(*self.tags_all(p, sorted(f.tags_all), kinds))
         if f.tags_any:
-            add(*self.tags_any(p, sorted(f.tags_any)))
+            add(*self.tags_any(p, sorted(f.tags_any), kinds))
         if f.since is not None:
             add(f"{p}created_at >= {m}", [f.since])
         if f.until is not None:

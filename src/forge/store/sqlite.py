@@ -178,10 +178,10 @@ class _SQLite(Dialect):
     unindexed = "+"
     nobody = "\x00"
 
-    def tags_all(self, p: str, tags: Sequence[str]) -> tuple[str, list[Any]]:
+    def tags_all(self, p: str, tags: Sequence[str], kinds: Sequence[str] = ()) -> tuple[str, list[Any]]:
         return " AND ".join([f"{p}rowid IN (SELECT unit_rowid FROM unit_tags WHERE tag = ?)"] * len(tags)), list(tags)
 
-    def tags_any(self, p: str, tags: Sequence[str]) -> tuple[str, list[Any]]:
+    def tags_any(self, p: str, tags: Sequence[str], kinds: Sequence[str] = ()) -> tuple[str, list[Any]]:
         member, params = self.in_("tag", tags)
         return f"{p}rowid IN (SELECT unit_rowid FROM unit_tags WHERE {member})", params
 
