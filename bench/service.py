@@ -182,14 +182,138 @@ def serving(db: Path, work: Path, workers: int, *extra: str) -> Iterator[tuple[s
             server.wait(timeout=30)
 
 
+def layers(db: Path, rounds: int) -> dict[str, float]:
+    """CPU per recall of each layer a served recall passes, in this process, one call at a time:
+    the engine (Memory.recall), the service (its audit record, what the caller may see), the
+    request's validation, the response (dicts, then FastAPI's response model and json, or the
+    JSON the app writes), the thread-pool hop, and the whole ASGI app (auth, routing, all of the
+    above) called without a socket. What uvicorn adds is the served server's CPU less the app's."""
+    import asyncio
+    import json
+
+    from starlette.concurrency import run_in_threadpool
+
+    from forge.server import app as served
+    from forge.server import models as m
+
+    mem = Memory.open(db, embedder=EMBEDDER)
+    while mem.store.info.get("warming"):
+        time.sleep(0.1)
+    token = KeyStore.beside(db).create(agent="layers-agent", rate=1e9)
+    app = served.create_app(mem, keys=KeyStore.beside(db), mcp=False, dashboard=False, rate=1e9)
+    service = app.state.service
+    who = app.state.auth.principal(token, "127.0.0.1")
+    rng = random.Random(5)
+    queries = [VOCAB.queries(np.array([rng.randrange(TOPICS)]), np.random.default_rng(rng.randrange(2**32)))[0]
+               for _ in range(rounds)]
+    bodies = [json.dumps({"query": q, "k": 10, "touch": False}).encode() for q in queries]
+
+    def cpu(fn: Callable[[Any], Any], xs: list[Any]) -> float:
+        for x in xs[:3]:
+            fn(x)
+        c0 = time.process_time()
+        for x in xs:
+            fn(x)
+        return 1000 * (time.process_time() - c0) / len(xs)
+
+    out: dict[str, float] = {}
+    out["engine"] = cpu(lambda q: mem.recall(q, viewer=who.viewer, k=10, touch=False), queries)
+    out["service"] = cpu(lambda q: service.recall(who, q, k=10, touch=False), queries)
+    out["request validation"] = cpu(m.RecallIn.model_validate_json, bodies)
+    results = [service.recall(who, q, k=10, touch=False) for q in queries[:50]]
+    dicts = [{"results": [served._recalled(r) for r in rs]} for rs in results]  # noqa: SLF001
+    out["response dicts"] = cpu(lambda rs: {"results": [served._recalled(r) for r in rs]}, results)  # noqa: SLF001
+    out["response model + json"] = cpu(
+        lambda d: json.dumps(m.RecallOut.model_validate(d).model_dump(mode="json"), separators=(",", ":")).encode(), dicts)
+    out["json.dumps"] = cpu(lambda d: json.dumps(d, separators=(",", ":")).encode(), dicts)
+    with contextlib.suppress(ImportError):
+        import orjson
+
+        out["orjson.dumps"] = cpu(orjson.dumps, dicts)
+
+    async def hops(n: int) -> None:
+        for _ in range(n):
+            await run_in_threadpool(int)
+
+    c0 = time.process_time()
+    asyncio.run(hops(2000))
+    out["thread-pool hop"] = 1000 * (time.process_time() - c0) / 2000
+
+    async def asgi(body: bytes) -> int:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+                 "path": "/v1/recall", "raw_path": b"/v1/recall", "query_string": b"", "root_path": "",
+                 "headers": [(b"host", b"127.0.0.1"), (b"authorization", f"Bearer {token}".encode()),
+                             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                 "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8765), "state": {}}
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return int(sent[0]["status"])
+
+    async def many(xs: list[bytes]) -> float:
+        for b in xs[:3]:
+            assert await asgi(b) == 200
+        c0 = time.process_time()
+        for b in xs:
+            await asgi(b)
+        return 1000 * (time.process_time() - c0) / len(xs)
+
+    out["ASGI app (no socket)"] = asyncio.run(many(bodies))
+    service.close()
+    mem.close()
+    # Over HTTP: forge serve in its own process (its CPU from /proc), this process the client.
+    with serving(db, db.parent, 1) as (url, pid):
+        client = Client(url, token, timeout=120)
+        for q in queries[:5]:
+            client.recall(q, k=10, touch=False)
+        c0, s0 = time.process_time(), cpu_seconds(pid)
+        for q in queries:
+            client.recall(q, k=10, touch=False)
+        out["HTTP: client (Client.recall)"] = 1000 * (time.process_time() - c0) / len(queries)
+        out["HTTP: server (forge serve)"] = 1000 * (cpu_seconds(pid) - s0) / len(queries)
+        client.close()
+    return {k: round(v, 3) for k, v in out.items()}
+
+
 def main() -> None:
     ap = parser(__doc__.split("\n\n")[0])
     ap.add_argument("--units", type=int, default=None, help="store size (default 100000; --quick 5000)")
     ap.add_argument("--seconds", type=float, default=None, help="seconds per measurement (default 8; --quick 2)")
+    ap.add_argument("--layers", action="store_true", help="only the CPU per recall of each layer, in this process")
     args = ap.parse_args()
     units = args.units or (5000 if args.quick else 100_000)
     seconds = args.seconds or (2.0 if args.quick else 8.0)
     src = build(units)
+    if args.layers:
+        work = CACHE_DIR / f"service-layers-{os.getpid()}"
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copy(src, work / "m.db")
+            for suffix in INDEX_FILES:
+                if Path(str(src) + suffix).exists():
+                    shutil.copy(str(src) + suffix, str(work / "m.db") + suffix)
+            got = layers(work / "m.db", 100 if args.quick else 400)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        engine, app_ms = got["engine"], got["ASGI app (no socket)"]
+        got["app beyond the engine"] = round(app_ms - engine, 3)
+        got["server beyond the engine (HTTP)"] = round(got["HTTP: server (forge serve)"] - engine, 3)
+        got["uvicorn and the socket (HTTP server less the app)"] = round(got["HTTP: server (forge serve)"] - app_ms, 3)
+        if args.json:
+            import json
+
+            print(json.dumps({"units": units, "layers_cpu_ms": got, "load_average": list(os.getloadavg())}))
+            return
+        print(table(f"CPU per recall by layer, {units:,} units, hashing embedder, this process "
+                    f"(load average {', '.join(f'{x:.1f}' for x in os.getloadavg())})",
+                    ["layer", "CPU ms"], [[k, v] for k, v in got.items()]))
+        return
     work = CACHE_DIR / f"service-run-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
     db = work / "m.db"

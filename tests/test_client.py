@@ -143,3 +143,25 @@ def test_sixteen_clients_mixing_writes_and_reads_lose_nothing(served) -> None:
             with Client(served.url, tokens[(i + 1) % 16]) as other, pytest.raises(NotFoundError):
                 other.get(ids[1])
         assert len(admin.events(op="relate", limit=1000)) == total // 2
+
+
+def test_units_in_answers_are_checked_against_the_schema_and_off_it_by_unit_from_dict() -> None:
+    """The client's fast path builds the same unit as Unit.from_dict, and refuses what it refuses."""
+    import json
+
+    from forge.client import _unit_of
+    from forge.errors import ValidationError
+    from forge.model import Context, Provenance
+
+    u = Unit("the ferry leaves at noon", kind="fact", context=Context(domain="travel", tags=("ferry", "noon")),
+             provenance=Provenance(source="api:ann", episodes=("e1",)), meta={"speaker": "ann"}, scope="private", owner="ann")
+    d = json.loads(json.dumps(u.to_dict()))
+    assert _unit_of(d) == Unit.from_dict(d) == u
+    older = {k: v for k, v in d.items() if k not in ("access_count", "last_access")}  # an older server's shape
+    assert _unit_of(older) == Unit.from_dict(older)
+    for bad in ({"confidence": 2.0}, {"content": "  "}, {"access_count": True}, {"kind": "spell"}, {"owner": ""},
+                {"content": "a \ud800 lone surrogate"}, {"context": {"tags": "ferry"}}, {"created_at": float("nan")},
+                {"extra": 1}, {"meta": []}, {"provenance": {"source": "x", "forged": True}},
+                {"provenance": {"episodes": [3]}}):
+        with pytest.raises(ValidationError):
+            _unit_of({**d, **bad})

@@ -40,17 +40,17 @@ def test_recalls_are_written_in_one_batch_with_their_read_times(mem: Memory) -> 
         service.recall(ALICE, "thin ice", k=3)
     assert _ops(mem, "recall") == []  # pending, not yet a transaction each
     commits: list[int] = []
-    real = mem.store.transaction
+    real = mem.store.append_events
 
-    def counted():  # type: ignore[no-untyped-def]
-        commits.append(1)
-        return real()
+    def counted(events):  # type: ignore[no-untyped-def]
+        commits.append(len(events))
+        return real(events)
 
-    mem.store.transaction = counted  # type: ignore[method-assign]
+    mem.store.append_events = counted  # type: ignore[method-assign]
     service.flush()
-    del mem.store.transaction
+    del mem.store.append_events
     recalls = _ops(mem, "recall")
-    assert len(recalls) == 20 and len(commits) == 1
+    assert len(recalls) == 20 and commits == [20]  # one transaction, one statement
     assert all(before <= e.ts <= time.time() for e in recalls)
     assert [e.ts for e in recalls] == sorted(e.ts for e in recalls)
     assert all(e.actor == "alice" and e.data["hits"] for e in recalls)
@@ -100,10 +100,10 @@ def test_a_failed_write_keeps_the_records_in_order(mem: Memory, monkeypatch) -> 
     log.record("read", data={"i": 0})
     log.record("read", data={"i": 1})
 
-    def broken():  # type: ignore[no-untyped-def]
+    def broken(events):  # type: ignore[no-untyped-def]
         raise StoreError("disk full")
 
-    monkeypatch.setattr(mem.store, "transaction", broken)
+    monkeypatch.setattr(mem.store, "append_events", broken)
     with pytest.raises(StoreError):
         log.flush()
     monkeypatch.undo()
@@ -143,3 +143,26 @@ def test_a_zero_delay_writes_each_read_at_once(mem: Memory) -> None:
 def test_a_read_audit_delay_out_of_range_is_refused(mem: Memory, delay: float) -> None:
     with pytest.raises(ConfigError, match="read audit delay"):
         Service(mem, read_audit_delay_s=delay)
+
+
+def test_a_units_trace_reads_the_recalls_that_returned_it_through_their_index(mem: Memory) -> None:
+    service = Service(mem)
+    service.reads.delay_s = 60.0
+    [ice] = service.add(ALICE, [{"content": "when the ice is thin, step back", "kind": "rule"}])
+    service.add(ALICE, [{"content": "in thick fog, stop and listen", "kind": "rule"}])
+    for _ in range(3):
+        service.recall(ALICE, "thin ice", k=1)
+    for _ in range(4):
+        service.recall(ALICE, "thick fog", k=1)
+    asked: list[dict] = []
+    real = mem.store.events
+
+    def spy(**kw):  # type: ignore[no-untyped-def]
+        asked.append(kw)
+        return real(**kw)
+
+    mem.store.events = spy  # type: ignore[method-assign]
+    t = service.trace(Principal("root", admin=True), ice)
+    del mem.store.events
+    assert [r["query"] for r in t["use"]["audited_recalls"]] == ["thin ice"] * 3
+    assert all(kw.get("naming") == ice for kw in asked if "recall" in kw.get("ops", ()))  # never every recall

@@ -541,3 +541,18 @@ def test_a_filter_whose_tags_admit_few_units_is_ranked_exactly_among_them(url, m
         assert [[h.id for h in store.keyword_search("harbour ships goats", k=5, viewer=w, filter=f)] for f, w, _ in cases] == words
         assert all(len(ids) == 5 and all(keep(int(i[1:])) for i in ids) for ids, (_, _, keep) in zip(words, cases, strict=True))
 
+
+def test_migration_10_indexes_the_recalls_already_logged(pg_server, url):
+    import psycopg
+
+    from forge.store.postgres import PostgresStore, migrate, parse_url
+
+    dsn, schema = parse_url(url)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert migrate(conn, schema, upto=9) == 9
+        for op, data in (("recall", '{"hits": [{"id": "x1"}, {"id": "x2"}]}'), ("context", '{"hits": [{"id": "x2"}, "odd", {"id": 3}]}'),
+                         ("recall", '{"hits": "none"}'), ("recall", '{"hits": [{"id": "x2", "score": NaN}]}')):
+            conn.execute(f"INSERT INTO {schema}.events (ts, op, actor, data) VALUES (1, %s, 'ann', %s)", (op, data))
+    with PostgresStore(url) as store:
+        assert [e.op for e in store.events(viewer=ADMIN, naming="x2")] == ["recall", "context"]  # the NaN one is skipped
+        assert len(store.events(viewer=ADMIN, naming="x1")) == 1

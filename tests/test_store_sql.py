@@ -123,3 +123,43 @@ def test_the_decoded_units_kept_are_bounded(monkeypatch):
     assert [u.id for u in s.get_many([f"n{i}" for i in range(20)], viewer=Viewer.admin())] == [f"n{i}" for i in range(20)]
     assert len(s._units_decoded) == 5
     s.close()
+
+
+def test_events_appended_in_a_batch_keep_their_order_and_times_and_a_bad_one_writes_none(both):
+    from forge.errors import ValidationError
+
+    for s in both:
+        before = s.events(viewer=Viewer.admin(), ops=["read"])
+        s.append_events([("read", "u001", "ann", {"n": 1}, 5_000_000.0), ("recall", None, "bob", {"hits": ["u002"]}, 5_000_001.0)])
+        got = [(e.op, e.unit_id, e.actor, e.data, e.ts) for e in s.events(viewer=Viewer.admin(), ops=["read", "recall"])]
+        assert got[len(before):] == [("read", "u001", "ann", {"n": 1}, 5_000_000.0), ("recall", None, "bob", {"hits": ["u002"]}, 5_000_001.0)]
+        n = len(s.events(viewer=Viewer.admin()))
+        with pytest.raises(ValidationError):
+            s.append_events([("read", None, "ann", {}, 1.0), ("update", "u001", "ann", {}, 2.0)])  # a change is not appended
+        assert len(s.events(viewer=Viewer.admin())) == n
+
+
+def test_events_naming_a_unit_are_read_through_its_index(both):
+    for s in both:
+        s.append_events([("recall", None, "ann", {"hits": [{"id": "u001"}, {"id": "u002"}]}, 6_000_000.0, ["u001", "u002"]),
+                         ("recall", None, "bob", {"hits": [{"id": "u002"}]}, 6_000_001.0, ["u002", "u002"]),
+                         ("read", "u003", "bob", {}, 6_000_002.0)])
+        admin = Viewer.admin()
+        assert [e.actor for e in s.events(viewer=admin, naming="u002", newest_first=True)] == ["bob", "ann"]
+        assert [e.data["hits"][0]["id"] for e in s.events(viewer=admin, naming="u001", ops=["recall"])] == ["u001"]
+        assert s.events(viewer=admin, naming="u003") == []  # named by its unit_id, not among the names
+
+
+def test_an_older_sqlite_file_indexes_the_recalls_it_already_logged(tmp_path):
+    db = tmp_path / "old.db"
+    s = SQLiteStore(db)
+    s.append_event("recall", actor="ann", data={"hits": [{"id": "x1", "score": 0.5}, {"id": "x2"}], "query": "q"})
+    s.append_event("context", actor="bob", data={"hits": [{"id": "x2"}, "not a hit", {"id": 7}]})
+    s.append_event("recall", actor="cat", data={"hits": "none"})
+    with s._tx() as c:
+        c.execute("DROP TABLE event_units")  # as a file made before the index
+    s.close()
+    s = SQLiteStore(db)
+    assert [e.actor for e in s.events(viewer=Viewer.admin(), naming="x2")] == ["ann", "bob"]
+    assert [e.actor for e in s.events(viewer=Viewer.admin(), naming="x1")] == ["ann"]
+    s.close()

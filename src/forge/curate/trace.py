@@ -24,7 +24,8 @@ from forge.model import Viewer
 
 __all__ = ["describe", "readable", "render", "trace", "when"]
 
-#: How far back the audit log is searched for recalls of the unit.
+#: At most this many recalls of the unit are read back, newest first: through the index of
+#: the units each recall returned (``Store.events(naming=...)``), not a scan of every recall.
 RECALL_SCAN = 100_000
 
 
@@ -71,7 +72,8 @@ def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int
     relations = [r.to_dict() for r in store.relations(unit_id, viewer=admin)]
     history = store.events(viewer=admin, unit_id=unit_id, limit=10_000)
     recalls = []
-    audited = store.events(viewer=admin, ops=["recall", "context"], limit=RECALL_SCAN, newest_first=True) if admin.operator else []
+    audited = store.events(viewer=admin, ops=["recall", "context"], naming=unit_id, limit=RECALL_SCAN,
+                           newest_first=True) if admin.operator else []
     for e in audited:
         hits = [h for h in e.data.get("hits", []) if isinstance(h, dict) and h.get("id") == unit_id]
         if hits:

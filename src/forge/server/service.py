@@ -63,14 +63,16 @@ class ReadLog:
         self.store = store
         self.delay_s = delay_s
         self.max_pending = max_pending
-        self._pending: list[tuple[float, str, str | None, str, dict[str, Any]]] = []
+        self._pending: list[tuple[float, str, str | None, str, dict[str, Any], tuple[str, ...]]] = []
         self._lock = threading.Lock()
         self._flushing = threading.Lock()  # one writer at a time keeps records in read order
         self._timer: threading.Timer | None = None
         self._closed = False
 
-    def record(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None) -> None:
-        entry = (time.time(), op, unit_id, actor, dict(data or {}))
+    def record(self, op: str, *, unit_id: str | None = None, actor: str = "", data: Mapping[str, Any] | None = None,
+               names: Sequence[str] = ()) -> None:
+        """Record a read; ``names``: the units it returned, indexed for their trace."""
+        entry = (time.time(), op, unit_id, actor, dict(data or {}), tuple(names))
         with self._lock:
             closed = self._closed or self.delay_s <= 0
             if not closed:
@@ -81,7 +83,7 @@ class ReadLog:
                     self._timer.daemon = True
                     self._timer.start()
         if closed:  # unbatched (delay 0), or a late request during shutdown: written at once
-            self.store.append_event(op, unit_id=unit_id, actor=actor, data=entry[4], at=entry[0])
+            self.store.append_events([(op, unit_id, actor, entry[4], entry[0], entry[5])])
         elif full:
             self.flush()
 
@@ -103,9 +105,7 @@ class ReadLog:
             if not batch:
                 return
             try:
-                with self.store.transaction():
-                    for at, op, unit_id, actor, data in batch:
-                        self.store.append_event(op, unit_id=unit_id, actor=actor, data=data, at=at)
+                self.store.append_events([(op, unit_id, actor, data, at, names) for at, op, unit_id, actor, data, names in batch])
             except BaseException:
                 with self._lock:  # put them back, in order, ahead of newer ones
                     self._pending[:0] = batch
@@ -333,6 +333,7 @@ class Service:
                 "query": query[:500],
                 "hits": [{"id": r.unit.id, "score": round(r.score, 6), "reasons": r.reasons} for r in results],
             },
+            names=[r.unit.id for r in results],
         )
         return self._shown_recalled(who, results)
 
@@ -347,6 +348,7 @@ class Service:
             actor=who.actor,
             data={"key": who.key_id, "query": query[:500], "budget": budget, "tokens": packed.tokens,
                   "hits": [{"id": r.unit.id, "reasons": r.reasons} for rs in packed.sections.values() for r in rs]},
+            names=[r.unit.id for rs in packed.sections.values() for r in rs],
         )
         if who.admin:
             return packed

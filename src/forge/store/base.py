@@ -269,9 +269,12 @@ class Store(Protocol):
         since: float | None = None,
         until: float | None = None,
         newest_first: bool = False,
+        naming: str | None = None,
     ) -> list[Event]:
         """The event log as ``viewer`` may see it (values it could not see then are hidden),
-        oldest first (or newest first), narrowed by any of the given fields."""
+        oldest first (or newest first), narrowed by any of the given fields; ``naming``: only
+        events appended with that unit among their ``names`` (:meth:`append_events`), read
+        through an index (a recall that returned it)."""
         ...
 
     def append_event(
@@ -285,6 +288,12 @@ class Store(Protocol):
         The service's audit trail and the exchange's ledger use it. Events without a
         ``unit_id`` are the operator's: an agent's :meth:`events` never shows them.
         """
+        ...
+
+    def append_events(self, events: Sequence[tuple[Any, ...]]) -> None:
+        """Append many such events, ``(op, unit_id, actor, data, at)`` each, in one transaction
+        (the service's batched read records); a sixth item, the ids of the units the event
+        names (a recall's results), indexes it for :meth:`events`' ``naming``."""
         ...
 
     # -- bulk ---------------------------------------------------------------------------

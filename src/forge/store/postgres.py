@@ -316,6 +316,18 @@ ALTER TABLE units SET (toast_tuple_target = 8160);
 ALTER TABLE units ALTER COLUMN embedding SET STORAGE MAIN;
 ALTER TABLE units ALTER COLUMN pending SET STORAGE MAIN;
 """),
+    # Which units each recall or context event returned (SQLStore.append_events): a unit's
+    # trace reads its recalls here instead of decoding up to 100k recall events. Filled from
+    # the recalls already logged (json.dumps text; one holding NaN, which jsonb refuses, is skipped).
+    (10, """
+CREATE TABLE event_units (unit_id text NOT NULL, seq bigint NOT NULL, PRIMARY KEY (unit_id, seq));
+INSERT INTO event_units
+SELECT DISTINCT h->>'id', e.seq
+FROM (SELECT seq, CASE WHEN data ~ '(NaN|Infinity)' THEN '{}'::jsonb ELSE data::jsonb END AS d
+      FROM events WHERE op IN ('recall', 'context')) e
+CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(e.d->'hits') = 'array' THEN e.d->'hits' ELSE '[]'::jsonb END) h
+WHERE jsonb_typeof(h) = 'object' AND jsonb_typeof(h->'id') = 'string';
+"""),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

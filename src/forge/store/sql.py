@@ -423,6 +423,42 @@ class SQLStore(ABC):
 
     log_event = append_event  # the older name, kept for callers written before append_event
 
+    def append_events(self, events: Sequence[tuple[Any, ...]]) -> None:
+        """Append many events that are not changes, ``(op, unit_id, actor, data, at)`` each, in one
+        transaction: a batch of audit records costs ~15-30 us each where one :meth:`append_event`
+        apiece (a savepoint and an INSERT) cost ~70-130 us. A sixth item names the units the
+        event is about (a recall's results): ``event_units`` indexes them, so the recalls of one
+        unit are found without reading every recall (:func:`forge.curate.trace.trace`)."""
+        rows: list[EventRow] = []
+        names: list[tuple[str, ...]] = []
+        for event in events:
+            op, unit_id, actor, data, at = event[:5]
+            op = check_event_op(op)
+            for value, what in ((op, "an event op"), (actor, "an event actor"), (unit_id or "", "an event unit id")):
+                self._check_text(value, what)
+            named = tuple(dict.fromkeys(n for n in (event[5] if len(event) > 5 else ()) if isinstance(n, str) and n))
+            for n in named:
+                self._check_text(n, "a named unit id")
+            rows.append((float(at), op, unit_id, actor, data or {}))
+            names.append(named)
+        if not rows:
+            return
+        with self._tx() as db:
+            if not any(names):
+                self._log_many(db, rows)
+                return
+            refs = []
+            for (at, op, unit_id, actor, data), named in zip(rows, names, strict=True):
+                seq = self._log(db, op, unit_id, actor, data, at=at)
+                refs.extend((n, seq) for n in named)
+            with contextlib.closing(db.cursor()) as cur:
+                cur.executemany(f"INSERT INTO event_units (unit_id, seq) VALUES ({self.dialect.marks(2)}) "
+                                "ON CONFLICT DO NOTHING", refs)
+
+    def _naming(self) -> str:
+        """The clause that keeps events naming one unit (its parameter follows)."""
+        return f"e.seq IN (SELECT seq FROM event_units WHERE unit_id = {self.dialect.mark})"
+
     def _log(self, db: Any, op: str, unit_id: str | None, actor: str, data: Mapping[str, Any], *, at: float | None = None) -> int:
         """Append one event inside a write; its seq."""
         for value, what in ((op, "an event op"), (actor, "an event actor"), (unit_id or "", "an event unit id")):
@@ -570,9 +606,10 @@ class SQLStore(ABC):
         since: float | None = None,
         until: float | None = None,
         newest_first: bool = False,
+        naming: str | None = None,
     ) -> list[Event]:
         """The change log as ``viewer`` may see it, oldest first (or newest first), narrowed
-        by any of the given fields.
+        by any of the given fields (``naming``: see :meth:`append_events`).
 
         The operator sees every event. An agent sees the events of units it may see now,
         and of each event only what it could see then: a unit that was private to another
@@ -592,6 +629,9 @@ class SQLStore(ABC):
             member, mp = d.in_("e.op", ops)
             narrow += f" AND {member}"
             params.extend(mp)
+        if naming is not None:
+            narrow += f" AND {self._naming()}"
+            params.append(naming)
         order = "DESC" if newest_first else ""
         if viewer.operator:
             rows = self._q(

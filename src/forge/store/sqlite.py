@@ -135,6 +135,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_unit ON events(unit_id);
 CREATE INDEX IF NOT EXISTS events_actor ON events(actor, seq);
 CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS event_units (unit_id TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (unit_id, seq)) WITHOUT ROWID;
 """ + """
 CREATE TABLE IF NOT EXISTS unit_log (seq INTEGER PRIMARY KEY AUTOINCREMENT, unit_rowid INTEGER NOT NULL);
 CREATE TRIGGER IF NOT EXISTS units_log_ai AFTER INSERT ON units BEGIN
@@ -148,6 +149,16 @@ AFTER UPDATE OF search_text, kind, status, scope, owner, domain, task, role, tag
     INSERT INTO unit_log(unit_rowid) VALUES (new.rowid);
 END;
 """
+#: Which units each recall or context event returned (SQLStore.append_events): the trace of a
+#: unit reads its recalls here instead of decoding every recall event (up to 100k per page).
+_EVENT_UNITS = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS event_units"):].split(";")[0]
+#: ... and for a file made before it, filled once from the recalls already logged.
+_EVENT_UNITS_FILL = (
+    "INSERT OR IGNORE INTO event_units SELECT x.id, x.seq FROM (SELECT e.seq, "
+    "CASE WHEN h.type = 'object' AND json_type(h.value, '$.id') = 'text' THEN json_extract(h.value, '$.id') END AS id "
+    "FROM (SELECT seq, data FROM events WHERE op IN ('recall', 'context') AND json_valid(data) "
+    "AND json_type(data, '$.hits') = 'array') e, json_each(e.data, '$.hits') h) x WHERE x.id IS NOT NULL"
+)
 #: The change feed of the in-memory mirror (forge.store.keywords, forge.store.facts); files
 #: made before it get it on open, and their units are read once when the mirror is built.
 _UNIT_LOG = _SCHEMA[_SCHEMA.index("CREATE TABLE IF NOT EXISTS unit_log"):]
@@ -363,6 +374,12 @@ class SQLiteStore(SQLStore):
         if not self.readonly and not self._q("SELECT 1 FROM sqlite_master WHERE name = 'claims'"):
             with self._tx(check=False) as db:  # files made before claims existed
                 db.execute("CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, at REAL NOT NULL) WITHOUT ROWID")
+        self._event_units = bool(self._q("SELECT 1 FROM sqlite_master WHERE name = 'event_units'"))
+        if not self.readonly and not self._event_units:
+            with self._tx(check=False) as db:  # files made before recalls were indexed by the units they returned
+                db.execute(_EVENT_UNITS)
+                db.execute(_EVENT_UNITS_FILL)
+            self._event_units = True
         if not self.readonly and not self._q("SELECT 1 FROM sqlite_master WHERE name = 'unit_log'"):
             with self._tx(check=False) as db:  # files made before the in-memory mirror
                 for stmt in _split_sql(_UNIT_LOG):
@@ -986,6 +1003,12 @@ class SQLiteStore(SQLStore):
         return keep or [min(present or words, key=freq.__getitem__)]
 
     # -- bulk -----------------------------------------------------------------------------
+    def _naming(self) -> str:
+        if self._event_units:
+            return super()._naming()
+        # a read-only file made before event_units: the recall events' text names the id
+        return "instr(e.data, '\"id\": ' || json_quote(?)) > 0"
+
     def _stats_extra(self) -> dict[str, Any]:
         return {"embedder": self._setting("embedder"), "path": self.path}
 
