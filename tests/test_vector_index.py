@@ -445,7 +445,7 @@ def test_the_candidate_list_grows_with_the_index():
 
     sizes = [1_000, 100_000, 300_000, 1_000_000, 10**7, 10**9]
     efs = [expansion_search(n) for n in sizes]
-    assert efs == sorted(efs) and efs[0] == efs[1] == 64 and expansion_search(1_000_000) == 128 and efs[-1] == 256
+    assert efs == sorted(efs) and efs[0] == efs[1] == 64 and expansion_search(1_000_000) == 202 and efs[-1] == 256
     idx = VectorIndex(dim=8, path=None)
     v = _vecs(EXACT_MAX + 500, dim=8)
     idx.upsert(np.arange(len(v), dtype=np.uint64), v, seq=1)
