@@ -94,3 +94,30 @@ def test_compared_runs_that_differ_in_settings_are_flagged(runs, tmp_path):
     assert any(d.startswith("stages differs") for d in summary["differences"])
     assert any(d.startswith("rule_guard differs") for d in summary["differences"])
     assert "Beware: stages differs" in summary["verdict"]
+
+
+def _verdict_rows(forge_success: float, forge_return: float) -> tuple[list[dict], list[dict]]:
+    rows = [
+        {"label": "zero-shot", "condition": "zero-shot", "success_rate": 0.25, "mean_return": -0.5, "eval_episodes": 8},
+        {"label": "forge/rules", "condition": "forge", "success_rate": forge_success, "mean_return": forge_return,
+         "eval_episodes": 8, "rule_shown_rate": 0.4, "rule_followed_rate": 0.5},
+    ]
+    memory = [{"kind": "rule", "content": "when down: hole, do not down"}]
+    runs = [{"config": {"eval_seeds": [1, 2, 3, 4]}, "champion": {"memory": []}}, {"config": {"eval_seeds": [1, 2, 3, 4]}, "champion": {"memory": memory}}]
+    return rows, runs
+
+
+@pytest.mark.parametrize(
+    ("success", "ret", "says", "why"),
+    [
+        (0.5, 0.1, "it transferred", False),
+        (0.25, -0.1, "success did not improve, the return did", True),  # equal success is not a transfer
+        (0.125, 0.0, "it did not beat zero-shot", True),
+    ],
+)
+def test_the_verdict_calls_a_transfer_only_when_held_out_success_rose(success, ret, says, why):
+    from forge.protocols.report import verdict
+
+    line = verdict(*_verdict_rows(success, ret))
+    assert f"on 4 held-out tasks (8 episodes) {says}:" in line
+    assert ("in front of the model in 40% of decisions, followed in 50%" in line) is why

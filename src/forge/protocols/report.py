@@ -158,9 +158,16 @@ def verdict(rows: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]
     if base is None:
         return f"{learned}; success {best['success_rate']:.0%} on {where}."
     gain = best["success_rate"] - base["success_rate"]
-    outcome = "it transferred" if gain > 0 or (gain == 0 and best["mean_return"] > base["mean_return"]) else "it did not beat zero-shot"
+    # Success is what the user asked for: a better return at equal success (fewer holes, a
+    # later fall) is said as such, not called a transfer.
+    if gain > 0:
+        outcome = "it transferred"
+    elif gain == 0 and best["mean_return"] > base["mean_return"]:
+        outcome = "success did not improve, the return did"
+    else:
+        outcome = "it did not beat zero-shot"
     why = ""
-    if best.get("rule_shown_rate") is not None and outcome != "it transferred":
+    if best.get("rule_shown_rate") is not None and gain <= 0:
         why = f" (a rule for the situation was in front of the model in {best['rule_shown_rate']:.0%} of decisions"
         why += f", followed in {best['rule_followed_rate']:.0%} of those)" if best.get("rule_followed_rate") is not None else ")"
     diff = differences(runs)
