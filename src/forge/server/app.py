@@ -17,6 +17,7 @@ import inspect
 import json
 import math
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
@@ -37,7 +38,11 @@ from forge.server.keys import KeyStore, Principal
 from forge.server.service import Service, admission_dict, event_dict
 from forge.store import Filter
 
-__all__ = ["create_app"]
+__all__ = ["SETTLE_S", "create_app"]
+
+#: How long the event stream waits at a gap in the log (an entry numbered but not yet
+#: committed, on PostgreSQL) before taking it for a rolled-back write and moving on.
+SETTLE_S = 5.0
 
 
 def _allowed(app: FastAPI, request: Request) -> list[str]:
@@ -395,24 +400,52 @@ def create_app(
     ) -> StreamingResponse:
         """New audit entries as server-sent events, as they are written (an agent: its own).
 
-        The stream ends after ``max_events`` entries or ``timeout_s`` seconds; reconnect with
-        ``since_seq`` set to the last ``id`` received.
+        The stream ends after ``max_events`` entries or ``timeout_s`` seconds, or once its key
+        is revoked; reconnect with ``since_seq`` set to the last ``id`` received.
+
+        Entries are sent in log order, each once. PostgreSQL numbers an entry when it is
+        written, not when its transaction commits, so with concurrent writers entry 11 may be
+        visible before entry 10: the stream waits at such a gap until it fills, or until the
+        entry after it is ``SETTLE_S`` old (a rolled-back write leaves a number unused).
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        token = token_from(request.headers, request.cookies)
+        operator = Principal.local()
+
+        def next_batch(seq: int, limit: int) -> tuple[list[Any], int] | None:
+            """The caller's entries after ``seq`` up to the settled position, and that position;
+            None once the caller's key no longer holds (checked after the read, so nothing
+            written after a revocation is sent)."""
+            log = service.events(operator, since_seq=seq, limit=500)  # every actor's: where the gaps are
+            settled, expect, now = seq, seq + 1, time.time()
+            for e in log:
+                if e.seq != expect and now - e.ts < SETTLE_S:
+                    break  # an earlier entry may still be committing
+                settled, expect = e.seq, e.seq + 1
+            batch = [e for e in (log if p.admin else service.events(p, since_seq=seq, limit=limit)) if e.seq <= settled][:limit]
+            if len(batch) == limit:
+                settled = batch[-1].seq
+            if auth.local:
+                return (batch, settled) if p.key_id == "local" else None
+            found = auth.keys.authenticate(token) if token and auth.keys is not None else None
+            return (batch, settled) if found is not None and found[0].key_id == p.key_id else None
 
         async def gen() -> AsyncIterator[bytes]:
             seq, sent = since_seq, 0
             while sent < max_events and loop.time() < deadline:
-                batch = await run_in_threadpool(service.events, p, since_seq=seq, limit=min(500, max_events - sent))
+                got = await run_in_threadpool(next_batch, seq, min(500, max_events - sent))
+                if got is None:
+                    return
+                batch, settled = got
                 for e in batch:
-                    seq = e.seq
                     sent += 1
                     yield f"id: {e.seq}\nevent: {e.op}\ndata: {json.dumps(event_dict(e))}\n\n".encode()
-                if not batch:
+                if settled == seq:
                     if await request.is_disconnected():
                         return
                     await asyncio.sleep(poll_s)
+                seq = settled
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 
 from forge.errors import ForgeError
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
@@ -32,6 +32,8 @@ __all__ = ["build_mcp", "guard", "http_principal"]
 
 def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MCPServer:
     """An MCP server over ``service``; ``principal(ctx)`` says who each call is from."""
+    read = _Reported(service, error=ResourceError)  # resources report errors as resource errors (a ToolError there is a crash)
+    reader = _reported(principal, error=ResourceError)
     service = _Reported(service)  # type: ignore[assignment]
     principal = _reported(principal)
     server = MCPServer(
@@ -104,44 +106,48 @@ def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MC
     @server.resource("forge://units/{unit_id}", mime_type="application/json")
     def unit(unit_id: str, ctx: Context) -> str:
         """One memory unit."""
-        return json.dumps(service.get(principal(ctx), unit_id).to_dict())
+        return json.dumps(read.get(reader(ctx), unit_id).to_dict())
 
     @server.resource("forge://units{?limit}", mime_type="application/json")
     def units(ctx: Context, limit: int = 100) -> str:
         """The oldest active memories this caller may see (``limit``, default 100)."""
-        found, _ = service.list(principal(ctx), limit=max(1, min(int(limit), 1000)))
+        found, _ = read.list(reader(ctx), limit=max(1, min(int(limit), 1000)))
         return json.dumps([u.to_dict() for u in found])
 
     @server.resource("forge://runs{?limit}", mime_type="application/json")
     def runs(ctx: Context, limit: int = 1000) -> str:
         """Evolution runs under the server's runs folder."""
-        return json.dumps(service.runs(principal(ctx))[: max(1, int(limit))])
+        return json.dumps(read.runs(reader(ctx))[: max(1, int(limit))])
 
     @server.resource("forge://runs/{name}", mime_type="application/json")
     def run(name: str, ctx: Context) -> str:
         """One finished run's summary (learning curve, returns, tokens)."""
-        return json.dumps(service.run(principal(ctx), name))
+        return json.dumps(read.run(reader(ctx), name))
 
     return server
 
 
 class _Reported:
-    """The service, with FORGE's errors turned into tool errors the calling model can read."""
+    """The service, with FORGE's errors turned into tool errors the calling model can read
+    (``error=ResourceError`` for resources: the SDK treats any other error raised by a
+    resource as a crash, logs its traceback and tells the client only the URI)."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, error: type[Exception] = ToolError) -> None:
         self._service = service
+        self._error = error
 
     def __getattr__(self, name: str) -> Any:
-        return _reported(getattr(self._service, name))
+        return _reported(getattr(self._service, name), error=self._error)
 
 
-def _reported(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _reported(fn: Callable[..., Any], error: type[Exception] = ToolError) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except (ForgeError, Unauthorized, RateLimited) as exc:
-
-            raise ToolError(f"{status_of(exc)[1]}: {exc}") from None
+            status, code = status_of(exc)
+            kind = ResourceNotFoundError if error is ResourceError and status == 404 else error
+            raise kind(f"{code}: {exc}") from None
 
     return call
 
