@@ -72,6 +72,8 @@ class Ledger:
     cut_status: dict[str, tuple[str, str]] = field(default_factory=dict)
     relations: set[tuple[str, str, str]] = field(default_factory=set)
     errors: list[str] = field(default_factory=list)
+    cut: int = 0  # requests the kills cut, over every round
+    landed: int = 0  # of the cut batches, those that were stored (committed, never acknowledged)
     acked: int = 0  # requests answered 2xx
     statuses: dict[int, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -251,6 +253,7 @@ def _rounds(db: str, tmp_path: Path, label: str) -> dict[str, int]:
                 assert not t.is_alive(), f"{note}: a writer hung after the kill"
         server.start()
         checked = _check(server, admin, ledger, rng, f"seed {SEED}, {label} after the last kill")
+        _fold(server, admin, ledger)
         server.stop()
     finally:
         server.kill()
@@ -258,16 +261,17 @@ def _rounds(db: str, tmp_path: Path, label: str) -> dict[str, int]:
     bad = {s: n for s, n in ledger.statuses.items() if s not in (200, 201)}
     assert bad == {}, f"seed {SEED}, {label}: answers other than 2xx to valid writes: {bad}; {server.log.read_text()[-2000:]}"
     assert "Traceback" not in server.log.read_text(), server.log.read_text()[-3000:]
-    cut = len(ledger.cut_batches) + len(ledger.cut_updates) + len(ledger.cut_status)
     print(f"{label}: {kills} kills, {server.starts} starts, {ledger.acked} writes acknowledged, {checked} units checked, "
-          f"{len(ledger.relations)} relations, {cut} requests cut by a kill")
-    return {"kills": kills, "acked": ledger.acked, "checked": checked, "cut": cut}
+          f"{len(ledger.relations)} relations, {ledger.cut} requests cut by a kill ({ledger.landed} cut batches stored whole)")
+    return {"kills": kills, "acked": ledger.acked, "checked": checked, "cut": ledger.cut}
 
 
 def _fold(server: Server, admin: str, ledger: Ledger) -> None:
     """After a restart: a cut batch that landed is the writers' now (acked in effect), a cut
     update or status change is what the store says. The next round's checks start there."""
     stored = _stored(server, admin)
+    ledger.cut += len(ledger.cut_batches) + len(ledger.cut_updates) + len(ledger.cut_status)
+    ledger.landed += sum(batch[0]["id"] in stored for batch in ledger.cut_batches)
     for batch in ledger.cut_batches:
         for u in batch:
             if u["id"] in stored:

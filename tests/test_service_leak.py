@@ -213,6 +213,28 @@ def test_another_keys_mcp_session_id_gives_nothing_of_its_owner(live: Live) -> N
     assert "zebra" in r.text, r.text[:500]
 
 
+def test_another_key_cannot_end_or_use_an_mcp_session(live: Live) -> None:
+    """A session belongs to the key that opened it: Bob, holding Alice's session id, can
+    neither close it (DELETE) nor open its server-to-client stream; to him it does not exist."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}}}
+    r = _rpc(live.url, live.tokens["alice"], init)
+    sid = r.headers.get("mcp-session-id")
+    if not sid:
+        pytest.skip("a server of several processes keeps no MCP sessions")
+    assert _rpc(live.url, live.tokens["alice"], {"jsonrpc": "2.0", "method": "notifications/initialized"}, sid).status_code == 202
+    bob = {**MCP_HEADERS, "Authorization": f"Bearer {live.tokens['bob']}", "mcp-session-id": sid}
+    assert httpx.delete(f"{live.url}/mcp", headers=bob, timeout=60).status_code == 404
+    with httpx.stream("GET", f"{live.url}/mcp", headers=bob, timeout=60) as r:
+        assert r.status_code == 404
+    listed = _rpc(live.url, live.tokens["bob"], {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, sid)
+    assert listed.status_code == 404 and "Session not found" in listed.text
+    r = _rpc(live.url, live.tokens["alice"], {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, sid)
+    assert r.status_code == 200 and "recall" in r.text, "Alice's session survives Bob's attempts"
+    alice = {**MCP_HEADERS, "Authorization": f"Bearer {live.tokens['alice']}", "mcp-session-id": sid}
+    assert httpx.delete(f"{live.url}/mcp", headers=alice, timeout=60).status_code == 200  # her own: she may
+
+
 # -- the event stream --------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from starlette.responses import JSONResponse
 
 from forge.errors import ForgeError
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
@@ -152,6 +153,24 @@ def _reported(fn: Callable[..., Any], error: type[Exception] = ToolError) -> Cal
     return call
 
 
+_SESSIONS = 100_000  # session owners remembered (the oldest forgotten first)
+
+
+def _claiming(send: Any, owners: dict[str, str], key_id: str) -> Any:
+    """``send``, noting the session id an answer opens as ``key_id``'s."""
+
+    async def claim(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            for k, v in message.get("headers", ()):
+                if k.lower() == b"mcp-session-id":
+                    owners[v.decode("latin-1")] = key_id
+                    while len(owners) > _SESSIONS:
+                        owners.pop(next(iter(owners)))
+        await send(message)
+
+    return claim
+
+
 def http_principal(auth: Authenticator, ctx: Context) -> Principal:
     """The caller of an MCP request that came over HTTP (the guard already let it in)."""
     headers = {k.lower(): v for k, v in (ctx.headers or {}).items()}
@@ -170,9 +189,14 @@ def http_principal(auth: Authenticator, ctx: Context) -> Principal:
 def guard(app: Any, auth: Authenticator, *, unrouted: Any = None) -> Any:
     """ASGI wrapper: MCP over HTTP needs the same key (and obeys the same rate limit) as REST.
 
+    A session (a server of one process keeps them) belongs to the key that opened it: a
+    request naming another key's session id is answered as for an unknown session (404), so
+    holding an id lets no one close that session or take its stream.
+
     Mounted at the root as the fallback route, it hands every other path to ``unrouted``
     (the app's 404 or 405), or answers 404.
     """
+    owners: dict[str, str] = {}  # session id -> the key id that opened it (the newest _SESSIONS kept)
 
     async def wrapped(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and not scope.get("path", "").startswith("/mcp"):
@@ -185,13 +209,22 @@ def guard(app: Any, auth: Authenticator, *, unrouted: Any = None) -> Any:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
             client = scope.get("client")
             try:
-                auth.principal(token_from(headers), client[0] if client else None)
+                who = auth.principal(token_from(headers), client[0] if client else None)
             except Unauthorized as exc:
                 await error_response(401, "unauthorized", str(exc), {"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
             except RateLimited as exc:
                 await error_response(429, "rate_limited", str(exc), {"Retry-After": str(max(1, round(exc.retry_after)))})(scope, receive, send)
                 return
+            sid = headers.get("mcp-session-id")
+            if sid is not None and owners.get(sid, who.key_id) != who.key_id:
+                await JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Session not found"}},
+                                   status_code=404)(scope, receive, send)
+                return
+            if sid is None:
+                send = _claiming(send, owners, who.key_id)
+            elif scope.get("method") == "DELETE":
+                owners.pop(sid, None)
         await app(scope, receive, send)
 
     return wrapped
