@@ -6,7 +6,8 @@ The invariants, checked through the restarted server and then on the store itsel
 
 - nothing acknowledged is lost or changed: every unit of a write answered 2xx is there with
   the content, kind, scope, owner and tags sent; every update and status change answered 2xx
-  holds; every relation answered 201 is there;
+  holds; every relation answered 201 is there; the audit log has each acknowledged add and
+  status change;
 - nothing is half-written: a batch whose answer never came (the kill cut it) is there whole
   or not at all; an update cut by the kill left the old text or the new, nothing else;
 - the restarted workers find what they were sent (recall by a unit's own text), and the
@@ -198,6 +199,17 @@ def _check(server: Server, admin: str, ledger: Ledger, rng: random.Random, note:
             if u["id"] in stored:
                 assert stored[u["id"]]["content"] == u["content"], f"{note}: {u['id']} content"
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {admin}"}, timeout=120) as http:
+        # Writes are audited in their own transaction: an acknowledged write has its record.
+        logged: dict[str, set[str]] = {"add": set(), "status": set()}
+        seq = 0
+        while page := http.get("/v1/events", params={"since_seq": seq, "op": ["add", "status"], "limit": 1000}).json()["events"]:
+            for e in page:
+                logged[e["op"]].add(e["unit_id"])
+            seq = page[-1]["seq"]
+        unlogged = [u for u in ledger.units if u not in logged["add"]]
+        assert unlogged == [], f"{note}: acknowledged adds without their audit record: {unlogged[:5]}"
+        archived = [u for u, w in ledger.units.items() if w["status"] == "archived" and u not in ledger.cut_status]
+        assert [u for u in archived if u not in logged["status"]] == [], f"{note}: an acknowledged archive without its record"
         by_src: dict[str, set[tuple[str, str, str]]] = {}
         for rel in ledger.relations:
             by_src.setdefault(rel[0], set()).add(rel)
