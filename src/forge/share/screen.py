@@ -1012,9 +1012,15 @@ class Screen:
             return None
         texts = [unit]
         if isinstance(unit, Unit):
-            rest = " \n".join([unit.text[len(unit.content) :], *_strings(unit.meta)])
-            texts = [unit.content, rest] if rest.strip() else [unit.content]
-        p = max(self.intent.score(_fold(t[: 4 * self.max_chars])) for t in texts)
+            # Each context field on its own, each meta string after the content it annotates.
+            # Alone, text the model was not trained on reads as doubtful: the line of
+            # identifiers "frozenlake-4x4-slippery actor forge-no-graduation rules" scored 0.81,
+            # a rule's machine-written situation "left: hole; down: frozen; right: hole" 0.45
+            # (doubt 0.42), and a protocol's broadcast lost those rules to review.
+            ctx = unit.context
+            texts = [unit.content, ctx.domain, ctx.task, ctx.role, *ctx.tags]
+            texts += [f"{unit.content}\n{m}" for m in _strings(unit.meta)]
+        p = max(self.intent.score(_fold(t[: 4 * self.max_chars])) for t in texts if t)
         return p if p >= self.intent.doubt else None
 
     # -- redaction ------------------------------------------------------------------------
