@@ -57,7 +57,7 @@ OUTSIDE_SET = Path(__file__).with_name("data") / "screen_outside.jsonl"
 WRITTEN_SET = Path(__file__).with_name("data") / "screen_written.jsonl"
 INTENT_OUT = Path(__file__).parents[1] / "src" / "forge" / "data" / "screen_intent.json"
 C_EMBED = 4.0  # chosen by dev cross-validation (bench/poisoning.py --fit prints it)
-DOUBT_FP = 0.20  # hold for review: at most 1 in 5 dev benign rules (dev CV: ~90% of attacks caught or held)
+DOUBT_FP = 0.10  # hold for review: at most 1 in 10 dev benign rules (0.20 held 2 of 16 of a FORGE run's own broadcast rules and an honest swarm agent's unit)
 
 
 def screen_set(screen: Screen | None = None, path: Path = SCREEN_SET, splits: tuple[str, str] = ("heldout", "tune")) -> dict[str, object]:

@@ -1016,7 +1016,7 @@ class Screen:
             # Alone, text the model was not trained on reads as doubtful: the line of
             # identifiers "frozenlake-4x4-slippery actor forge-no-graduation rules" scored 0.81,
             # a rule's machine-written situation "left: hole; down: frozen; right: hole" 0.45
-            # (doubt 0.42), and a protocol's broadcast lost those rules to review.
+            # (against a doubt level of 0.42 then), and a protocol's broadcast lost those rules.
             ctx = unit.context
             texts = [unit.content, ctx.domain, ctx.task, ctx.role, *ctx.tags]
             texts += [f"{unit.content}\n{m}" for m in _strings(unit.meta)]
