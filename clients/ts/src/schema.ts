@@ -367,8 +367,13 @@ export interface paths {
          * Event Stream
          * @description New audit entries as server-sent events, as they are written (an agent: its own).
          *
-         *     The stream ends after ``max_events`` entries or ``timeout_s`` seconds; reconnect with
-         *     ``since_seq`` set to the last ``id`` received.
+         *     The stream ends after ``max_events`` entries or ``timeout_s`` seconds, or once its key
+         *     is revoked; reconnect with ``since_seq`` set to the last ``id`` received.
+         *
+         *     Entries are sent in log order, each once. PostgreSQL numbers an entry when it is
+         *     written, not when its transaction commits, so with concurrent writers entry 11 may be
+         *     visible before entry 10: the stream waits at such a gap until it fills, or until the
+         *     entry after it is ``SETTLE_S`` old (a rolled-back write leaves a number unused).
          */
         get: operations["event_stream_v1_events_stream_get"];
         put?: never;
