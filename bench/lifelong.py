@@ -39,6 +39,17 @@ def _ratio(a: float, b: float) -> float | None:
     return None if b == 0 else a / b
 
 
+def _modes(text: str | None) -> tuple[str, ...]:
+    """The memory modes to run, ``none`` first: every ratio is against it."""
+    if not text:
+        return MEMORY_MODES
+    asked = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in asked if m not in MEMORY_MODES]
+    if unknown:
+        raise SystemExit(f"error: unknown memory mode {unknown[0]!r}; known: {', '.join(MEMORY_MODES)}")
+    return ("none", *[m for m in MEMORY_MODES if m in asked and m != "none"])
+
+
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or tempfile.mkdtemp(prefix="forge-lifelong-"))
     quick = args.quick
@@ -56,10 +67,11 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         reflect=not (quick and args.llm.startswith("local")),  # quick local runs: the trajectory's own rules
         memory="none",
     )
+    modes = _modes(args.modes)
     llm = open_llm(args.llm)
     try:
         rows = []
-        for mode in MEMORY_MODES:
+        for mode in modes:
             cfg = TeamConfig.from_dict({**base.to_dict(), "memory": mode})
             t0 = time.perf_counter()
             print(f"running memory={mode} ...", file=sys.stderr, flush=True)
@@ -70,6 +82,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 "success_rate": f["success_rate"], "tokens_per_task": f["tokens"]["per_task"],
                 "steps_per_task": sum(r["steps"] for r in results) / max(1, len(results)),
                 "rule_shown": sum((r.get("rules") or {}).get("rule_shown", 0) for r in results),
+                "rule_followed": sum((r.get("rules") or {}).get("rule_followed", 0) for r in results),
                 "decisions": sum((r.get("rules") or {}).get("decisions", 0) for r in results),
                 "consolidation_tokens": f["tokens"]["consolidation"], "seconds": round(time.perf_counter() - t0, 1),
             })
@@ -78,14 +91,16 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             r["aip_vs_none"] = _ratio(r["aip"], none["aip"])
             r["ap_vs_none"] = _ratio(r["ap"], none["ap"])
             r["tokens_vs_none"] = _ratio(r["tokens_per_task"], none["tokens_per_task"])
-        sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([1, 3] if quick else [1, 3, 5, 7])
-        sweep_cfg = TeamConfig.from_dict({**base.to_dict(), "memory": args.sweep_memory, "tasks": args.sweep_tasks or (3 if quick else tasks)})
-        print(f"running the team-size sweep {sizes} ...", file=sys.stderr, flush=True)
-        summary = sweep(sweep_cfg, out / "sweep", sizes=sizes, llm=llm)
+        sizes = [int(s) for s in args.sizes.split(",") if s] if args.sizes is not None else ([1, 3] if quick else [1, 3, 5, 7])
+        summary: dict[str, Any] = {"runs": [], "paths": {}}
+        if sizes:
+            sweep_cfg = TeamConfig.from_dict({**base.to_dict(), "memory": args.sweep_memory, "tasks": args.sweep_tasks or (3 if quick else tasks)})
+            print(f"running the team-size sweep {sizes} ...", file=sys.stderr, flush=True)
+            summary = sweep(sweep_cfg, out / "sweep", sizes=sizes, llm=llm)
     finally:
         llm.close()
     return {
-        "config": {**base.to_dict(), "memory": list(MEMORY_MODES)},
+        "config": {**base.to_dict(), "memory": list(modes)},
         "modes": rows,
         "sweep": {
             "memory": args.sweep_memory,
@@ -114,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--envs", default=None, help="comma-separated gym ladder")
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--sizes", default=None, help="team sizes of the sweep, e.g. 1,3,5,7")
+    p.add_argument("--modes", default=None, help="memory modes, e.g. local,shared,hybrid (none always runs first: the ratios are against it)")
+    p.add_argument("--sizes", default=None, help="team sizes of the sweep, e.g. 1,3,5,7; an empty string skips the sweep")
     p.add_argument("--sweep-tasks", type=int, default=None)
     p.add_argument("--sweep-memory", default="hybrid")
     p.add_argument("--out", default=None, help="directory for runs and the report (default: a temp dir)")
@@ -123,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps(res, indent=2))
         return
-    cols = ["memory", "aip", "ap", "success_rate", "steps_per_task", "tokens_per_task", "aip_vs_none", "tokens_vs_none", "seconds"]
+    cols = ["memory", "aip", "ap", "success_rate", "steps_per_task", "tokens_per_task", "rule_shown", "rule_followed", "aip_vs_none", "tokens_vs_none", "seconds"]
     print("  ".join(f"{c:>14}" for c in cols))
     for r in res["modes"]:
         print("  ".join(f"{_fmt(r[c]):>14}" for c in cols))
@@ -134,10 +150,12 @@ def main(argv: list[str] | None = None) -> None:
             f"best memory mode {best['memory']}: AIP {_fmt(a)}x none (target >= 1.2: {'met' if a is not None and a >= 1.2 else 'missed'}), "
             f"tokens/task {_fmt(tk)}x none (target <= 0.9: {'met' if tk is not None and tk <= 0.9 else 'missed'})"
         )
-    print(f"\nteam-size sweep (memory={res['sweep']['memory']})")
+    if res["sweep"]["sizes"]:
+        print(f"\nteam-size sweep (memory={res['sweep']['memory']})")
     for r in res["sweep"]["sizes"]:
         print(f"  size {r['team_size']}: {r['tasks']} tasks, AIP {r['aip']:.3f}, final AP_t {r['ap']:.3f}, tokens/task {r['tokens_per_task']:,.0f}")
-    print(f"report: {res['sweep']['report']['html']}")
+    if res["sweep"]["report"]:
+        print(f"report: {res['sweep']['report']['html']}")
 
 
 if __name__ == "__main__":
