@@ -66,6 +66,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         max_steps=args.max_steps or (8 if quick else None),
         reflect=not (quick and args.llm.startswith("local")),  # quick local runs: the trajectory's own rules
         memory="none",
+        rule_guard=args.rule_guard,
     )
     modes = _modes(args.modes)
     llm = open_llm(args.llm)
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--modes", default=None, help="memory modes, e.g. local,shared,hybrid (none always runs first: the ratios are against it)")
     p.add_argument("--sizes", default=None, help="team sizes of the sweep, e.g. 1,3,5,7; an empty string skips the sweep")
+    p.add_argument("--rule-guard", action="store_true", help="rules are binding: an actor chooses only among what they leave")
     p.add_argument("--sweep-tasks", type=int, default=None)
     p.add_argument("--sweep-memory", default="hybrid")
     p.add_argument("--out", default=None, help="directory for runs and the report (default: a temp dir)")

@@ -378,3 +378,31 @@ def test_cli_runs_and_resumes(tmp_path: Path) -> None:
     assert len(load_results(d)) == 3
     r = CliRunner().invoke(team_command, ["--resume", str(d), "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["aip"] == out["aip"]
+
+
+@pytest.mark.parametrize("guard", [False, True])
+def test_rule_guard_makes_the_team_actor_obey_its_rules(tmp_path: Path, guard: bool) -> None:
+    """A model that always takes the first listed option (as the 1.5B does on the db stream)
+    ignores a rule against it; with the guard the forbidden action is not offered."""
+    from forge.llm.testing import ScriptedLLM
+
+    llm = ScriptedLLM(capabilities=("choices", "json_schema"))  # answers the first option
+    cfg = TeamConfig(stream="db", tasks=4, memory="local", llm="test", consolidate_every=5, rule_guard=guard)
+    run_team(cfg, tmp_path / "run", llm=llm)
+    ruled = [r for r in llm.requests if r.choices and "Failed here before: check_table_stats" in r.messages[-1].content]
+    assert ruled, "no decision had a rule against check_table_stats in front of it"
+    taken = [r.choices[0] for r in ruled]
+    rules = [res.get("rules") or {} for res in load_results(tmp_path / "run")]
+    followed = sum(r.get("rule_followed", 0) for r in rules)
+    if guard:
+        assert "check_table_stats" not in taken and all("check_table_stats" not in r.choices for r in ruled)
+        assert followed >= len(ruled)
+    else:
+        assert set(taken) == {"check_table_stats"} and followed == 0
+
+
+def test_rule_guard_is_recorded_and_old_configs_load(tmp_path: Path) -> None:
+    cfg = TeamConfig(stream="db", tasks=1, memory="local", llm="test", rule_guard=True)
+    assert TeamConfig.from_dict(cfg.to_dict()).rule_guard is True
+    old = {k: v for k, v in cfg.to_dict().items() if k != "rule_guard"}  # a run written before the option
+    assert TeamConfig.from_dict(old).rule_guard is False

@@ -89,6 +89,7 @@ def _sizes(text: str) -> list[int]:
 @click.option("--max-steps", type=int, default=None, help="Cap on steps per task (default: the env's).")
 @click.option("--envs", default=None, help="Comma-separated gym ladder overriding the default one.")
 @click.option("--reflect/--no-reflect", default=True, show_default=True, help="LLM-written lessons and procedures (off: deterministic fallbacks).")
+@click.option("--rule-guard/--no-rule-guard", default=False, show_default=True, help="Make rules binding: an actor chooses only among the actions its rules leave.")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="Where the run is written (default runs/team-<time>).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, help="Continue the interrupted run in this directory.")
 @click.option("--sweep", "sweep_sizes", default=None, help="Run a team-size sweep, e.g. 1,3,5,7, and write the scaling report.")

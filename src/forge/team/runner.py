@@ -126,6 +126,7 @@ class TeamConfig:
     max_steps: int | None = None
     envs: tuple[str, ...] = ()  # gym ladder override; empty = GYM_LADDER
     reflect: bool = True  # LLM-written lessons and procedures (False: deterministic fallbacks)
+    rule_guard: bool = False  # rules are binding: the actor chooses only among what they leave
     team: str = "team"
 
     def __post_init__(self) -> None:
@@ -483,7 +484,7 @@ class _Run:
         who_knows = self.mode.planner_context(cfg.agents[0], task.text, cfg.memory_tokens) if len(cfg.agents) > 1 else ""
         policy = TeamPolicy(
             llm=self.llm, ledger=ledger, agents=tuple(cfg.agents), role_of=cfg.role, spec=spec,
-            task=task.text, steps_per_subtask=cfg.steps_per_subtask, who_knows=who_knows,
+            task=task.text, steps_per_subtask=cfg.steps_per_subtask, who_knows=who_knows, rule_guard=cfg.rule_guard,
         )
         contexts: dict[str, _Context] = {}
 
