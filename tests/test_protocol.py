@@ -207,6 +207,27 @@ def test_graduation_freezes_for_good(tmp_path):
     assert r.final["stages"][2]["returns"] == [1.0, 1.0]  # carried forward, not replayed
 
 
+def test_graduate_after_asks_for_more_wins_and_survives_a_resume(tmp_path):
+    """With graduate_after=2 a first win does not graduate; the second does, and the count of
+    wins is in the checkpoint (a resume between them must not forget the first)."""
+    cfg = ForgeConfig(condition="forge", env="frozenlake-4x4", llm="test", instances=2, stages=3, attempts=2, eval_episodes=1, graduate_after=2)
+
+    def hook(event, data):
+        if event == "stage_started" and data["stage"] == 1 and not (tmp_path / "flag").exists():
+            (tmp_path / "flag").touch()
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        evolve(cfg, tmp_path / "run", llm_factory=toy_factory, hook=hook)
+    first = json.loads((tmp_path / "run/checkpoints/stage-00.json").read_text())
+    assert first["summary"]["graduated_now"] == [] and [i["passes"] for i in first["instances"]] == [1, 1]
+    r = resume(tmp_path / "run", llm_factory=toy_factory)
+    assert [i["graduated_stage"] for i in r.final["instances"]] == [1, 1]
+    assert r.final["stages"][1]["played"] == [0, 1] and r.final["stages"][2]["played"] == []
+    with pytest.raises(ConfigError, match="graduate_after"):
+        ForgeConfig(condition="forge", llm="test", graduate_after=0)
+
+
 # -- resume ------------------------------------------------------------------------------------
 
 

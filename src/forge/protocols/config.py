@@ -75,7 +75,11 @@ class ForgeConfig:
     ``temperature`` is instance 0's sampling temperature in training and ``diversity`` the
     spread added across instances (instance i gets ``temperature + diversity * i/(N-1)``), so
     a population explores differently and its champion is not an accident of ordering.
-    Checkpoints and final evaluations are always greedy. ``reflection`` is how rules are asked for:
+    ``graduate_after`` is how many checkpoints at or above theta an instance needs before it
+    graduates (1: the paper's rule). On random FrozenLake maps and TextWorld games a small
+    model often wins its first training episode by luck and graduated there with an empty
+    memory, so nothing was learned to carry to held-out tasks; 2 asks for a second,
+    differently seeded win. Checkpoints and final evaluations are always greedy. ``reflection`` is how rules are asked for:
     ``slots`` (the model fills in the failing situation's rule under a grammar; small models
     manage it) or ``free`` (free-text rule edits, the paper's way; see :func:`forge.learn.reflect.reflect`).
 
@@ -115,6 +119,7 @@ class ForgeConfig:
     max_steps: int | None = None
     probe_alternatives: bool = True
     rule_guard: bool = False
+    graduate_after: int = 1
     show_map: bool = False
     reflect_on_stall: bool = True
     temperature: float = 0.0
@@ -141,7 +146,7 @@ class ForgeConfig:
 
         if self.env not in available_envs():
             raise ConfigError(f"unknown environment {self.env!r}; known: {', '.join(available_envs())}")
-        for name in ("instances", "stages", "workers", "eval_episodes", "memory_tokens"):
+        for name in ("instances", "stages", "workers", "eval_episodes", "memory_tokens", "graduate_after"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")

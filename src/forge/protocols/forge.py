@@ -126,6 +126,7 @@ class _Instance:
     aborted: int = 0
     reflections: int = 0
     fallbacks: int = 0
+    passes: int = 0  # checkpoints at or above theta
 
     @property
     def graduated(self) -> bool:
@@ -148,6 +149,7 @@ class _Instance:
             "aborted": self.aborted,
             "reflections": self.reflections,
             "fallbacks": self.fallbacks,
+            "passes": self.passes,
         }
 
     @classmethod
@@ -160,6 +162,7 @@ class _Instance:
             aborted=int(data.get("aborted", 0)),
             reflections=int(data.get("reflections", 0)),
             fallbacks=int(data.get("fallbacks", 0)),
+            passes=int(data.get("passes", 0)),
         )
 
 
@@ -559,11 +562,12 @@ class _Protocol:
             inst.fallbacks += sum(1 for r in refl if r["fallback"])
             self.ledger.merge(res["tokens"])
         graduated_now = []
-        if flags.graduation:
-            for idx, score in sorted(scores.items()):
-                if score >= self.theta:
-                    self.instances[idx].graduated_stage = stage
-                    graduated_now.append(idx)
+        for idx, score in sorted(scores.items()):
+            inst = self.instances[idx]
+            inst.passes += score >= self.theta
+            if flags.graduation and score >= self.theta and inst.passes >= self.config.graduate_after:
+                inst.graduated_stage = stage
+                graduated_now.append(idx)
         champion = None
         broadcast_ops: dict[int, list[dict[str, Any]]] = {}
         if flags.broadcast and scores:
