@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.envs import seed_split
+from forge.errors import ForgeError
 from forge.protocols import ForgeConfig, evolve
 
 ENVS = ["frozenlake-random-4x4", "frozenlake-random-5x5", "textworld:coin-1", "textworld:coin-2", "textworld:treasure-1", "textworld:treasure-2"]
@@ -64,7 +65,7 @@ def run_cell(env: str, condition: str, representation: str, args: argparse.Names
             condition=condition, representation=representation, env=env, llm=args.llm,
             instances=args.instances, stages=args.stages, attempts=args.attempts, seed=seed,
             train_seeds=tuple(train), eval_seeds=tuple(held_out), max_steps=args.max_steps,
-            workers=args.workers, rule_guard=args.rule_guard,
+            workers=args.workers, rule_guard=args.rule_guard, graduate_after=args.graduate_after,
         )
         run_dir = root / f"{env.replace(':', '_')}-{condition}-{representation}-seed{seed}"
         started = time.perf_counter()
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--rule-guard", action="store_true")
+    ap.add_argument("--graduate-after", type=int, default=1, help="checkpoints at or above theta an instance needs to graduate (1: the paper)")
     ap.add_argument("--quick", action="store_true", help="2 envs, N=2, S=2, k=2, 5 held-out seeds, run seeds 0,1")
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
     ap.add_argument("--json", action="store_true")
@@ -195,12 +197,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.conditions:
         conditions = [tuple((c.split("/") + ["rules"])[:2]) for c in args.conditions.split(",") if c]  # type: ignore[misc]
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="forge-transfer-") as tmp:
-        root = args.out or Path(tmp)
-        cells = [run_cell(env, cond, rep, args, root) for env in envs for cond, rep in conditions]
+    try:
+        with tempfile.TemporaryDirectory(prefix="forge-transfer-") as tmp:
+            root = args.out or Path(tmp)
+            cells = [run_cell(env, cond, rep, args, root) for env in envs for cond, rep in conditions]
+    except ForgeError as exc:  # a bad env, condition or setting: one line, not a traceback
+        raise SystemExit(f"error: {exc}") from None
     result = {
         "llm": args.llm, "instances": args.instances, "stages": args.stages, "attempts": args.attempts,
-        "run_seeds": args.run_seeds, "eval_episodes": args.eval_episodes, "cells": cells,
+        "run_seeds": args.run_seeds, "eval_episodes": args.eval_episodes, "graduate_after": args.graduate_after,
+        "rule_guard": args.rule_guard, "cells": cells,
         "ratios": compare(cells), "seconds": time.perf_counter() - started,
     }
     if args.json:
