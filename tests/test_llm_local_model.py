@@ -388,6 +388,61 @@ def test_busy_cpus_is_a_sample_of_now_not_the_last_minute(monkeypatch):
     assert local_backend.busy_cpus(sample_s=0) == pytest.approx(0.5)  # (100 - 50) / 200 of 2 CPUs
 
 
+def test_cpu_meter_reads_what_others_did_since_its_last_reading(monkeypatch):
+    from forge.llm import local as local_backend
+
+    readings = iter([(1000, 800, 10), (1200, 900, 60), (1400, 1090, 60)])  # (all, idle, own) ticks
+    monkeypatch.setattr(local_backend, "_cpu_ticks", lambda: next(readings))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    meter = local_backend.CpuMeter()
+    assert meter.busy() == pytest.approx(0.5)  # 200 ticks: 100 busy, 50 of them ours
+    assert meter.busy() == pytest.approx(0.1)  # the next 200: 10 busy, none ours
+
+
+@needs_llama
+def test_a_model_that_chose_its_threads_chooses_again_when_the_load_changes(fake, monkeypatch):
+    """Threads chosen at construction outlived what they were chosen for: a model opened
+    while a test ran kept one thread of two idle cores for an hour. Between calls it now
+    re-chooses, at most every RETUNE_S seconds; a count that was given is never changed."""
+    from llama_cpp import llama_cpp as low
+
+    from forge.llm import local as local_backend
+    from forge.llm import open_llm
+
+    model, site, cache = fake
+    monkeypatch.setenv("FORGE_MODEL_DIR", str(cache))
+    monkeypatch.setitem(models.MODELS, "fake", model)
+    monkeypatch.delenv("FORGE_LLM_THREADS", raising=False)
+    monkeypatch.setattr(local_backend, "available_cpus", lambda: 2)
+    monkeypatch.setattr(local_backend, "busy_cpus", lambda: 1.0)  # busy when it opened
+    set_to: list[tuple[int, int]] = []
+    monkeypatch.setattr(low, "llama_set_n_threads", lambda ctx, n, nb: set_to.append((n, nb)))
+
+    class Meter:
+        load = 0.0
+
+        def busy(self):
+            return self.load
+
+    llm = open_llm("local:fake")
+    assert llm.n_threads == 1
+    meter = llm._meter = Meter()
+    ctx = type("Model", (), {"ctx": object()})()
+    llm._retune(ctx)
+    assert set_to == [] and llm.n_threads == 1  # too soon after the last choice
+    llm._tuned_at -= local_backend.RETUNE_S
+    llm._retune(ctx)
+    assert set_to == [(2, 2)] and llm.n_threads == 2 and llm.thread_changes == 1  # the other work ended
+    meter.load = 1.6
+    llm._tuned_at -= local_backend.RETUNE_S
+    llm._retune(ctx)
+    assert set_to[-1] == (1, 1) and llm.n_threads == 1
+    given = open_llm("local:fake", n_threads=2)
+    given._tuned_at -= local_backend.RETUNE_S
+    given._retune(ctx)
+    assert given.n_threads == 2 and len(set_to) == 2
+
+
 # -- a model shipped as a chunked zip (the optional all-mpnet-base-v2 embedder) --------------
 
 

@@ -44,6 +44,7 @@ from forge.llm.structured import pick_by_logits
 
 __all__ = [
     "CHOICE_MODES",
+    "CpuMeter",
     "INSTALL_HINT",
     "LlamaCppLLM",
     "available_cpus",
@@ -52,6 +53,7 @@ __all__ = [
     "busy_cpus",
     "default_threads",
     "smollm2_path",
+    "threads_for",
 ]
 
 _GRAMMAR_CACHE_SIZE = 128
@@ -60,6 +62,8 @@ _MIN_STATE_TOKENS = 32
 #: ``"score"``: pick an option from the logits (one pass); ``"grammar"``: generate under a grammar.
 CHOICE_MODES = ("score", "grammar")
 _PATCH_LOCK = threading.Lock()
+#: How often a model whose thread count was not given re-chooses it (seconds, at most).
+RETUNE_S = 15.0
 
 
 def default_model_path() -> Path:
@@ -81,6 +85,23 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _cpu_ticks() -> tuple[int, int, int]:
+    """(all ticks, idle ticks, this process's ticks) from ``/proc``, Linux only."""
+    with open("/proc/stat", encoding="ascii") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    with open("/proc/self/stat", encoding="ascii") as f:
+        own = f.read().rsplit(")", 1)[1].split()  # after "(comm)": state is field 3
+    return sum(values), values[3] + (values[4] if len(values) > 4 else 0), int(own[11]) + int(own[12])
+
+
+def _others_busy(before: tuple[int, int, int], after: tuple[int, int, int]) -> float:
+    total = after[0] - before[0]
+    if total <= 0:
+        return 0.0
+    busy = total - (after[1] - before[1]) - (after[2] - before[2])
+    return max(0.0, busy / total) * (os.cpu_count() or 1)
+
+
 def busy_cpus(sample_s: float = 0.2) -> float:
     """How many CPUs *other* processes keep busy right now: sampled from ``/proc/stat`` over
     ``sample_s``, less this process's own share (``/proc/self/stat``), on Linux; else the
@@ -91,28 +112,42 @@ def busy_cpus(sample_s: float = 0.2) -> float:
     work that had already ended, and llama.cpp got one thread on two idle cores. This
     process's own threads (an index warming up) are not "other work" either.
     """
-
-    def read() -> tuple[int, int, int]:
-        with open("/proc/stat", encoding="ascii") as f:
-            values = [int(v) for v in f.readline().split()[1:]]
-        with open("/proc/self/stat", encoding="ascii") as f:
-            own = f.read().rsplit(")", 1)[1].split()  # after "(comm)": state is field 3
-        return sum(values), values[3] + (values[4] if len(values) > 4 else 0), int(own[11]) + int(own[12])
-
     try:
-        total0, idle0, own0 = read()
+        before = _cpu_ticks()
         time.sleep(sample_s)
-        total1, idle1, own1 = read()
+        after = _cpu_ticks()
     except (OSError, ValueError, IndexError):
         try:
             return os.getloadavg()[0]
         except (AttributeError, OSError):
             return 0.0
-    total = total1 - total0
-    if total <= 0:
-        return 0.0
-    busy = total - (idle1 - idle0) - (own1 - own0)
-    return max(0.0, busy / total) * (os.cpu_count() or 1)
+    return _others_busy(before, after)
+
+
+class CpuMeter:
+    """CPUs other processes kept busy since the last reading: no sleep, so a long-lived model
+    can ask between calls. None where ``/proc`` cannot be read."""
+
+    def __init__(self) -> None:
+        self._last = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int, int] | None:
+        try:
+            return _cpu_ticks()
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def busy(self) -> float | None:
+        now = self._read()
+        before, self._last = self._last, now
+        return None if now is None or before is None else _others_busy(before, now)
+
+
+def threads_for(busy: float) -> int:
+    """llama.cpp threads for the usable CPUs less ``busy`` of them, at least 1."""
+    cpus = available_cpus()
+    return max(1, min(cpus, int(cpus - busy + 0.5)))
 
 
 def default_threads() -> int:
@@ -123,8 +158,7 @@ def default_threads() -> int:
     ~20: a cached-prefix choice took 28.8 s with 2 threads and 5.8 s with 1. On idle cores
     all of them are used; prompt evaluation scales with cores.
     """
-    cpus = available_cpus()
-    return max(1, min(cpus, int(cpus - busy_cpus() + 0.5)))
+    return threads_for(busy_cpus())
 
 
 def _threads_from_env() -> int | None:
@@ -222,7 +256,10 @@ class LlamaCppLLM:
 
     ``n_threads`` defaults to ``$FORGE_LLM_THREADS``, else every CPU this process may use that
     is not already busy (:func:`default_threads`): prompt evaluation, the bulk of an action
-    choice, scales with cores. Populations that run one model per worker pass ``n_threads=1``.
+    choice, scales with cores. A count it chose itself is chosen again between calls, at most
+    every :data:`RETUNE_S` seconds, from what other processes kept busy since the last check
+    (:attr:`thread_changes` counts the changes). Populations that run one model per worker
+    pass ``n_threads=1``.
 
     ``extra_buffers`` controls llama.cpp's extra weight buffer types (AMX kernels, weight
     repacking). ``None`` turns them off when the CPU advertises AMX: on VMs that advertise
@@ -272,7 +309,13 @@ class LlamaCppLLM:
         self.name = f"local:{path.stem}"
         self.capabilities = frozenset({"json_schema", "choices"})
         self.n_ctx = n_ctx
-        self.n_threads = n_threads or _threads_from_env() or default_threads()
+        chosen = n_threads or _threads_from_env()
+        self.n_threads = chosen or default_threads()
+        # Chosen here, not given: re-chosen between calls (:meth:`_retune`), since what else
+        # runs changes over an hour-long run.
+        self._meter = CpuMeter() if chosen is None else None
+        self._tuned_at = time.monotonic()
+        self.thread_changes = 0
         # llama-cpp-python treats seed 0 as "random", hence a non-zero default.
         self.seed = seed
         self.verbose = verbose
@@ -366,6 +409,7 @@ class LlamaCppLLM:
         prefix: dict[str, Any] = {}
         try:
             with self._call_lock:
+                self._retune(model)
                 prompt = self._prompt(model, request.messages)
                 if prompt is not None:
                     prefix = self._prepare(model, *prompt)
@@ -398,6 +442,28 @@ class LlamaCppLLM:
             seconds=seconds,
             meta={"finish_reason": choice.get("finish_reason"), "constraint": constraint, **prefix},
         )
+
+    def _retune(self, model: Any) -> None:
+        """Re-choose the thread count from what other processes kept busy since the last
+        check, at most every :data:`RETUNE_S` seconds, when it was not given.
+
+        Chosen once at construction, a count outlived what it was chosen for: a FORGE cell on
+        CAGE-2 whose model opened during a short test run played its whole hour on one
+        thread of two idle cores (a reflection call 58 s, an actor call 11 s).
+        """
+        if self._meter is None or time.monotonic() - self._tuned_at < RETUNE_S:
+            return
+        self._tuned_at = time.monotonic()
+        busy = self._meter.busy()
+        if busy is None:
+            return
+        want = threads_for(busy)
+        if want != self.n_threads:
+            from llama_cpp import llama_cpp as low
+
+            low.llama_set_n_threads(model.ctx, want, want)
+            self.n_threads = want
+            self.thread_changes += 1
 
     # -- prompt tokens, prefix states, scored choices (all under _call_lock) -----------------
 
