@@ -210,6 +210,19 @@ def check(
       ``instance_terms`` still finds names in (a coordinate, a generated name) is refused.
     """
     original = text
+    clash = ""
+    if abstract is not None:
+        # A kind that stands for both what failed and what was safe ("restore User1" failed,
+        # "restore User2" was safe: both "restore a User host") would make the rule forbid
+        # the safe action too, in a text that contradicts itself; such a rule is refused.
+        concrete = parse(text, valid_actions)
+        if concrete is not None:
+            both = {abstract(a) for a in concrete.avoid} & {abstract(d) for d in concrete.do}
+            clash = next(iter(sorted(both)), "")
+        if not clash and abstract(failing_action) in {abstract(a) for a in safe_actions if a != failing_action}:
+            clash = abstract(failing_action)
+    if clash:
+        return None, f"the kind {clash!r} stands for both what failed and what was safe: {original[:80]!r}"
     if abstract is not None:
         # rules name kinds, also of actions ("restore a User host" for restore User2): the
         # kinds of the valid actions are words a rule may use, matched back to concrete
