@@ -157,30 +157,28 @@ def test_a_rule_may_name_an_action_by_its_kind_and_it_stands_for_every_action_of
     assert rec.verdict(situation, "restore User1") is True and rec.verdict(situation, "sleep") is False
 
 
-def test_a_kind_that_stands_for_both_the_failed_and_the_safe_action_is_refused():
+def test_a_kind_that_stands_for_both_the_failed_and_the_safe_action_stays_forbidden_only():
     """Seen in a CAGE-2 Reflexion run: "do not restore User1; restore User2 was safe there",
-    made general, read "do not restore a User host; restore a User host was safe there",
-    which forbids the safe restore too. Reflected or repaired, such a rule is refused."""
+    made general, read "do not restore a User host; restore a User host was safe there". The
+    kind failed there, so the rule keeps forbidding it and stops calling it safe, reflected
+    or repaired; other safe actions stay."""
     from forge.envs.cyborg import cage2_abstract, cage2_instance_terms
 
-    actions = ["sleep", "monitor", "restore User1", "restore User2"]
+    actions = ["sleep", "monitor", "restore User1", "restore User2", "restore Enterprise0"]
     situation = cage2_abstract("Activity: exploit Enterprise0; compromised: Enterprise0 user")
     common = dict(valid_actions=actions, situations=[situation], failing_situation=situation,
                   abstract=cage2_abstract, instance_terms=cage2_instance_terms)
     kept, why = rules.check(
-        f"when {situation}, do not restore User1; restore User2 was safe there",
-        failing_action="restore User1", safe_actions=["restore User2"], **common,
+        f"when {situation}, do not restore User1; restore User2, restore Enterprise0 were safe there",
+        failing_action="restore User1", safe_actions=["restore User2", "restore Enterprise0"], **common,
     )
-    assert kept is None and "'restore a User host' stands for both" in why
+    assert kept == f"when {situation}, do not restore a User host; restore an Enterprise host was safe there", why
     kept, why = rules.check(  # the repair path: the reflector forgot what failed
         f"when {situation}, do not sleep", failing_action="restore User1", safe_actions=["restore User2", "monitor"], **common,
     )
-    assert kept is None and "stands for both" in why
-    kept, why = rules.check(  # kinds that do separate them are still made general
-        f"when {situation}, do not restore User1; monitor was safe there",
-        failing_action="restore User1", safe_actions=["monitor"], **common,
-    )
     assert kept is not None and "do not restore a User host; monitor was safe there" in kept, why
+    parsed = rules.parse(kept, list(dict.fromkeys([*actions, *(cage2_abstract(a) for a in actions)])))
+    assert parsed.avoid == ("restore a User host",) and parsed.do == ("monitor",)
 
 
 def test_a_rule_that_copies_the_whole_situation_is_narrowed_to_its_actions_clauses():

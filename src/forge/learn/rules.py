@@ -210,19 +210,6 @@ def check(
       ``instance_terms`` still finds names in (a coordinate, a generated name) is refused.
     """
     original = text
-    clash = ""
-    if abstract is not None:
-        # A kind that stands for both what failed and what was safe ("restore User1" failed,
-        # "restore User2" was safe: both "restore a User host") would make the rule forbid
-        # the safe action too, in a text that contradicts itself; such a rule is refused.
-        concrete = parse(text, valid_actions)
-        if concrete is not None:
-            both = {abstract(a) for a in concrete.avoid} & {abstract(d) for d in concrete.do}
-            clash = next(iter(sorted(both)), "")
-        if not clash and abstract(failing_action) in {abstract(a) for a in safe_actions if a != failing_action}:
-            clash = abstract(failing_action)
-    if clash:
-        return None, f"the kind {clash!r} stands for both what failed and what was safe: {original[:80]!r}"
     if abstract is not None:
         # rules name kinds, also of actions ("restore a User host" for restore User2): the
         # kinds of the valid actions are words a rule may use, matched back to concrete
@@ -231,7 +218,12 @@ def check(
         kinds = list(dict.fromkeys(abstract(a) for a in valid_actions))
         valid_actions = list(dict.fromkeys([*valid_actions, *kinds]))
         failing_action = abstract(failing_action)
-        safe_actions = list(dict.fromkeys(abstract(a) for a in safe_actions))
+        # A kind can stand for both what failed and what was safe ("restore User1" failed,
+        # "restore User2" did not: both "restore a User host"). The kind failed here, so the
+        # rule keeps forbidding it and stops calling it safe: a CAGE-2 rule read "do not
+        # restore a User host; restore a User host was safe there", a text at odds with itself.
+        safe_actions = [k for k in dict.fromkeys(abstract(a) for a in safe_actions) if k != failing_action]
+        text = _without_safe_forbidden(text, valid_actions)
     if instance_terms is not None:
         left = list(dict.fromkeys(instance_terms(text)))
         if left:
@@ -259,6 +251,20 @@ def check(
     if repaired_names:
         return text, f"repaired: names made general ({original[:60]!r})"
     return text, ""
+
+
+def _without_safe_forbidden(text: str, valid_actions: Sequence[str]) -> str:
+    """``text`` rewritten without the safe actions that it also forbids; unchanged when none."""
+    parsed = parse(text, valid_actions)
+    if parsed is None or not parsed.avoid:
+        return text
+    safe = re.search(r";\s*(.+?)\s+(?:was|were)\s+safe there\s*\.?\s*$", text, re.IGNORECASE)
+    if safe is None or not set(_mentioned(safe.group(1), valid_actions)) & set(parsed.avoid):
+        return text
+    rule = f"when {parsed.when}, " + "; ".join(f"do not {a}" for a in parsed.avoid)
+    if parsed.do:
+        rule += f"; {', '.join(parsed.do[:MAX_SAFE])} {'was' if len(parsed.do) == 1 else 'were'} safe there"
+    return rule
 
 
 def _narrowed(text: str, parsed: ParsedRule, situation: str) -> str:
