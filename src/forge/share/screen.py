@@ -876,8 +876,9 @@ class Screen:
             raise ValidationError("intent must be an IntentModel, None, or 'shipped'")
 
     # -- checks ---------------------------------------------------------------------------
-    def check(self, text: str) -> list[Finding]:
-        """Every finding in ``text``, at most one per rule, in a stable order."""
+    def check(self, text: str, *, semantic: bool = True) -> list[Finding]:
+        """Every finding in ``text``, at most one per rule, in a stable order (``semantic``:
+        the intent model too, not only the patterns)."""
         found: dict[tuple[str, str], Finding] = {}
 
         def add(category: str, rule: str, excerpt: str = "") -> None:
@@ -931,7 +932,7 @@ class Screen:
                 if m:
                     add(category, rule, m.group(0)[:40])
                     break
-        if not found and self.intent is not None and "injection" in self.categories:
+        if not found and semantic and self.intent is not None and "injection" in self.categories:
             p = self.intent.score(v["folded"])
             if p >= self.intent.threshold:
                 add("injection", "intent", f"p={p:.2f}: orders for agents, or harmful advice")
@@ -996,11 +997,34 @@ class Screen:
         seen = {(f.category, f.rule) for f in findings}
         rest = " \n".join([unit.text[len(unit.content) :], *_strings(unit.meta)])
         if rest.strip():
-            for f in self.check(rest):
+            # Patterns read the fields joined; the intent model reads them one by one
+            # (:meth:`_field_texts`): joined, a line of identifiers ("frozenlake-4x4 actor
+            # 01a236... agent-1 ...") scored 0.94 and blocked an honest swarm rule.
+            extra = self.check(rest, semantic=False)
+            if not extra and self.intent is not None and "injection" in self.categories:
+                p = max((self.intent.score(_fold(t[: 4 * self.max_chars])) for t in self._field_texts(unit)[1:] if t), default=0.0)
+                if p >= self.intent.threshold:
+                    extra = [Finding("injection", "intent", f"p={p:.2f}: orders for agents, or harmful advice")]
+            for f in extra:
                 if (f.category, f.rule) not in seen and f.category != "oversized":
                     seen.add((f.category, f.rule))
                     findings.append(Finding(f.category, f.rule, f"in context/meta: {f.excerpt}"))
         return findings
+
+    @staticmethod
+    def _field_texts(unit: Unit) -> list[str]:
+        """What the intent model reads of a unit: the content, each context field on its own,
+        and each meta string of at least MIN_WORDS words after the content it annotates.
+
+        Alone or joined, text the model was not trained on reads as doubtful: the line of
+        identifiers "frozenlake-4x4-slippery actor forge-no-graduation rules" scored 0.81, a
+        rule's machine-written situation "left: hole; down: frozen; right: hole" 0.45, and
+        appended to an honest FrozenLake rule the agent id "agent-3" moved it from 0.32 to
+        0.52 under the n-gram model. A string that short carries no order.
+        """
+        ctx = unit.context
+        texts = [unit.content, ctx.domain, ctx.task, ctx.role, *ctx.tags]
+        return texts + [f"{unit.content}\n{m}" for m in _strings(unit.meta) if len(_WORD_TOKEN.findall(m)) >= IntentModel.MIN_WORDS]
 
     def doubtful(self, unit: Unit | str) -> float | None:
         """The semantic layer's P(harmful) when it is at least its ``doubt`` level, else None.
@@ -1010,16 +1034,7 @@ class Screen:
         """
         if self.intent is None:
             return None
-        texts = [unit]
-        if isinstance(unit, Unit):
-            # Each context field on its own, each meta string after the content it annotates.
-            # Alone, text the model was not trained on reads as doubtful: the line of
-            # identifiers "frozenlake-4x4-slippery actor forge-no-graduation rules" scored 0.81,
-            # a rule's machine-written situation "left: hole; down: frozen; right: hole" 0.45
-            # (against a doubt level of 0.42 then), and a protocol's broadcast lost those rules.
-            ctx = unit.context
-            texts = [unit.content, ctx.domain, ctx.task, ctx.role, *ctx.tags]
-            texts += [f"{unit.content}\n{m}" for m in _strings(unit.meta)]
+        texts = self._field_texts(unit) if isinstance(unit, Unit) else [unit]
         p = max(self.intent.score(_fold(t[: 4 * self.max_chars])) for t in texts if t)
         return p if p >= self.intent.doubt else None
 
