@@ -191,3 +191,23 @@ def test_a_rule_that_copies_the_whole_situation_is_narrowed_to_its_actions_claus
     # a rule already naming part of the situation is left as written
     kept, why = rules.check("when down: hole, do not down", valid_actions=GRID, situations=[situation], failing_situation=situation, failing_action="down")
     assert kept == "when down: hole, do not down" and why == ""
+
+
+def test_a_rule_whose_when_starts_lower_case_keeps_its_cage2_situation():
+    """rules.write lower-cases a situation's first letter ("when activity: none; ..."), and
+    the host-state parser read "activity:" as a host: every such rule was made general into
+    "Activity: activity: on a host; compromised: none", matched no situation the agent met,
+    and was dropped (every stalled attempt of a CAGE-2 run lost its reflection)."""
+    from forge.envs.cyborg import cage2_abstract, cage2_instance_terms, parse_cage2_situation
+
+    assert parse_cage2_situation("activity: exploit User2; compromised: User2 user") == {"User2": ("exploit", "user")}
+    actions = ["sleep", "monitor", "restore User1", "restore User2"]
+    for raw in ("Activity: none; compromised: none", "Activity: exploit User2; compromised: User2 user"):
+        situation = cage2_abstract(raw)
+        kept, why = rules.check(
+            rules.write(situation, "sleep", ["monitor"]), valid_actions=actions, situations=[situation],
+            failing_situation=situation, failing_action="sleep", safe_actions=["monitor"],
+            abstract=cage2_abstract, instance_terms=cage2_instance_terms,
+        )
+        assert kept is not None and "activity: activity" not in kept.lower(), why
+        assert rules.applies(rules.parse(kept, [*actions, *{cage2_abstract(a) for a in actions} - set(actions)]), situation)

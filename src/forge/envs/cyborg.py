@@ -191,7 +191,9 @@ def parse_cage2_situation(situation: str) -> dict[str, tuple[str, str]]:
     situation = _state_line(situation)
     state: dict[str, list[str]] = {}
     activity, _, compromised = situation.partition("; compromised: ")
-    for item in activity.removeprefix("Activity: ").split(", "):
+    # A rule's "when" starts lower-case ("when activity: none; ..."): read the prefix in any
+    # case, or "activity:" became a host and every such rule read "activity: on a host".
+    for item in re.sub(r"^activity:\s*", "", activity, flags=re.IGNORECASE).split(", "):
         if " " in item:
             kind, host = item.split(" ", 1)
             state.setdefault(host, ["none", "no"])[0] = kind
