@@ -121,3 +121,15 @@ def test_the_verdict_calls_a_transfer_only_when_held_out_success_rose(success, r
     line = verdict(*_verdict_rows(success, ret))
     assert f"on 4 held-out tasks (8 episodes) {says}:" in line
     assert ("in front of the model in 40% of decisions, followed in 50%" in line) is why
+
+
+def test_a_setting_a_run_predates_counts_as_its_default():
+    """A run written before graduate_after existed graduated after one win: comparing it with
+    a new run at the default is no difference, with one at 2 it is."""
+    from forge.protocols.report import differences
+
+    old = {"label": "old", "config": {"env": "frozenlake-4x4"}}
+    same = {"label": "new", "config": {"env": "frozenlake-4x4", "graduate_after": 1}}
+    two = {"label": "two", "config": {"env": "frozenlake-4x4", "graduate_after": 2}}
+    assert differences([old, same]) == []
+    assert differences([old, two]) == ["graduate_after differs (old: 1, two: 2)"]

@@ -447,7 +447,7 @@ class LlamaCppLLM:
         """Re-choose the thread count from what other processes kept busy since the last
         check, at most every :data:`RETUNE_S` seconds, when it was not given.
 
-        Chosen once at construction, a count outlived what it was chosen for: a FORGE cell on
+        Chosen once at construction, a count outlived what it was chosen for: a Reflexion cell on
         CAGE-2 whose model opened during a short test run played its whole hour on one
         thread of two idle cores (a reflection call 58 s, an actor call 11 s).
         """

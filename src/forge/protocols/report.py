@@ -130,11 +130,17 @@ _COMPARED = ("env", "llm", "instances", "stages", "attempts", "eval_episodes", "
 
 def differences(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     """The settings (beyond condition and representation) in which compared runs differ."""
+    from dataclasses import fields
+
+    from forge.protocols.config import ForgeConfig
+
+    # A setting a run's config.json predates had its default then (graduate_after came later).
+    defaults = {f.name: f.default for f in fields(ForgeConfig)}
     out = []
     for key in _COMPARED:
-        values = [r["config"].get(key) for r in runs]
+        values = [r["config"].get(key, defaults.get(key)) for r in runs]
         if any(v != values[0] for v in values[1:]):
-            shown = ", ".join(f"{r['label']}: {r['config'].get(key)!r}" for r in runs)
+            shown = ", ".join(f"{r['label']}: {v!r}" for r, v in zip(runs, values, strict=True))
             out.append(f"{key} differs ({shown})")
     return out
 

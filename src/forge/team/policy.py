@@ -93,10 +93,11 @@ class TeamPolicy:
             sub = self._start_subtask(observation)
         agent = sub.agent
         rec = memory.get(agent) or empty(ACTOR_ROLE)
-        action, now = self._choose(agent, observation, rec, valid_actions)
+        situation = situation_of(observation, self.spec)
+        action, now = self._choose(agent, observation, situation, rec, valid_actions)
         self.now_ids.append(now)
         step = Step(observation=observation, thought="", action=action, role=ACTOR_ROLE, info={"agent": agent})
-        followed = rec.verdict(situation_of(observation, self.spec), action)
+        followed = rec.verdict(situation, action)
         return ActionChoice(action, steps=(step,), shown=tuple(rec.ids), now=tuple(now), followed=followed)
 
     def observe(self, t: int, action: str, result: StepResult) -> None:
@@ -141,11 +142,10 @@ class TeamPolicy:
         ]
         return choose(MeteredLLM(self.llm, self.ledger, role="planner"), prompt, options, retries=1, fallback=options[0])
 
-    def _choose(self, agent: str, observation: str, rec: Recollection, valid: Sequence[str]) -> tuple[str, list[str]]:
+    def _choose(self, agent: str, observation: str, situation: str, rec: Recollection, valid: Sequence[str]) -> tuple[str, list[str]]:
         """One constrained choice: the memory block stays in the system prompt for the whole
         task, the rules for this exact situation come right before the question."""
         system = f"You are {agent}, the {self.role_of(agent)} of a team of agents. {self.spec.description}" + (f"\n\n{rec.block}" if rec.block else "")
-        situation = situation_of(observation, self.spec)
         now, now_ids = rec.now_text(situation)
         options = rec.offered(situation, list(valid)) if self.rule_guard else list(valid)
         recent = self.transcript
