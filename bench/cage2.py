@@ -6,6 +6,7 @@ paper's experiment (zero-shot, Reflexion and FORGE at 30 steps) with ``--protoco
     python bench/cage2.py --tokenizers qwen,/path/model.gguf
     python bench/cage2.py --protocols --json                       # N=3, S=3, k=2, 2 run seeds, the 1.5B
     python bench/cage2.py --protocols --env minicage --llm test:walker --run-seeds 0   # the stand-in, seconds
+    python bench/cage2.py --protocols --run-seeds 1 --conditions forge --out runs/    # one cell, kept; rerun to resume
 
 ``--protocols`` runs zero-shot, Reflexion and FORGE (rules) with tau -1.1 and theta -15 over
 ``--run-seeds``, each instance evaluated frozen on ``--eval-seeds`` held-out seeds (attack
@@ -166,19 +167,34 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
     return {"mean": round(statistics.fmean(vals), 2), "sd": round(statistics.stdev(vals), 2) if len(vals) > 1 else 0.0, "min": min(vals), "max": max(vals)}
 
 
+def _run(cfg: Any, path: Path) -> dict[str, Any]:
+    """The finished run of ``cfg`` at ``path``: played from scratch, or (kept by an earlier
+    ``--out``) read back when finished and resumed when interrupted, so a cell that stopped
+    halfway is not played again. A run there with other settings is refused."""
+    from forge.protocols import evolve, resume
+    from forge.protocols.runs import RunDir
+
+    if not (path / "config.json").exists():
+        return evolve(cfg, path).final
+    kept = RunDir(path).load_config()
+    if kept != cfg:
+        sys.exit(f"error: {path} holds a run with other settings; choose another --out")
+    return resume(path).final
+
+
 def protocols(args: argparse.Namespace) -> dict[str, Any]:
     """Zero-shot, Reflexion and FORGE (rules) on ``args.env`` as the paper runs them."""
     import tempfile
     import time
 
     from forge.envs import seed_split
-    from forge.protocols import ForgeConfig, evolve
+    from forge.protocols import ForgeConfig
 
     train, held_out = seed_split(args.env, train=100, held_out=args.eval_seeds)
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="forge-cage2-") as tmp:
         root = Path(args.out or tmp)
-        for condition in PROTOCOLS:
+        for condition in args.conditions:
             runs = []
             for seed in args.run_seeds:
                 cfg = ForgeConfig(
@@ -186,14 +202,15 @@ def protocols(args: argparse.Namespace) -> dict[str, Any]:
                     attempts=args.attempts, max_steps=args.steps, tau=-1.1, theta=-15.0, seed=seed,
                     train_seeds=train, eval_seeds=held_out, representation="rules",
                 )
-                started = time.perf_counter()
-                final = evolve(cfg, root / f"{condition}-seed{seed}").final
+                cpu = time.process_time()
+                final = _run(cfg, root / f"{condition}-seed{seed}")
                 ev = final["evaluation"]
                 runs.append({
                     "seed": seed, "mean_return": ev["mean_return"], "returns": ev["returns"],
                     "major_failure_rate": sum(r < -100 for r in ev["returns"]) / len(ev["returns"]),
                     "graduated": final["graduated"], "tokens": final["tokens"]["total"]["total_tokens"],
-                    "rules": ev.get("rules", {}), "seconds": round(time.perf_counter() - started, 1),
+                    "rules": ev.get("rules", {}), "seconds": round(final.get("wall_seconds", 0.0), 1),
+                    "cpu_seconds_this_call": round(time.process_time() - cpu, 1),
                 })
                 log(f"{condition} run seed {seed}: mean return {runs[-1]['mean_return']:.1f}, graduated {runs[-1]['graduated']}, {runs[-1]['seconds']}s")
             every = [r for run in runs for r in run["returns"]]
@@ -217,7 +234,8 @@ def protocols(args: argparse.Namespace) -> dict[str, Any]:
         "env": args.env, "llm": args.llm, "steps": args.steps, "instances": args.instances, "stages": args.stages,
         "attempts": args.attempts, "run_seeds": args.run_seeds, "held_out_seeds": list(held_out),
         "protocols": rows, "baselines": base,
-        "ordering_met": all(a < b for a, b in zip(means, means[1:], strict=False)),  # FORGE > Reflexion > zero-shot, strictly
+        # FORGE > Reflexion > zero-shot, strictly; None when --conditions left one out
+        "ordering_met": all(a < b for a, b in zip(means, means[1:], strict=False)) if len(order) == len(PROTOCOLS) else None,
     }
 
 
@@ -236,7 +254,8 @@ def render_protocols(result: dict[str, Any]) -> str:
         )
     for name, ret in result["baselines"].items():
         lines.append(f"{name:22s} {ret['mean']:>8.1f} ± {ret['sd']:<6.1f} {ret['min']:>8.1f}..{ret['max']:<7.1f}")
-    lines.append(f"FORGE > Reflexion > zero-shot: {'met' if result['ordering_met'] else 'missed'}")
+    verdict = {True: "met", False: "missed", None: "not measured (a condition was left out)"}[result["ordering_met"]]
+    lines.append(f"FORGE > Reflexion > zero-shot: {verdict}")
     return "\n".join(lines)
 
 
@@ -249,6 +268,7 @@ def main() -> None:
     parser.add_argument("--env", default="cyborg-cage2", help="with --protocols: cyborg-cage2 or the stand-in minicage")
     parser.add_argument("--llm", default="local", help="with --protocols: local, openai:MODEL, test:walker")
     parser.add_argument("--run-seeds", default="0,1", help="with --protocols: run seeds")
+    parser.add_argument("--conditions", default=",".join(PROTOCOLS), help="with --protocols: which of zero-shot, reflexion, forge")
     parser.add_argument("--eval-seeds", type=int, default=2, help="with --protocols: held-out seeds each instance is evaluated on")
     parser.add_argument("--instances", type=int, default=3)
     parser.add_argument("--stages", type=int, default=3)
@@ -265,6 +285,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.protocols:
         args.run_seeds = [int(s) for s in str(args.run_seeds).split(",") if s.strip()]
+        args.conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+        unknown = sorted(set(args.conditions) - set(PROTOCOLS))
+        if unknown or not args.conditions:
+            sys.exit(f"error: --conditions takes some of {', '.join(PROTOCOLS)}, not {', '.join(unknown) or 'nothing'}")
         result = protocols(args)
         print(json.dumps(result, indent=2) if args.json else render_protocols(result))
         return

@@ -10,7 +10,8 @@ return R_i) in a freshly seeded environment. Then, depending on the condition's 
 - broadcast: the champion (highest R_i among the instances that played the stage, lowest
   index on ties) has its whole memory copied over every other still-active instance (but
   the ``isolated`` ones); the replaced units are kept as SUPERSEDED history, the copies point
-  back to the champion's units.
+  back to the champion's units. A champion with no memory broadcasts nothing (it would wipe
+  the others' rules; the stage records ``broadcast_skipped``).
 
 An instance's memory is the units in the run's store in its private scope (owner
 ``inst-<i>``); each task hands a worker those units, and the worker's prompts are written from
@@ -569,10 +570,17 @@ class _Protocol:
                 inst.graduated_stage = stage
                 graduated_now.append(idx)
         champion = None
+        skipped = None
         broadcast_ops: dict[int, list[dict[str, Any]]] = {}
         if flags.broadcast and scores:
             champion = max(sorted(scores), key=lambda i: scores[i])  # first max: lowest index
             source = [Unit.from_dict(u) for u in self.store.units(champion)]
+            if not source:
+                # A champion that won with no memory has nothing to teach: copying its empty
+                # memory would erase what the others learned (a CAGE-2 run trained two stages
+                # on wiped memories this way). Receivers keep theirs.
+                skipped = f"champion inst-{champion} has no memory"
+        if skipped is None and champion is not None:
             for inst in self.instances:
                 if inst.index == champion or inst.graduated or inst.index not in scores or inst.index in self.config.isolated:
                     continue
@@ -590,6 +598,7 @@ class _Protocol:
             "graduated_total": sum(1 for i in self.instances if i.graduated),
             "champion": champion,
             "receivers": sorted(broadcast_ops),
+            "broadcast_skipped": skipped,
             "successes": sum(1 for i in scores.values() if self.spec.succeeded(i)),  # checkpoints play on: never aborted
             "major_failures": sum(1 for i in scores.values() if i <= self.spec.major_failure_return),
             "tokens": self.ledger.total().total_tokens,
@@ -609,7 +618,7 @@ class _Protocol:
         self.stage_summaries.append(summary)
         self.run.event("stage_done", **summary)
         if champion is not None:
-            self.run.event("broadcast", stage=stage, champion=champion, receivers=sorted(broadcast_ops))
+            self.run.event("broadcast", stage=stage, champion=champion, receivers=sorted(broadcast_ops), skipped=skipped)
         for idx in graduated_now:
             self.run.event("graduated", stage=stage, instance=idx, checkpoint_return=scores[idx])
         self._emit("stage_done", **summary)
