@@ -277,3 +277,21 @@ def test_ann_choice_compares_filtered_exact_search_methods() -> None:
     assert got["i8 copy, re-score 40"]["copy_bytes_per_vector"] == 384
     assert all(0.0 <= row["recall@10"] <= 1.0 and row["cpu_p50_ms"] >= 0 for row in r["rows"])
     assert "filtered exact search" in ann_choice.render_filtered(r)
+
+
+def test_cage2_protocols_keep_their_runs_and_refuse_other_settings(tmp_path: Path) -> None:
+    """bench/cage2.py --protocols on the CAGE-2 stand-in: a cell kept in --out is read back,
+    not played again (an hour-long cell can be split over calls), and other settings there
+    are refused with one line."""
+    cmd = [sys.executable, str(BENCH / "cage2.py"), "--protocols", "--env", "minicage", "--llm", "test:walker",
+           "--run-seeds", "0", "--steps", "6", "--instances", "2", "--stages", "1", "--attempts", "1",
+           "--conditions", "zero-shot", "--out", str(tmp_path), "--json"]
+    first = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    events = (tmp_path / "zero-shot-seed0" / "events.jsonl").read_text()
+    again = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert json.loads(again.stdout)["protocols"] == json.loads(first.stdout)["protocols"]
+    assert (tmp_path / "zero-shot-seed0" / "events.jsonl").read_text() == events  # nothing replayed
+    assert json.loads(first.stdout)["ordering_met"] is None  # one condition cannot order three
+    other = subprocess.run([*cmd[:-3], "--steps", "7", *cmd[-3:]], capture_output=True, text=True)
+    assert other.returncode != 0 and other.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "other settings" in other.stderr

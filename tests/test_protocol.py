@@ -170,6 +170,23 @@ def test_broadcast_copies_champion_and_keeps_history(tmp_path):
     assert r.final["graduated"] == 0
 
 
+def test_a_champion_with_no_memory_does_not_wipe_the_others(tmp_path):
+    """Run seed 6: instance 0 wins its random map at once (nothing to reflect on, no memory)
+    and is champion; instance 1 falls into a hole and learns rules. Copying the champion's
+    empty memory over instance 1 erased them (CAGE-2 trained two stages on wiped memories);
+    now nothing is broadcast and instance 1 keeps what it learned."""
+    cfg = ForgeConfig(condition="forge-no-graduation", env="frozenlake-random-4x4", llm="test", instances=2, stages=1,
+                      attempts=2, eval_episodes=1, seed=6, max_steps=10)
+    evolve(cfg, tmp_path / "run", llm_factory=valid_factory)
+    summary = json.loads((tmp_path / "run/checkpoints/stage-00.json").read_text())["summary"]
+    assert summary["returns"] == [1.0, -1.0] and summary["champion"] == 0
+    assert exported(tmp_path / "run", 0, 0) == []
+    kept = exported(tmp_path / "run", 0, 1)
+    assert kept and all(m["kind"] == "rule" and not m["provenance"]["source"].startswith("broadcast") for m in kept)
+    assert units(tmp_path / "run", "inst-1", status=["superseded"]) == []
+    assert summary["broadcast_skipped"] == "champion inst-0 has no memory" and summary["receivers"] == []
+
+
 def test_reflexion_never_broadcasts(tmp_path):
     r = evolve(ForgeConfig(condition="reflexion", **SLIPPERY), tmp_path / "run", llm_factory=toy_factory)
     assert all(s["champion"] is None for s in r.final["stages"])
