@@ -76,7 +76,7 @@ def _sizes(text: str) -> list[int]:
 
 
 @click.command("team")
-@click.option("--stream", default="gym", show_default=True, help="Task stream: gym (gymnasium ladder) or db (PostgreSQL diagnosis).")
+@click.option("--stream", default="gym", show_default=True, help="Task stream: gym (gymnasium ladder), db (PostgreSQL diagnosis), textworld (distinct held-out games) or frozenlake (held-out random maps).")
 @click.option("--tasks", "-n", type=int, default=20, show_default=True, help="Tasks in the stream.")
 @click.option("--team-size", "-k", type=int, default=3, show_default=True, help="Agents in the team (1-7).")
 @click.option("--memory", default="hybrid", show_default=True, help="none, raw, or a memory layout: local, shared or hybrid.")
