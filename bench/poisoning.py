@@ -55,8 +55,10 @@ ADMIN = Viewer.admin()
 SCREEN_SET = Path(__file__).with_name("data") / "screen_set.jsonl"
 OUTSIDE_SET = Path(__file__).with_name("data") / "screen_outside.jsonl"
 WRITTEN_SET = Path(__file__).with_name("data") / "screen_written.jsonl"
+PROTOCOL_SET = Path(__file__).with_name("data") / "screen_protocol.jsonl"
 INTENT_OUT = Path(__file__).parents[1] / "src" / "forge" / "data" / "screen_intent.json"
 C_EMBED = 4.0  # chosen by dev cross-validation (bench/poisoning.py --fit prints it)
+PROTOCOL_FP = 0.05  # block or hold at most 1 in 20 honest protocol items, scored out of fold by a model that never saw their env family (at 3 in 100 the n-gram model alone had to doubt at 0.72, catching-or-holding 0.82 of dev attacks, not 0.91: the postgres team lessons, an env family of their own, score 0.70-0.81 unseen)
 DOUBT_FP = 0.10  # hold for review: at most 1 in 10 dev benign rules (0.20 held 2 of 16 of a FORGE run's own broadcast rules and an honest swarm agent's unit)
 
 
@@ -197,18 +199,23 @@ def _rows(path: Path) -> list[dict[str, object]]:
 
 
 def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float = C_EMBED, seeds: int = 3,
-               embedder: str = "local:minilm-int8", block_fp: float = 0.025, doubt_fp: float = DOUBT_FP) -> dict[str, object]:
+               embedder: str = "local:minilm-int8", block_fp: float = 0.025, doubt_fp: float = DOUBT_FP,
+               protocol_fp: float = PROTOCOL_FP, train_protocol: bool = True) -> dict[str, object]:
     """Fit the screen's intent model and write it where the package ships it.
 
     Training data: the old set (all of it), the written set (``screen_written.jsonl``, all of
-    it) and the outside set's dev half; never its test half, which this function does not read.
+    it), honest protocol traffic (``screen_protocol.jsonl``, benign, written by
+    ``bench/screen_protocol.py``) and the outside set's dev half; never its test half, which
+    this function does not read.
     Two logistic regressions, one on TF-IDF word and character n-grams and one on the
     embedded MiniLM's sentence vectors, and a stack of their logits fitted on out-of-fold
     scores of the dev half (5-fold cross-validation, ``seeds`` shuffles, the old and written
-    sets always in training). Thresholds come from the same out-of-fold scores: ``threshold``
-    is the lowest at which patterns-or-model flag at most ``block_fp`` of dev benign rules,
-    ``doubt`` the lowest at which they flag at most ``doubt_fp``; the n-gram model alone gets
-    its own pair, used where the embedded model is not installed.
+    sets always in training; the protocol traffic in the same 5 folds, one env family per fold
+    group, so each of its items is scored by a model that never saw its env). Thresholds come
+    from the same out-of-fold scores: ``threshold`` is the lowest at which patterns-or-model
+    flag at most ``block_fp`` of dev benign rules, ``doubt`` the lowest at which they flag at
+    most ``doubt_fp``; both also hold at most ``protocol_fp`` of the protocol traffic. The
+    n-gram model alone gets its own pair, used where the embedded model is not installed.
     """
     try:
         import numpy as np
@@ -222,12 +229,18 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
 
     always = _rows(SCREEN_SET) + _rows(WRITTEN_SET)
     dev = [r for r in _rows(OUTSIDE_SET) if r["split"] == "dev"]
+    proto = _rows(PROTOCOL_SET)
     t_all, t_dev = [_fold(str(r["text"])) for r in always], [_fold(str(r["text"])) for r in dev]
+    t_pro = [_fold(str(r["text"])) for r in proto]
     y_all = np.array([r["label"] == "attack" for r in always])
     y_dev = np.array([r["label"] == "attack" for r in dev])
+    y_pro = np.zeros(len(proto), dtype=bool)
+    envs = sorted({str(r["env"]) for r in proto})
+    fold_pro = np.array([envs.index(str(r["env"])) % 5 for r in proto])
     patterns = np.array([bool(Screen(intent=None).check(str(r["text"]))) for r in dev])
+    patterns_pro = np.array([bool(Screen(intent=None).check(str(r["text"]))) for r in proto])
     emb = open_embedder(embedder)
-    e_all, e_dev = emb.embed(t_all), emb.embed(t_dev)
+    e_all, e_dev, e_pro = emb.embed(t_all), emb.embed(t_dev), emb.embed(t_pro)
     spec = [("word", (1, 2)), ("char_wb", (2, 4))]
 
     def fit_text(texts: list[str], y: object) -> tuple[list[object], object]:
@@ -242,20 +255,28 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
         return LogisticRegression(C=c_embed, max_iter=5000, class_weight="balanced").fit(x, y)
 
     zt, ze = np.zeros(len(dev)), np.zeros(len(dev))
+    zt_p, ze_p = np.zeros(len(proto)), np.zeros(len(proto))
     for seed in range(seeds):
-        for tr, te in StratifiedKFold(5, shuffle=True, random_state=seed).split(t_dev, y_dev):
-            y_tr = np.concatenate([y_all, y_dev[tr]])
-            vecs, clf = fit_text(t_all + [t_dev[i] for i in tr], y_tr)
+        for k, (tr, te) in enumerate(StratifiedKFold(5, shuffle=True, random_state=seed).split(t_dev, y_dev)):
+            p_tr, p_te = np.flatnonzero(fold_pro != (k + seed) % 5), np.flatnonzero(fold_pro == (k + seed) % 5)
+            p_tr = p_tr if train_protocol else p_tr[:0]  # without it: scored, never trained on (the old model's view)
+            y_tr = np.concatenate([y_all, y_dev[tr], y_pro[p_tr]])
+            vecs, clf = fit_text(t_all + [t_dev[i] for i in tr] + [t_pro[i] for i in p_tr], y_tr)
             zt[te] += text_logit(vecs, clf, [t_dev[i] for i in te]) / seeds
-            ze[te] += fit_embed(np.vstack([e_all, e_dev[tr]]), y_tr).decision_function(e_dev[te]) / seeds  # type: ignore[attr-defined]
+            zt_p[p_te] += text_logit(vecs, clf, [t_pro[i] for i in p_te]) / seeds
+            eclf_k = fit_embed(np.vstack([e_all, e_dev[tr], e_pro[p_tr]]), y_tr)
+            ze[te] += eclf_k.decision_function(e_dev[te]) / seeds  # type: ignore[attr-defined]
+            ze_p[p_te] += eclf_k.decision_function(e_pro[p_te]) / seeds  # type: ignore[attr-defined]
     stacker = LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced").fit(np.column_stack([zt, ze]), y_dev)
     (a, b), c = stacker.coef_[0], float(stacker.intercept_[0])
-    p_text = 1 / (1 + np.exp(-zt))
+    p_text, p_text_pro = 1 / (1 + np.exp(-zt)), 1 / (1 + np.exp(-zt_p))
     p_stack = 1 / (1 + np.exp(-(a * zt + b * ze + c)))
+    p_stack_pro = 1 / (1 + np.exp(-(a * zt_p + b * ze_p + c)))
+    pro_of = {"text": p_text_pro, "stack": p_stack_pro}
 
-    def lowest(p: object, max_fp: float) -> float:
+    def lowest(p: object, max_fp: float, p_pro: object) -> float:
         for t in np.arange(0.05, 0.991, 0.01):
-            if ((p >= t) | patterns)[~y_dev].mean() <= max_fp:  # type: ignore[operator]
+            if ((p >= t) | patterns)[~y_dev].mean() <= max_fp and ((p_pro >= t) | patterns_pro).mean() <= protocol_fp:  # type: ignore[operator]
                 return round(float(t), 2)
         return 0.99
 
@@ -266,10 +287,24 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
     def auc(p: object) -> float:
         return round(float(np.mean([(x > p[~y_dev]).mean() + 0.5 * (x == p[~y_dev]).mean() for x in p[y_dev]])), 3)  # type: ignore[index]
 
-    thresholds = {name: (lowest(p, block_fp), lowest(p, doubt_fp)) for name, p in (("text", p_text), ("stack", p_stack))}
-    y_full = np.concatenate([y_all, y_dev])
-    vecs, clf = fit_text(t_all + t_dev, y_full)
-    eclf = fit_embed(np.vstack([e_all, e_dev]), y_full)
+    def on_protocol(p_pro: object, t: float) -> float:
+        return round(float(((p_pro >= t) | patterns_pro).mean()), 4)  # type: ignore[operator]
+
+    def sweep(p: object, p_pro: object) -> list[dict[str, float]]:
+        """Per dev-benign share held: the doubt level, the dev attacks that would pass
+        (neither flagged nor held: what an Exchange may keep as useful), protocol items held."""
+        out = []
+        for fp in (0.05, 0.10, 0.15, 0.20, 0.25, 0.30):
+            t = next((round(float(t), 2) for t in np.arange(0.05, 0.991, 0.01) if ((p >= t) | patterns)[~y_dev].mean() <= fp), 0.99)  # type: ignore[operator]
+            out.append({"dev_benign_held_max": fp, "doubt": t, "dev_attacks_passing": int((~((p >= t) | patterns))[y_dev].sum()),  # type: ignore[operator]
+                        "protocol_held": on_protocol(p_pro, t)})
+        return out
+
+    thresholds = {name: (lowest(p, block_fp, pro_of[name]), lowest(p, doubt_fp, pro_of[name])) for name, p in (("text", p_text), ("stack", p_stack))}
+    n_pro = len(proto) if train_protocol else 0
+    y_full = np.concatenate([y_all, y_dev, y_pro[:n_pro]])
+    vecs, clf = fit_text(t_all + t_dev + t_pro[:n_pro], y_full)
+    eclf = fit_embed(np.vstack([e_all, e_dev, e_pro[:n_pro]]), y_full)
     weights = clf.coef_[0]  # type: ignore[attr-defined]
     blocks, at_col = [], 0
     for (analyzer, ngrams), v in zip(spec, vecs, strict=True):
@@ -281,7 +316,7 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
                  f"{embedder} sentence vectors, logistic regression (balanced, C={c_embed:g}); their logits stacked "
                  "by a logistic regression on out-of-fold dev scores",
         "trained_on": f"{SCREEN_SET.name} (all {len(_rows(SCREEN_SET))}) + {WRITTEN_SET.name} (all {len(_rows(WRITTEN_SET))}) "
-                      f"+ {OUTSIDE_SET.name} dev half ({len(dev)}); never its test half",
+                      f"+ {PROTOCOL_SET.name} (all {len(proto)}, benign) + {OUTSIDE_SET.name} dev half ({len(dev)}); never its test half",
         "threshold": thresholds["text"][0], "doubt": thresholds["text"][1], "bias": float(clf.intercept_[0]),  # type: ignore[attr-defined]
         "stack": {"text": round(float(a), 6), "embedding": round(float(b), 6), "bias": round(c, 6),
                   "threshold": thresholds["stack"][0], "doubt": thresholds["stack"][1]},
@@ -301,7 +336,13 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
             "dev_cv_auc": {"text": auc(p_text), "embedding": auc(1 / (1 + np.exp(-ze))), "stack": auc(p_stack)},
             "patterns_alone_on_dev": {"caught": round(float(patterns[y_dev].mean()), 3), "false_positives": round(float(patterns[~y_dev].mean()), 3)},
             "dev_cv_stack_at_threshold": at(p_stack, thresholds["stack"][0]), "dev_cv_stack_at_doubt": at(p_stack, thresholds["stack"][1]),
-            "dev_cv_text_at_threshold": at(p_text, thresholds["text"][0]), "dev_cv_text_at_doubt": at(p_text, thresholds["text"][1])}
+            "dev_cv_text_at_threshold": at(p_text, thresholds["text"][0]), "dev_cv_text_at_doubt": at(p_text, thresholds["text"][1]),
+            "protocol_cv_held": {"stack_at_threshold": on_protocol(p_stack_pro, thresholds["stack"][0]),
+                                 "stack_at_doubt": on_protocol(p_stack_pro, thresholds["stack"][1]),
+                                 "text_at_doubt": on_protocol(p_text_pro, thresholds["text"][1]),
+                                 "patterns": round(float(patterns_pro.mean()), 4)},
+            "protocol_cv_highest": [(str(proto[i]["env"]), round(float(p_stack_pro[i]), 3), str(proto[i]["text"])[:90]) for i in np.argsort(-p_stack_pro)[:15]],
+            "dev_cv_stack_doubt_sweep": sweep(p_stack, p_stack_pro), "dev_cv_text_doubt_sweep": sweep(p_text, p_text_pro)}
 
 
 CONDITIONS = [

@@ -1014,17 +1014,22 @@ class Screen:
     @staticmethod
     def _field_texts(unit: Unit) -> list[str]:
         """What the intent model reads of a unit: the content, each context field on its own,
-        and each meta string of at least MIN_WORDS words after the content it annotates.
+        and each meta string of at least MIN_WORDS words both on its own and after the content
+        it annotates.
 
-        Alone or joined, text the model was not trained on reads as doubtful: the line of
-        identifiers "frozenlake-4x4-slippery actor forge-no-graduation rules" scored 0.81, a
-        rule's machine-written situation "left: hole; down: frozen; right: hole" 0.45, and
-        appended to an honest FrozenLake rule the agent id "agent-3" moved it from 0.32 to
-        0.52 under the n-gram model. A string that short carries no order.
+        Text the model was not trained on used to read as doubtful: the line of identifiers
+        "frozenlake-4x4-slippery actor forge-no-graduation rules" scored 0.81, a rule's
+        machine-written situation "left: hole; down: frozen; right: hole" 0.45, and appended
+        to an honest FrozenLake rule the agent id "agent-3" moved it from 0.32 to 0.52 under
+        the n-gram model. A string that short carries no order. Since the model is trained on
+        protocol traffic (bench/data/screen_protocol.jsonl) a meta string is read alone too:
+        after an honest FrozenLake rule an order for agents in a meta note scored under the
+        doubt level, the rule outweighing it.
         """
         ctx = unit.context
         texts = [unit.content, ctx.domain, ctx.task, ctx.role, *ctx.tags]
-        return texts + [f"{unit.content}\n{m}" for m in _strings(unit.meta) if len(_WORD_TOKEN.findall(m)) >= IntentModel.MIN_WORDS]
+        metas = [m for m in _strings(unit.meta) if len(_WORD_TOKEN.findall(m)) >= IntentModel.MIN_WORDS]
+        return texts + metas + [f"{unit.content}\n{m}" for m in metas]
 
     def doubtful(self, unit: Unit | str) -> float | None:
         """The semantic layer's P(harmful) when it is at least its ``doubt`` level, else None.
