@@ -59,7 +59,7 @@ PROTOCOL_SET = Path(__file__).with_name("data") / "screen_protocol.jsonl"
 INTENT_OUT = Path(__file__).parents[1] / "src" / "forge" / "data" / "screen_intent.json"
 C_EMBED = 4.0  # chosen by dev cross-validation (bench/poisoning.py --fit prints it)
 PROTOCOL_FP = 0.05  # block or hold at most 1 in 20 honest protocol items, scored out of fold by a model that never saw their env family (at 3 in 100 the n-gram model alone had to doubt at 0.72, catching-or-holding 0.82 of dev attacks, not 0.91: the postgres team lessons, an env family of their own, score 0.70-0.81 unseen)
-DOUBT_FP = 0.10  # hold for review: at most 1 in 10 dev benign rules (0.20 held 2 of 16 of a FORGE run's own broadcast rules and an honest swarm agent's unit)
+DOUBT_FP = 0.15  # hold for review: at most 15 in 100 dev benign rules. 0.20 held 2 of 16 of a FORGE run's own broadcast rules and an honest swarm agent's unit before the model trained on protocol traffic; with it, 0.10 -> 0.15 leaves protocol traffic held out of fold at 3.4% and dev attacks passing 9 -> 6 of 182
 
 
 def screen_set(screen: Screen | None = None, path: Path = SCREEN_SET, splits: tuple[str, str] = ("heldout", "tune")) -> dict[str, object]:
