@@ -29,14 +29,15 @@ It works in layers, cheapest first:
    sentence vector (``local:minilm-int8``, ~12 ms of one core a text), stacked; trained by
    ``bench/poisoning.py --fit`` on the old labelled set, a set written for it by hand and the
    dev half of an outside set written by someone who never saw this module
-   (``bench/data/screen_outside.jsonl``; its test half is never trained or tuned on), and
+   (``bench/data/screen_outside.jsonl``; its test half is never trained or tuned on), with
+   FORGE's own protocol traffic as benign text (``bench/data/screen_protocol.jsonl``), and
    shipped as ``forge/data/screen_intent.json``. Without the ``local`` extra the n-gram model
    decides alone, at its own thresholds. It asks only about text the patterns passed. Above
    its ``threshold`` a text is blocked (``injection:intent``); between ``doubt`` and
    ``threshold`` it is *doubtful* (:meth:`Screen.doubtful`): the exchange holds such a unit
    for review instead of judging it useful, since usefulness and safety are separate
-   verdicts. On the outside test half (commit ``c8bdc09``): 66.3% of attacks caught, 2.9% of
-   benign rules flagged;
+   verdicts. On the outside test half (commit ``89a46a6``): 74.4% of attacks caught, 4.1% of
+   benign rules flagged, 15% held for review;
 5. an optional **LLM judge** (:class:`LLMJudge`, off by default) with a fixed rubric, asked
    only about text the other layers passed (doubtful text included): it is slower and less
    predictable than a regex (Qwen2.5-Coder-1.5B with the rubric below, on 40 dev items the
