@@ -218,6 +218,9 @@ def samples(sink: Sink, cap: dict[tuple[str, str], int]) -> None:
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, and no stray arguments
     sink = Sink()
     cap: dict[tuple[str, str], int] = {}
     envs = [
