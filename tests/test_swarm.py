@@ -242,6 +242,8 @@ def _states(client) -> list[bytes]:
         (["--bus", "memory://"], "need a shared bus"),
         (["--env", "chess"], "unknown environment"),
         (["--llm", "gpt"], "unknown LLM spec"),
+        (["--sync-interval", "0"], "--sync-interval must be a positive"),
+        (["--sync-interval", "nan"], "--sync-interval must be a positive"),
     ],
 )
 def test_bad_options_fail_before_starting_anything(tmp_path, args, message):
@@ -278,7 +280,7 @@ def test_config_defaults_match_the_command():
     defaults = {p.name: p.default for p in swarm_command.params}
     config = SwarmConfig()
     for name in ("agents", "episodes", "env", "llm", "topology", "embedder", "bus", "poison", "seed", "max_steps", "rule_guard", "linger_s",
-                 "warmup_episodes", "warmup_validation", "ramp_episodes", "isolate", "executor", "db"):
+                 "sync_interval_s", "warmup_episodes", "warmup_validation", "ramp_episodes", "isolate", "executor", "db"):
         assert defaults[name] == getattr(config, name), name
 
 

@@ -184,7 +184,7 @@ def run_agent(spec: Mapping[str, Any], *, secret: str, stop: threading.Event | N
             failures = 0 if env.spec.succeeded(traj.total, aborted=traj.aborted) else failures + 1
             if failures == 2 and not spec.get("isolated"):  # stuck twice in a row: ask the neighbours what they know
                 agent.ask_help(f"{env.spec.name}: {summarize_observation(traj.observations[-1]) if traj.observations else env.spec.description}")
-            agent.sync(interval_s=float(spec.get("sync_interval_s", 30.0)))
+            agent.sync(interval_s=float(spec["sync_interval_s"]))
             if spec.get("poison"):
                 agent.broadcast(_poison(aid, n))
             agent.flush()

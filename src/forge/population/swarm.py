@@ -87,6 +87,7 @@ class SwarmConfig:
     max_steps: int | None = None
     rule_guard: bool = False
     linger_s: float = 60.0  # at most: an agent leaves as soon as its peers have settled
+    sync_interval_s: float = 30.0  # the periodic batch of what the importance trigger did not send
     keep: bool = False
     warmup_episodes: int = 0
     warmup_validation: float = 0.0
@@ -122,6 +123,8 @@ class SwarmConfig:
             raise ConfigError(f"agents in separate processes need a shared bus; {self.bus!r} is not redis://HOST:PORT/DB")
         if self.max_steps is not None and self.max_steps < 1:
             raise UserError("--max-steps must be at least 1")
+        if not self.sync_interval_s > 0:  # also refuses nan
+            raise UserError("--sync-interval must be a positive number of seconds")
         if self.warmup_episodes < 0 or self.ramp_episodes < 0:
             raise UserError("--warmup-episodes and --ramp-episodes must be 0 or more")
         if not 0.0 <= self.warmup_validation <= 1.0:
