@@ -317,8 +317,40 @@ def test_a_situation_tracks_state_changes(cache: Path) -> None:
     sits = [env.spec.situation(o) for o, *_ in trace]  # type: ignore[misc]
     assert "goal: put a food on a stove" in sits[0]
     assert any("carrying a key" in s for s in sits) and "carrying nothing" in sits[0]
-    assert any("(closed door)" in s for s in sits) and any("(open door)" in s for s in sits)
+    assert any(": a closed door" in s for s in sits) and any(": an open door" in s for s in sits)
     env.close()
+
+
+def test_the_way_back_is_the_exit_opposite_the_move_that_came_in(cache: Path) -> None:
+    env = env_for("coin-2", cache)
+    obs = env.reset(seed=1000)
+    assert "Came in from" not in obs and "the way back" not in env.spec.situation(obs)  # type: ignore[misc]
+    opposite = {"north": "south", "south": "north", "east": "west", "west": "east"}
+    move = next(a for a in env.valid_actions() if a.startswith("go "))
+    way = move.split()[1]
+    obs = env.step(move).observation
+    situation = env.spec.situation(obs)  # type: ignore[misc]
+    assert f"Came in from: {opposite[way]}" in obs
+    assert f"go {opposite[way]}: the way back" in situation.split("; ")
+    # the clause is keyed by the move, so a rule about going back narrows to it and holds in
+    # any room where the way back lies so, not only in this game's
+    from forge.learn import rules
+    when = rules.focus(situation, f"go {opposite[way]}")
+    assert when == f"go {opposite[way]}: the way back"
+    other = env_for("coin-2", cache)
+    rule = rules.parse(rules.write(when, f"go {opposite[way]}"), [f"go {d}" for d in opposite])
+    assert rule is not None
+    for seed in range(1001, 1020):  # another game whose start room has the same exit
+        start = other.reset(seed=seed)
+        if move in other.valid_actions():
+            break
+    else:
+        pytest.fail(f"no held-out coin-2 game in 1001-1019 starts with {move!r}")
+    assert not rules.applies(rule, other.spec.situation(start))  # type: ignore[misc]
+    there = other.step(move).observation
+    assert rules.applies(rule, other.spec.situation(there))  # type: ignore[misc]
+    env.close()
+    other.close()
 
 
 @pytest.mark.parametrize(("name", "seed"), GAMES)

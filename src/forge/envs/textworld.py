@@ -41,13 +41,14 @@ Shaping, the same for every family (tau = -0.5, theta = 1.0, success >= 1.0, maj
   a lost game returns -1 - 0.01 per step.
 
 Observations are compact: the goal (TextWorld's objective without its welcome and sign-off
-lines), what the last command did, the room's description and the inventory, each on its own
-labelled line, whitespace collapsed, no ASCII banner and no status line.
+lines), what the last command did, the room's description, the exit the agent came in through
+(once it has moved) and the inventory, each on its own labelled line, whitespace collapsed, no
+ASCII banner and no status line.
 
 Transfer (see :class:`~forge.envs.base.EnvSpec`): TextWorld names its rooms and things from a
 grammar ("the spare room", "an American latchkey"), so ``spec.situation`` describes a state in
-kinds ("in a room with a closed container, a supporter; exits north, east (locked door);
-carrying a key; goal: take an object"), ``spec.abstract`` rewrites names into kinds and
+kinds ("in a room with a closed container, a supporter; go north: an exit; go east: a locked
+door; go west: the way back; carrying a key; goal: take an object"), ``spec.abstract`` rewrites names into kinds and
 ``spec.instance_terms`` lists the names a text still holds. They read a per-env lexicon: every
 entity of every game the env has played plus TextWorld's own vocabulary for the family (its
 name grammar; the cooking game's food, furniture and room lists; the simple game's fixed house).
@@ -474,8 +475,13 @@ class _Lexicon:
             kinds = Counter(p for p in things.values() if not p.endswith("door"))
             listed = [_a(p) if n == 1 else f"{n} {_plural(p)}" for p, n in sorted(kinds.items())]
             parts.append(f"{where} with {', '.join(listed)}" if listed else where)
-            ways = [f"{d} ({doors[d]})" if d in doors else d for d in _DIRECTIONS if d in exits]
-            parts.append(f"exits {', '.join(ways)}" if ways else "no exits")
+            back = _section(observation, "Came in from").lower()
+            # one clause per exit, keyed by its move ("go east: the way back"), so a rule about
+            # a move keeps only the clauses it needs (forge.learn.rules.focus) and holds in
+            # every room where the same exits lie so, whatever the room is called
+            ways = [f"go {d}: {', '.join(filter(None, (_a(doors[d]) if d in doors else '', 'the way back' if d == back else '')))}"
+                    if d in doors or d == back else f"go {d}: an exit" for d in _DIRECTIONS if d in exits]
+            parts.extend(ways or ["no exits"])
         if carrying:
             things, _, _ = self._things(carrying)
             kinds = Counter(things.values())
@@ -596,6 +602,14 @@ def _compact_feedback(feedback: str) -> str:
     return _squash(text)
 
 
+_OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east"}
+
+
+def _room_name(description: str | None) -> str:
+    m = _HEADER.match(description or "")
+    return m.group(1).strip().lower() if m else ""
+
+
 def _compact_room(description: str) -> str:
     text = (description or "").strip()
     return _squash(_HEADER.sub(lambda m: f"{m.group(1)}. ", text, count=1))
@@ -657,6 +671,8 @@ class TextWorldEnv:
         self._steps = 0
         self._done = False
         self._last = "The game has just started."
+        self._room = ""  # the current room's name, to notice a move
+        self._back = ""  # the direction of the exit the agent came in through, if known
 
     @property
     def game_path(self) -> Path | None:
@@ -689,6 +705,7 @@ class TextWorldEnv:
         self._goal = _compact_goal(self._state["objective"] or "")
         self._score, self._steps, self._done = int(self._state["score"] or 0), 0, False
         self._last = "The game has just started."
+        self._room, self._back = _room_name(self._state["description"]), ""
         self._actions = self._admissible()
         return self._observe()
 
@@ -737,6 +754,12 @@ class TextWorldEnv:
         self._last = f"{command} -> {said or 'nothing happens.'}"
         if event == "turn_limit":
             self._last += f" The step limit ({self.spec.max_steps}) is reached."
+        room = _room_name(state["description"])
+        if room != self._room:
+            # the exit back is the one opposite the move that came in; any other way of
+            # arriving (none in these families) leaves it unknown
+            way = command.split()[-1] if command.startswith("go ") else ""
+            self._room, self._back = room, _OPPOSITE.get(way, "")
         self._actions = () if done else self._admissible()
         info = {"event": event, "step": self._steps, "score": self._score, "max_score": max_score,
                 "won": won, "lost": lost, "game": str(self._game_path)}
@@ -766,6 +789,8 @@ class TextWorldEnv:
         room = _compact_room(self._state["description"]) if self._state is not None else ""
         if room:
             lines.append(f"Room: {room}")
+            if self._back:
+                lines.append(f"Came in from: {self._back}")
         inventory = self._state["inventory"] if self._state is not None else ""
         if inventory:
             lines.append(f"Carrying: {_compact_inventory(inventory)}")
