@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.llm import open_llm
-from forge.team.runner import MEMORY_MODES, TeamConfig, load_results, run_team, sweep
+from forge.team.runner import MEMORY_MODES, TeamConfig, load_results, resume_team, run_team, sweep
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -48,6 +48,21 @@ def _modes(text: str | None) -> tuple[str, ...]:
     if unknown:
         raise SystemExit(f"error: unknown memory mode {unknown[0]!r}; known: {', '.join(MEMORY_MODES)}")
     return ("none", *[m for m in MEMORY_MODES if m in asked and m != "none"])
+
+
+def _run_mode(cfg: TeamConfig, run_dir: Path, llm: Any) -> Any:
+    """One memory mode's run in ``run_dir``: kept there, so a rerun with the same ``--out``
+    reuses a finished mode and resumes a stopped one (a TextWorld stream is hours on two
+    cores); a run there with other settings is refused, never mixed into the table."""
+    if not (run_dir / "config.json").is_file():
+        return run_team(cfg, run_dir, llm=llm)
+    held = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    held.pop("kind", None)
+    if held != cfg.to_dict():
+        differ = sorted(k for k in {*held, *cfg.to_dict()} if held.get(k) != cfg.to_dict().get(k))
+        raise SystemExit(f"error: {run_dir} holds a run with other settings ({', '.join(differ)}); pick another --out")
+    print(f"  resuming {run_dir}", file=sys.stderr, flush=True)
+    return resume_team(run_dir, llm=llm)
 
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,7 +91,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
             cfg = TeamConfig.from_dict({**base.to_dict(), "memory": mode})
             t0 = time.perf_counter()
             print(f"running memory={mode} ...", file=sys.stderr, flush=True)
-            f = run_team(cfg, out / f"mode-{mode}", llm=llm).final
+            f = _run_mode(cfg, out / f"mode-{mode}", llm).final
             results = load_results(out / f"mode-{mode}")
             rows.append({
                 "memory": mode, "aip": f["aip"], "ap": f["ap"], "ts": f["ts_mean"], "cs": f["cs_mean"],
@@ -86,6 +101,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 "rule_followed": sum((r.get("rules") or {}).get("rule_followed", 0) for r in results),
                 "decisions": sum((r.get("rules") or {}).get("decisions", 0) for r in results),
                 "consolidation_tokens": f["tokens"]["consolidation"], "seconds": round(time.perf_counter() - t0, 1),
+                # the tasks' own time, whole even when this call only resumed (or reused) the mode
+                "task_seconds": round(sum(r.get("seconds", 0.0) for r in results), 1),
             })
         none = rows[0]
         for r in rows:
@@ -135,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rule-guard", action="store_true", help="rules are binding: an actor chooses only among what they leave")
     p.add_argument("--sweep-tasks", type=int, default=None)
     p.add_argument("--sweep-memory", default="hybrid")
-    p.add_argument("--out", default=None, help="directory for runs and the report (default: a temp dir)")
+    p.add_argument("--out", default=None, help="directory for runs and the report (default: a temp dir); rerun with it to reuse finished modes and resume a stopped one")
     args = p.parse_args(argv)
     res = run_all(args)
     if args.json:

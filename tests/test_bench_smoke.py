@@ -295,3 +295,23 @@ def test_cage2_protocols_keep_their_runs_and_refuse_other_settings(tmp_path: Pat
     other = subprocess.run([*cmd[:-3], "--steps", "7", *cmd[-3:]], capture_output=True, text=True)
     assert other.returncode != 0 and other.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "other settings" in other.stderr
+
+
+def test_lifelong_keeps_its_modes_and_refuses_other_settings(tmp_path: Path) -> None:
+    """bench/lifelong.py with --out: a finished mode is read back, not played again (a
+    TextWorld stream is hours on two cores, so it is split over calls), and a run there
+    with other settings is refused with one line instead of being mixed into the table."""
+    cmd = [sys.executable, str(BENCH / "lifelong.py"), "--quick", "--llm", "test", "--tasks", "2",
+           "--modes", "local", "--sizes", "", "--out", str(tmp_path), "--json"]
+    first = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    events = {m: (tmp_path / f"mode-{m}" / "events.jsonl").read_text() for m in ("none", "local")}
+    again = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert "resuming" in again.stderr
+    drop = ("seconds",)
+    rows = [[{k: v for k, v in r.items() if k not in drop} for r in json.loads(out)["modes"]] for out in (first.stdout, again.stdout)]
+    assert rows[0] == rows[1] and [r["memory"] for r in rows[0]] == ["none", "local"]
+    assert all(r["task_seconds"] > 0 for r in rows[1])  # the tasks' time, though this call played none
+    assert {m: (tmp_path / f"mode-{m}" / "events.jsonl").read_text() for m in ("none", "local")} == events
+    other = subprocess.run([*cmd[:-5], "--seed", "1", *cmd[-5:]], capture_output=True, text=True)
+    assert other.returncode != 0 and other.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "other settings (seed)" in other.stderr
