@@ -388,3 +388,39 @@ def test_textworlds_own_vocabulary_counts_before_any_game() -> None:
     assert spec.abstract("go back to the spare room") == "go back to a room"  # type: ignore[misc]
     assert spec.instance_terms("unlock the passageway, then take the latchkey") == ["passageway", "latchkey"]  # type: ignore[misc]
     assert spec.instance_terms("just in case, take a key") == []  # type: ignore[misc]
+
+
+def test_reflection_on_a_lost_game_is_asked_with_the_actions_of_its_failing_step(cache: Path) -> None:
+    """A lost game's last state has no actions, and the probes of other actions leave the env
+    elsewhere: the reflection's "avoid" choice must list the actions valid where it failed.
+    Before the replay it could be empty, and the embedded model's grammar for it killed a
+    TextWorld team stream with no traceback."""
+    from forge.learn.loop import failure_point, play_episode, reflect_on
+    from forge.learn.policy import ActionChoice
+    from forge.llm.testing import ScriptedLLM
+
+    env = env_for("simple-1", cache)
+    env.reset(seed=0)
+    walk = list(env.walkthrough)
+    food = re.fullmatch(r"put (.+) on stove", walk[-1]).group(1)  # type: ignore[union-attr]
+    script = iter([*walk[:-1], f"eat {food}"])
+    at_failure: list[tuple[str, ...]] = []
+
+    class Scripted:
+        roles = acting_roles = ("actor",)
+
+        def act(self, *, observation: str, valid_actions: object, history: object, memory: object) -> ActionChoice:
+            at_failure[:] = [tuple(valid_actions)]  # type: ignore[arg-type]
+            return ActionChoice(next(script))
+
+    traj = play_episode(env, Scripted(), None, seed=0, tau=env.spec.tau, abort=True)
+    assert traj.actions[-1] == f"eat {food}" and not env.valid_actions()  # lost: nothing left
+    at, stalled = failure_point(traj, spec=env.spec, reflect_on_stall=True)  # type: ignore[misc]
+    llm = ScriptedLLM(capabilities={"json_schema"})
+    reflect_on(traj, env=env, roles=("actor",), acting_roles=("actor",), llm=llm, seed=0,
+               tau=env.spec.tau, at=at, stalled=stalled)
+    asked = [r.json_schema for r in llm.requests if r.json_schema and "avoid" in r.json_schema.get("properties", {})]
+    assert asked, "the rule's slots were never asked"
+    assert asked[0]["properties"]["avoid"]["enum"] == list(at_failure[0])
+    assert f"eat {food}" in asked[0]["properties"]["avoid"]["enum"]
+    env.close()

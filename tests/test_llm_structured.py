@@ -166,6 +166,20 @@ def test_complete_json_gives_up_with_the_last_raw_reply():
     assert llm.calls == 3
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "enum": []},
+    {"type": "object", "properties": {"avoid": {"type": "string", "enum": []}}},
+    {"type": "array", "items": {"type": "object", "properties": {"x": {"enum": []}}}},
+])
+def test_a_schema_no_value_can_match_is_refused_before_the_model_is_asked(schema):
+    """llama.cpp's grammar for an empty alternative is invalid, and the process died with no
+    traceback (a reflection on a lost TextWorld game, whose last state has no actions)."""
+    llm = ScriptedLLM(['"anything"'])
+    with pytest.raises(StructuredOutputError, match="empty enum"):
+        complete_json(llm, "go", schema=schema)
+    assert llm.calls == 0
+
+
 def test_complete_json_retries_zero_means_one_attempt():
     llm = ScriptedLLM(["nope", '{"rule": "abc", "confidence": 0}'])
     with pytest.raises(StructuredOutputError):

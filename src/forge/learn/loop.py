@@ -251,6 +251,7 @@ def reflect_on(
     if probe_alternatives:
         at, safe = _blame(traj, env=env, seed=seed, tau=tau, at=at, stalled=stalled)
     shown: Mapping[str, Sequence[Any]] = {role: r.shown for role, r in traj.recollections.items()}
+    _replay(env, seed=seed, actions=traj.actions[:at])
     snapshot = Snapshot.of(
         traj, env=env, failing=at, roles=roles, acting_roles=acting_roles,
         shown=shown, tau=tau, stalled=stalled, safe_actions=safe, known_names=ANALYST_TOOLS,
@@ -325,6 +326,19 @@ def retire_failing(memory: Any, units: Sequence[Unit], *, actor: str) -> list[Un
                 continue
             retired.append(unit)
     return retired
+
+
+def _replay(env: Env, *, seed: int, actions: Sequence[str]) -> None:
+    """Put ``env`` back in the state of the failing step, so the snapshot offers the actions
+    valid there: in TextWorld they change with the state, and after the episode (or the
+    probes of :func:`_blame`) the env was somewhere else; a lost game's last state has none.
+    A replay that fails leaves the env where it is: reflection still runs, on its fallback."""
+    try:
+        env.reset(seed=seed)
+        for a in actions:
+            env.step(a)
+    except ForgeError:
+        pass
 
 
 def _blame(traj: Trajectory, *, env: Env, seed: int, tau: float, at: int, stalled: bool) -> tuple[int, tuple[str, ...]]:

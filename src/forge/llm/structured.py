@@ -40,6 +40,19 @@ Messages = str | Sequence[Message]
 # JSON
 
 
+def _empty_enum(schema: Any, path: str = "the schema") -> str | None:
+    """Where ``schema`` has an enum with no member (None when nowhere)."""
+    if not isinstance(schema, Mapping):
+        return None
+    if "enum" in schema and not list(schema["enum"]):
+        return path
+    for name, sub in (schema.get("properties") or {}).items():
+        found = _empty_enum(sub, f"{path}.{name}")
+        if found:
+            return found
+    return _empty_enum(schema.get("items"), f"{path}[]") if isinstance(schema.get("items"), Mapping) else None
+
+
 def complete_json(
     llm: LLM,
     messages: Messages,
@@ -57,6 +70,12 @@ def complete_json(
     model needs to know what the fields mean. Raises :class:`StructuredOutputError` (an
     :class:`LLMError`) after ``retries`` re-asks, with the last raw reply attached.
     """
+    empty = _empty_enum(schema)
+    if empty is not None:
+        # no value can match: asking would only fail, and llama.cpp's grammar for an empty
+        # alternative is invalid (a reflection on a TextWorld game's last, action-less state
+        # killed the process with no traceback)
+        raise StructuredOutputError(f"schema allows no value: {empty} is an empty enum", raw="", attempts=0)
     convo = _as_messages(messages)
     if instruct:
         convo = _append_user(
