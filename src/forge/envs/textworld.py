@@ -47,8 +47,8 @@ ASCII banner and no status line.
 
 Transfer (see :class:`~forge.envs.base.EnvSpec`): TextWorld names its rooms and things from a
 grammar ("the spare room", "an American latchkey"), so ``spec.situation`` describes a state in
-kinds ("in a room with a closed container, a supporter; go north: an exit; go east: a locked
-door; go west: the way back; carrying a key; goal: take an object"), ``spec.abstract`` rewrites names into kinds and
+kinds ("in a room with a closed container, a supporter; exits north, east (a locked door), west;
+go west: the way back; carrying a key; goal: take an object"), ``spec.abstract`` rewrites names into kinds and
 ``spec.instance_terms`` lists the names a text still holds. They read a per-env lexicon: every
 entity of every game the env has played plus TextWorld's own vocabulary for the family (its
 name grammar; the cooking game's food, furniture and room lists; the simple game's fixed house).
@@ -475,13 +475,16 @@ class _Lexicon:
             kinds = Counter(p for p in things.values() if not p.endswith("door"))
             listed = [_a(p) if n == 1 else f"{n} {_plural(p)}" for p, n in sorted(kinds.items())]
             parts.append(f"{where} with {', '.join(listed)}" if listed else where)
+            ways = [f"{d} ({_a(doors[d])})" if d in doors else d for d in _DIRECTIONS if d in exits]
+            parts.append(f"exits {', '.join(ways)}" if ways else "no exits")
             back = _section(observation, "Came in from").lower()
-            # one clause per exit, keyed by its move ("go east: the way back"), so a rule about
-            # a move keeps only the clauses it needs (forge.learn.rules.focus) and holds in
-            # every room where the same exits lie so, whatever the room is called
-            ways = [f"go {d}: {', '.join(filter(None, (_a(doors[d]) if d in doors else '', 'the way back' if d == back else '')))}"
-                    if d in doors or d == back else f"go {d}: an exit" for d in _DIRECTIONS if d in exits]
-            parts.extend(ways or ["no exits"])
+            if back in exits:
+                # keyed by its move, so a rule against walking back narrows to this clause
+                # (forge.learn.rules.focus) and holds in any room of any game entered that
+                # way. Plain exits are not keyed: "go south: an exit" says nothing of why
+                # south failed, and a TextWorld stream's rule "when go south: an exit, do not
+                # go south" forbade south in every room
+                parts.append(f"go {back}: the way back")
         if carrying:
             things, _, _ = self._things(carrying)
             kinds = Counter(things.values())
