@@ -47,9 +47,9 @@ ASCII banner and no status line.
 
 Transfer (see :class:`~forge.envs.base.EnvSpec`): TextWorld names its rooms and things from a
 grammar ("the spare room", "an American latchkey"), so ``spec.situation`` describes a state in
-kinds ("in a room with a closed container, a supporter; exits north, east (a locked door), west;
-go west: the way back; carrying a key; goal: take an object"), ``spec.abstract`` rewrites names into kinds and
-``spec.instance_terms`` lists the names a text still holds. They read a per-env lexicon: every
+kinds ("in a room with a closed container, a supporter; exits north, east (a locked door),
+west; go west: the way back; carrying a key; goal: take an object"), ``spec.abstract`` rewrites
+names into kinds and ``spec.instance_terms`` lists the names a text still holds. They read a per-env lexicon: every
 entity of every game the env has played plus TextWorld's own vocabulary for the family (its
 name grammar; the cooking game's food, furniture and room lists; the simple game's fixed house).
 Words a family's every game shares in the same role (the coin; the kitchen, cookbook, knife,
