@@ -31,8 +31,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from forge.errors import ForgeError
 from forge.llm import open_llm
-from forge.team.runner import MEMORY_MODES, TeamConfig, load_results, resume_team, run_team, sweep
+from forge.team.runner import (
+    MEMORY_MODES,
+    TeamConfig,
+    load_results,
+    resume_team,
+    run_team,
+    sweep,
+    team_config,
+)
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -54,10 +63,11 @@ def _run_mode(cfg: TeamConfig, run_dir: Path, llm: Any) -> Any:
     """One memory mode's run in ``run_dir``: kept there, so a rerun with the same ``--out``
     reuses a finished mode and resumes a stopped one (a TextWorld stream is hours on two
     cores); a run there with other settings is refused, never mixed into the table."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SystemExit(f"error: {run_dir} is not a directory; pick another --out")
     if not (run_dir / "config.json").is_file():
         return run_team(cfg, run_dir, llm=llm)
-    held = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
-    held.pop("kind", None)
+    held = team_config(run_dir).to_dict()  # the runner's own reading: a damaged file is one line
     if held != cfg.to_dict():
         differ = sorted(k for k in {*held, *cfg.to_dict()} if held.get(k) != cfg.to_dict().get(k))
         raise SystemExit(f"error: {run_dir} holds a run with other settings ({', '.join(differ)}); pick another --out")
@@ -154,7 +164,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sweep-memory", default="hybrid")
     p.add_argument("--out", default=None, help="directory for runs and the report (default: a temp dir); rerun with it to reuse finished modes and resume a stopped one")
     args = p.parse_args(argv)
-    res = run_all(args)
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SystemExit(f"error: --out {args.out} is not a directory")
+    try:
+        res = run_all(args)
+    except ForgeError as exc:  # a damaged kept run, a bad setting: one line, not a traceback
+        raise SystemExit(f"error: {exc}") from None
     if args.json:
         print(json.dumps(res, indent=2))
         return

@@ -315,3 +315,10 @@ def test_lifelong_keeps_its_modes_and_refuses_other_settings(tmp_path: Path) -> 
     other = subprocess.run([*cmd[:-5], "--seed", "1", *cmd[-5:]], capture_output=True, text=True)
     assert other.returncode != 0 and other.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "other settings (seed)" in other.stderr
+    (tmp_path / "mode-local" / "config.json").write_text("{not json")
+    damaged = subprocess.run(cmd, capture_output=True, text=True)
+    assert damaged.returncode != 0 and "Traceback" not in damaged.stderr
+    assert damaged.stderr.strip().splitlines()[-1].startswith("error: ") and "config.json" in damaged.stderr
+    (tmp_path / "file").write_text("x")
+    not_dir = subprocess.run([*cmd[:-2], str(tmp_path / "file"), "--json"], capture_output=True, text=True)
+    assert not_dir.returncode != 0 and not_dir.stderr.strip() == f"error: --out {tmp_path / 'file'} is not a directory"

@@ -96,6 +96,7 @@ __all__ = [
     "TeamConfig",
     "TeamResult",
     "resume_team",
+    "team_config",
     "run_team",
     "load_results",
     "sweep",
@@ -747,6 +748,12 @@ def sweep(
     summary, paths = build_team_report(dirs, out)
     summary["paths"] = {k: str(v) for k, v in paths.items()}
     return summary
+
+
+def team_config(run_dir: str | os.PathLike[str]) -> TeamConfig:
+    """The config a kept run was started with; a missing or damaged one is a one-line
+    :class:`~forge.errors.ForgeError` (benches compare it before resuming)."""
+    return _TeamDir(run_dir).load_team_config()
 
 
 def load_results(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
