@@ -21,6 +21,8 @@ __all__ = [
     "contradicts",
     "focus",
     "forbidden_in",
+    "instance_reason",
+    "keyed",
     "normalize",
     "parse",
     "write",
@@ -136,6 +138,23 @@ def _key(clause: str) -> str:
     return clause.split(":", 1)[0].strip() if ":" in clause else ""
 
 
+def keyed(situation: str) -> dict[str, str]:
+    """A situation's keyed clauses as key -> what it says: "down: hole; goal: down-right at
+    distance 4" -> {"down": "hole", "goal": "down-right at distance 4"}. A key is the action
+    whose outcome the clause names (or "goal"), so a clause can be read per action."""
+    return {_key(c): c.split(":", 1)[1].strip() for c in clauses(situation) if _key(c)}
+
+
+def instance_reason(text: str, instance_terms: Callable[[str], Sequence[str]], original: str = "") -> str:
+    """Why ``text`` cannot leave its task: the instance-only names ``instance_terms`` still
+    finds in it (a coordinate, a generated name), quoting ``original`` (else ``text``);
+    "" when it names none. One wording for rules, lessons and procedures alike."""
+    left = list(dict.fromkeys(instance_terms(text)))
+    if not left:
+        return ""
+    return f"names what holds in this task only ({', '.join(left[:4])}): {(original or text)[:80]!r}"
+
+
 def focus(situation: str, action: str, safe: Sequence[str] = ()) -> str:
     """The part of ``situation`` a rule about ``action`` needs, so that it applies wherever
     that part recurs, not only in the one state it was learned in.
@@ -224,10 +243,8 @@ def check(
         # restore a User host; restore a User host was safe there", a text at odds with itself.
         safe_actions = [k for k in dict.fromkeys(abstract(a) for a in safe_actions) if k != failing_action]
         text = _without_safe_forbidden(text, valid_actions)
-    if instance_terms is not None:
-        left = list(dict.fromkeys(instance_terms(text)))
-        if left:
-            return None, f"names what holds in this task only ({', '.join(left[:4])}): {original[:80]!r}"
+    if instance_terms is not None and (why := instance_reason(text, instance_terms, original)):
+        return None, why
     repaired_names = text != original
     parsed = parse(text, valid_actions)
     if parsed is None:
