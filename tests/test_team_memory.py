@@ -104,7 +104,9 @@ def test_task_lesson_comes_from_the_library_reflection() -> None:
     empty = task_lesson(Reflection(), task="t", actions=acts, outcome=failed)
     assert empty.source == "record" and empty.diagnosis == "fell into a hole" and "down" in empty.lessons[0]
     won = task_lesson(None, task="t", actions=acts, outcome=Outcome(success=True, score=1.0))
-    assert won.source == "record" and won.diagnosis is None and "this worked: down" in won.lessons[0]
+    # Without a trajectory there are no situations to write it in: the actions used, once each.
+    assert won.source == "record" and won.diagnosis is None and "this worked in 1 step, using: down." in won.lessons[0]
+    assert won.steps == 1 and won.parts == ()
     assert TaskLesson.from_dict(got.to_dict()) == got
     with pytest.raises(ValidationError):
         TaskLesson.from_dict({"nope": 1})

@@ -150,6 +150,14 @@ def test_run_updates_all_three_memories(tmp_path: Path) -> None:
     assert all(r["lesson"]["lessons"] for r in res.results)
     failed = [r for r in res.results if not r["success"]]
     assert failed and all(r["reflection"] is not None and r["reflection"]["step"] >= 0 for r in failed)
+    # ... in the situations' terms: no coordinate, and a success's lesson is not its walk.
+    for r in res.results:
+        text = " ".join(r["lesson"]["lessons"]) + " " + (r["lesson"]["diagnosis"] or "")
+        assert "row" not in text and "col " not in text and r["lesson"]["steps"] == r["steps"]
+    for r in (r for r in res.results if r["success"]):
+        walk = [t for _, _, t in r["actions"]]
+        assert r["lesson"]["source"] == "record" and r["lesson"]["parts"]
+        assert "; ".join(walk[:3]) not in r["lesson"]["lessons"][0] and ", ".join(walk[:3]) not in r["lesson"]["lessons"][0]
 
 
 def test_actor_prompts_carry_the_recollected_block(tmp_path: Path) -> None:

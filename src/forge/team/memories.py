@@ -30,8 +30,9 @@ from typing import Any
 
 from forge.engine.memory import Memory
 from forge.engine.recall import Weights
+from forge.envs.base import EnvSpec
 from forge.errors import ConfigError, NotFoundError, ValidationError
-from forge.learn.loop import remember_reflection
+from forge.learn.loop import Trajectory, remember_reflection
 from forge.learn.prompt import PROMPT_WEIGHTS, Recollection, recollect
 from forge.learn.reflect import Reflection, RuleEdit
 from forge.llm.base import LLM
@@ -48,6 +49,7 @@ from forge.model import (
     derived_id,
 )
 from forge.store import Filter
+from forge.team import lessons
 
 __all__ = [
     "ACTOR_ROLE",
@@ -207,23 +209,37 @@ class Outcome:
 class TaskLesson:
     """What a finished task taught, as stored in its episode: lessons, and on failure a
     root-cause diagnosis. ``source`` says who wrote them: ``llm`` or ``fallback`` (reflection
-    by :mod:`forge.learn.reflect`) or ``record`` (a success, summarised from what was done)."""
+    by :mod:`forge.learn.reflect`) or ``record`` (summarised from the trajectory's situations
+    by :mod:`forge.team.lessons`). ``parts`` are a record lesson's situated parts, what
+    consolidation composes procedures from; ``steps`` how many steps the task took (memory
+    that helps shortens episodes); ``dropped`` the parts left out for naming something of
+    this task only, and why."""
 
     lessons: tuple[str, ...]
     diagnosis: str | None
     source: str
     error: str = ""
+    parts: tuple[str, ...] = ()
+    steps: int | None = None
+    dropped: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lessons", tuple(self.lessons))
+        for name in ("lessons", "parts", "dropped"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"lessons": list(self.lessons), "diagnosis": self.diagnosis, "source": self.source, "error": self.error}
+        return {
+            "lessons": list(self.lessons), "diagnosis": self.diagnosis, "source": self.source, "error": self.error,
+            "parts": list(self.parts), "steps": self.steps, "dropped": list(self.dropped),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskLesson:
         try:
-            return cls(tuple(data["lessons"]), data.get("diagnosis"), str(data["source"]), str(data.get("error", "")))
+            return cls(
+                tuple(data["lessons"]), data.get("diagnosis"), str(data["source"]), str(data.get("error", "")),
+                tuple(data.get("parts", ())), data.get("steps"), tuple(data.get("dropped", ())),
+            )
         except (KeyError, TypeError):
             raise ValidationError("a task lesson must be {'lessons': [...], 'diagnosis': ..., 'source': ...}") from None
 
@@ -235,19 +251,47 @@ def task_lesson(
     actions: Sequence[Action],
     outcome: Outcome,
     diagnosis: str | None = None,
+    trajectory: Trajectory | None = None,
+    spec: EnvSpec | None = None,
+    at: int | None = None,
 ) -> TaskLesson:
-    """The lesson of a task: the rules :mod:`forge.learn.reflect` wrote about its failure, or for a
-    success (no reflection) what was done, so consolidation has successes to generalise."""
-    steps = "; ".join(a.text for a in actions[-6:]) or "no actions"
+    """The lesson of a task: the rules :mod:`forge.learn.reflect` wrote about its failure, or,
+    for a success (or a failure reflection found no rule for), a record of it.
+
+    With the ``trajectory`` and its env's ``spec``, the record is in the goal's and the
+    situations' terms (:mod:`forge.team.lessons`): what was done in which kind of situation,
+    never the moves of this one map or game, which mislead on the next; a failure's names
+    its failing step (``at``, else the first below tau, else the last). Without them (a
+    caller with no situations) it names the distinct actions used.
+    """
+    n = len(trajectory.actions) if trajectory is not None else len(actions)
     if reflection is not None:
         rules = [r for e in reflection.edits for r in e.add]
         if rules:
-            return TaskLesson(tuple(dict.fromkeys(rules))[:2], diagnosis, "fallback" if reflection.fallback else "llm", reflection.error)
+            source = "fallback" if reflection.fallback else "llm"
+            return TaskLesson(tuple(dict.fromkeys(rules))[:2], diagnosis, source, reflection.error, steps=n)
+    head = f"For tasks like '{_clip(task, 80)}'"
+    used = _clip("; ".join(dict.fromkeys(a.text for a in actions)) or "no actions", 200)
+    steps = lessons.decisions(trajectory.observations, trajectory.actions, trajectory.rewards, spec) if trajectory else []
+    error = reflection.error if reflection is not None else ""
     if outcome.success:
-        return TaskLesson((f"For tasks like '{_clip(task, 80)}', this worked: {_clip(steps, 200)}.",), None, "record")
+        if not steps:
+            return TaskLesson((f"{head}, this worked in {_steps(n)}, using: {used}.",), None, "record", steps=n)
+        parts, dropped = lessons.general(lessons.success_parts(steps), spec)
+        text = f"{head}, this worked (solved in {_steps(n)}): {'; '.join(parts)}." if parts else f"{head}, this worked in {_steps(n)}."
+        return TaskLesson((_clip(text, 400),), None, "record", error, tuple(parts), n, tuple(dropped))
     cause = diagnosis or (outcome.errors[0] if outcome.errors else f"score {outcome.score:g} was not enough to succeed")
-    lesson = f"For tasks like '{_clip(task, 80)}', avoid repeating: {_clip(steps, 200)} (failed: {_clip(cause, 120)})."
-    return TaskLesson((lesson,), cause, "record", reflection.error if reflection is not None else "")
+    if not steps:
+        lesson = f"{head}, this failed after {_steps(n)}, using: {used} (failed: {_clip(cause, 120)})."
+        return TaskLesson((lesson,), cause, "record", error, steps=n)
+    where = at if at is not None else trajectory.failing if trajectory and trajectory.failing is not None else len(steps) - 1
+    parts, dropped = lessons.general(lessons.failure_parts(steps, where, tau=spec.tau if spec else None), spec)
+    text = f"{head}, this failed after {_steps(n)}: {'; '.join(parts)}." if parts else f"{head}, this failed after {_steps(n)} ({_clip(cause, 120)})."
+    return TaskLesson((_clip(text, 400),), cause, "record", error, tuple(parts), n, tuple(dropped))
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 @dataclass(frozen=True, slots=True)
@@ -560,6 +604,9 @@ class TeamMemory:
                 "actions": [{"agent": a.agent, "role": a.role, "text": a.text} for a in actions],
                 "outcome": outcome.to_dict(),
                 "lessons": list(lesson.lessons),
+                "lesson_parts": list(lesson.parts),  # what consolidation composes procedures from
+                "lesson_steps": lesson.steps,
+                "lesson_dropped": list(lesson.dropped),
                 "diagnosis": lesson.diagnosis,
                 "reflection": lesson.source,
                 "episode_id": episode.id,

@@ -59,7 +59,7 @@ from typing import Any
 from forge.engine.memory import Memory
 from forge.engine.recall import approx_tokens
 from forge.envs import Env, StepResult
-from forge.envs.situation import summarize_observation
+from forge.envs.situation import situation_of
 from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
 from forge.learn.loop import Trajectory, failure_point, play_episode, reflect_on
 from forge.learn.prompt import Recollection
@@ -545,14 +545,16 @@ class _Run:
     ) -> dict[str, Any]:
         """The task's lesson, written now so the result file can replay it: on failure the
         library's reflection (:func:`forge.learn.loop.reflect_on`) on the team's trajectory, seen
-        as the agent whose step failed; on success, what was done."""
+        as the agent whose step failed; on success (or a failure reflection wrote no rule for)
+        a record of it in the situations' terms (:func:`~forge.team.memories.task_lesson`)."""
         if self.mode.tm is None:
             return {"lesson": None, "reflection": None}
         actions = [Action(agent=a, text=t, role=r) for a, r, t in result["actions"]]
         outcome = Outcome(success=result["success"], score=result["ts"], errors=tuple(result["violations"]))
         point = failure_point(traj, spec=env.spec, reflect_on_stall=True)
         if point is None:
-            return {"lesson": task_lesson(None, task=task.text, actions=actions, outcome=outcome).to_dict(), "reflection": None}
+            lesson = task_lesson(None, task=task.text, actions=actions, outcome=outcome, trajectory=traj, spec=env.spec)
+            return {"lesson": lesson.to_dict(), "reflection": None}
         at, stalled = point
         agent = result["actions"][at][0]
         rec = contexts[agent].recollection if agent in contexts else None
@@ -572,10 +574,14 @@ class _Run:
             probe_alternatives=task.env != DB_ENV,  # replaying a diagnosis rebuilds a database per action
         )
         what = "went in circles from there" if stalled else f"got reward {traj.rewards[at]:g} (below tau {env.spec.tau:g})"
-        diagnosis = f"step {at + 1} by {agent}: {traj.actions[at]} in '{summarize_observation(traj.observations[at])}' {what}"
+        act = env.spec.abstract(traj.actions[at]) if env.spec.abstract is not None else traj.actions[at]
+        # in the situation's terms, as the lesson: the diagnosis is recalled on other games too
+        diagnosis = f"step {at + 1} by {agent}: {act} in '{situation_of(traj.observations[at], env.spec)}' {what}"
         shown = {ACTOR_ROLE: rec.shown if rec is not None else ()}
         retire = [u.id for e in reflection.edits for u in deleted_rules(shown, e)]
-        lesson = task_lesson(reflection, task=task.text, actions=actions, outcome=outcome, diagnosis=diagnosis)
+        lesson = task_lesson(
+            reflection, task=task.text, actions=actions, outcome=outcome, diagnosis=diagnosis, trajectory=traj, spec=env.spec, at=at
+        )
         data = reflection.to_dict()
         data.update(rules=[r for e in reflection.edits for r in e.add], retire=retire, step=at, agent=agent)
         return {"lesson": lesson.to_dict(), "reflection": data}
