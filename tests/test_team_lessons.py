@@ -21,7 +21,8 @@ from forge.envs.base import EnvSpec
 from forge.envs.gym import held_out_seeds, oracle_action, random_map
 from forge.envs.situation import situation_of
 from forge.learn.loop import Trajectory
-from forge.team import Action, Outcome, task_lesson
+from forge.learn.rules import clauses
+from forge.team import Action, Outcome, TeamMemory, consolidate, task_lesson
 from forge.team.lessons import move_list
 
 FL = "frozenlake-random-4x4"
@@ -174,3 +175,26 @@ def test_a_textworld_lesson_from_game_a_names_nothing_of_a_and_reads_the_same_on
     assert got.parts[1] == "other moves: the way the goal names, in its order, none to the way back"
     _, on_b = lesson_of(b_env, b, task)
     assert on_b.parts == got.parts  # what A taught is what B would teach: it transfers
+
+    # Consolidated from A alone (no model: the composed fallback), recalled for B, true on B.
+    tm = TeamMemory(memory, team="red", agents=["agent-1"], layout="shared")
+    tm.record_task(task=task, outcome=Outcome(success=True, score=1.0), actions=[Action("agent-1", x) for x in a.actions],
+                   team=["agent-1"], task_type=family.split("-")[0], env=a_env.spec.name, lesson=got)
+    report = consolidate(tm, specs={a_env.spec.name: a_env.spec}.get)
+    (c,) = report.generalised
+    (proc,) = tm.procedures()
+    assert c.author == "fallback" and proc.knowledge.startswith("Solved 1 time in 3 steps. When in a room with a ")
+    for env in (a_env, b_env):
+        assert env.spec.instance_terms(proc.knowledge) == []
+    assert move_list(proc.knowledge, [a.actions]) == "" and "go " not in proc.knowledge
+    b_obs = b_env.reset(seed=seeds[1])
+    query = f"{task}\n{b_env.spec.name}: {situation_of(b_obs, b_env.spec)}"
+    recalled = tm.recollect("agent-1", query, valid_actions=b_env.valid_actions(), abstract=b_env.spec.abstract)
+    assert proc.id in recalled.ids
+    # Its situated step holds on B: B's last room has that clause, and the act is one of B's there.
+    when, act = got.parts[0].removeprefix("when ").removesuffix(", as the goal says").split(", take ")
+    obs = b_env.reset(seed=seeds[1])
+    for move in b.actions[:-1]:
+        obs = b_env.step(move).observation
+    assert when in clauses(situation_of(obs, b_env.spec))
+    assert f"take {act}" in {b_env.spec.abstract(x) for x in b_env.valid_actions()}

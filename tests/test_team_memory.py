@@ -208,6 +208,83 @@ def test_consolidation_shows_at_most_five_successes_and_falls_back(memory: Memor
     assert p.title == "locks" and LOCKS in p.knowledge
 
 
+COIN = "when in a room with a coin, take coin, as the goal says"
+AWAY = "other moves: the way the goal names, in its order, none to the way back"
+WALK = ["go west", "go north", "take coin"]
+
+
+def record_win(tm: TeamMemory, task: str, parts: list[str], steps: int, walk: list[str] = WALK, env: str = "textworld:coin-1"):
+    """A success with a record lesson made of these situated parts, as forge.team.lessons writes it."""
+    text = f"For tasks like '{task}', this worked (solved in {steps} steps): {'; '.join(parts)}."
+    return tm.record_task(
+        task=task, outcome=Outcome(success=True, score=1.0), actions=[Action("dba", a) for a in walk], team=["dba"],
+        task_type="coin", env=env, lesson=TaskLesson((text,), None, "record", parts=tuple(parts), steps=steps),
+    )
+
+
+def test_fallback_procedure_composes_the_lessons_parts_most_shared_first(memory: Memory) -> None:
+    tm = team(memory, "shared")
+    record_win(tm, "coin task (level 0)", [COIN, AWAY], 3)
+    record_win(tm, "coin task (level 0)", [COIN], 5, walk=["go east", "go south", "take coin"])
+    (c,) = consolidate(tm).clusters
+    (p,) = tm.procedures()
+    assert c.author == "fallback" and p.title == "coin"
+    assert p.knowledge == (
+        "Solved 2 times in 3 to 5 steps. When in a room with a coin, take coin, as the goal says. "
+        "Other moves: the way the goal names, in its order, none to the way back (1 of 2)."
+    )
+    episode = memory.store.get(c.episodes[0], viewer=Viewer.admin())
+    assert episode.meta["lesson_parts"] == [COIN, AWAY] and episode.meta["lesson_steps"] == 3
+    # A lesson written as its walk (before lessons were situated) is left out, and said so.
+    tm2 = TeamMemory(memory, team="blue", agents=AGENTS, layout="shared")
+    tm2.record_task(task="coin task (level 0)", outcome=Outcome(success=True), actions=[Action("dba", a) for a in WALK],
+                    team=["dba"], task_type="coin", lesson=lesson("For tasks like 'coin', this worked: go west; go north; take coin."))
+    (old,) = consolidate(tm2).clusters
+    assert "part dropped: lists one game's moves ('go west; go north; take coin')" in old.reason
+    assert tm2.procedures()[0].knowledge == "Repeat what worked."
+
+
+def test_a_model_procedure_that_lists_a_walk_is_refused_for_the_composed_one(memory: Memory) -> None:
+    tm = team(memory, "shared")
+    record_win(tm, "coin task (level 0)", [COIN, AWAY], 3)
+    walk = ScriptedLLM([json.dumps({"title": "Coin", "knowledge": "Go West, go north and take coin."})], repeat_last=True)
+    (c,) = consolidate(tm, llm=walk).clusters
+    ask = walk.requests[0].messages[-1].content
+    assert "in the goal's and the situations' terms" in ask and "never the sequence of moves of one game" in ask
+    assert c.author == "fallback" and "refused: it lists one game's moves ('Go West, go north and take coin')" in c.reason
+    (p,) = tm.procedures()
+    assert "go west" not in p.knowledge.lower() and COIN in p.knowledge.lower()
+    # Moves named out of the order of any episode's walk are not that walk: kept.
+    tm2 = TeamMemory(memory, team="blue", agents=AGENTS, layout="shared")
+    record_win(tm2, "coin task (level 0)", [COIN], 3)
+    fine = ScriptedLLM([json.dumps({"title": "Coin", "knowledge": "Take coin when it is there; else go west, go north as told."})])
+    (ok,) = consolidate(tm2, llm=fine).clusters
+    assert ok.author == "llm" and "refused" not in ok.reason, ok.reason
+
+
+def test_a_model_procedure_is_held_to_the_envs_names(memory: Memory) -> None:
+    from forge.envs.base import EnvSpec
+
+    spec = EnvSpec(
+        name="textworld:coin-1", description="", max_steps=30, tau=-0.5, theta=1.0, success_return=1.0,
+        major_failure_return=-1.0, abstract=lambda t: t.replace("the steam room", "a room"),
+        instance_terms=lambda t: [w for w in ("Zork", "steam room") if w in t],
+    )
+    specs = {spec.name: spec}.get
+    tm = team(memory, "shared")
+    record_win(tm, "coin task (level 0)", [COIN], 3)
+    repaired = ScriptedLLM([json.dumps({"title": "Coin", "knowledge": "Walk to the steam room and take coin."})])
+    (c,) = consolidate(tm, llm=repaired, specs=specs).clusters
+    assert c.author == "llm" and "model's procedure repaired: names made general" in c.reason
+    assert tm.procedures()[0].knowledge == "Walk to a room and take coin."
+    record_win(tm, "coin task (level 0)", [COIN], 4)
+    named = ScriptedLLM([json.dumps({"title": "Coin", "knowledge": "Ask Zork where the coin lies, then take coin."})])
+    report = consolidate(tm, llm=named, specs=specs)
+    (c2,) = report.generalised
+    assert c2.author == "fallback" and "refused: it names what holds in this task only (Zork)" in c2.reason
+    assert "Zork" not in memory.store.get(c2.procedure, viewer=Viewer.admin()).content
+
+
 def test_pruning_archives_strict_subsets_with_the_reason(memory: Memory) -> None:
     tm = team(memory, "shared")
     record(tm, "orders updates hang", LOCKS, ok=True)

@@ -7,7 +7,10 @@ lessons (cosine >= 0.72 to the cluster's centroid, one greedy pass in recording 
 is reproducible), generalise every cluster that holds a success (at most 5 successful episodes
 shown to the LLM) into a procedure whose success/failure counts are seeded from the cluster,
 then archive procedures whose source episodes are a strict subset of another procedure's (a
-bigger cluster has absorbed them). Counts and sources are per task (an
+bigger cluster has absorbed them). A procedure is written in the goal's and the situations'
+terms, never one game's walk: the model is asked so and its text is held to the envs' names
+(:func:`forge.team.lessons.check_procedure`); without a model it is composed from the
+lessons' situated parts (:func:`fallback_procedure`). Counts and sources are per task (an
 :class:`~forge.model.Episode` record), so the per-agent copies of one task in local pools
 count once.
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
@@ -31,6 +34,7 @@ import numpy as np
 
 from forge.curate.consolidate import Candidate, ClusterPlan, cluster_vectors, generalise
 from forge.curate.consolidate import consolidate as curate_consolidate
+from forge.envs.base import EnvSpec
 from forge.errors import ValidationError
 from forge.model import Context as UnitContext
 from forge.model import (
@@ -43,6 +47,7 @@ from forge.model import (
     derived_id,
 )
 from forge.store import Filter
+from forge.team.lessons import check_procedure, compose
 from forge.team.memories import (
     PROCEDURE_IMPORTANCE,
     Procedure,
@@ -63,6 +68,9 @@ __all__ = [
 ]
 
 CONSOLIDATION_ENV = "forge.team.consolidate"
+
+#: Resolves an env's name (an episode's ``context.domain``) to its spec; None when unknown.
+SpecOf = Callable[[str], "EnvSpec | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +117,41 @@ class ConsolidationReport:
         return d
 
 
-def fallback_procedure(episodes: Sequence[Unit]) -> tuple[str, str]:
-    """(title, knowledge) without a model: the most common task type (else the first task)
-    as the title, the episodes' distinct lessons as the knowledge."""
+def fallback_procedure(episodes: Sequence[Unit], specs: Sequence[EnvSpec] = ()) -> tuple[str, str, list[str]]:
+    """(title, knowledge, dropped) without a model: the most common task type (else the first
+    task) as the title; as the knowledge, the episodes' lessons composed part by part
+    (:func:`forge.team.lessons.compose`: the situated parts of their record lessons, else the
+    lessons whole), after the steps they took. A part that names something of one task only
+    to the envs' ``specs``, or lists its episode's moves (a lesson written before lessons were
+    situated), is left out, and why is in ``dropped``."""
     types = [str(u.meta.get("task_type") or "") for u in episodes]
     common = max(set(types), key=lambda t: (types.count(t), t)) if types else ""
     title = common or _clip(str(episodes[0].meta.get("task", "procedure")), 60)
-    lessons = list(dict.fromkeys(lesson for u in episodes for lesson in u.meta.get("lessons", [])))
-    return _clip(title, 120), _clip(" ".join(lessons) or "Repeat what worked.", 4000)
+    dropped: list[str] = []
+    items = []
+    for u in episodes:
+        kept = []
+        for part in u.meta.get("lesson_parts") or u.meta.get("lessons", []):
+            text, why = check_procedure(part, specs, [_walk(u)])
+            if text is None:
+                dropped.append(f"part dropped: {why}")
+            else:
+                kept.append(text)
+        items.append(kept)
+    steps = [u.meta.get("lesson_steps") or u.meta.get("outcome", {}).get("metrics", {}).get("steps") for u in episodes]
+    knowledge = compose(items, [int(n) for n in steps if n]) if any(items) else ""
+    return _clip(title, 120), _clip(knowledge or "Repeat what worked.", 4000), dropped
+
+
+#: What the model is asked to make of the successes: the next task is another map or game, so
+#: a walk or a generated name written into the procedure would mislead the team there.
+ASK = (
+    "Generalise them into one reusable procedure: a short title and the knowledge that made them work, for "
+    "similar future tasks. The next task is a different map or game, with other names and another layout: "
+    "write what to do in which kind of situation, in the goal's and the situations' terms (for example "
+    "'when the goal's object is in the room, take it'), never the sequence of moves of one game and never "
+    "a name or a position that only one game had."
+)
 
 
 class ProcedurePolicy:
@@ -130,14 +165,24 @@ class ProcedurePolicy:
     wider procedure absorbed. Writes happen under ``tm.lock``, so a concurrent
     :meth:`TeamMemory.record_use` never resurrects an archived procedure. One instance per run:
     it keeps the run's episode count and prunings.
+
+    ``specs`` resolves an env name (an episode's ``context.domain``) to its
+    :class:`~forge.envs.base.EnvSpec`: a model's procedure is held to the envs of its cluster
+    (:func:`forge.team.lessons.check_procedure`), repaired when its names can be made kinds,
+    refused for the fallback when a name of one game or a move list remains; either way the
+    cluster's report says so.
     """
 
     min_size = 1
 
-    def __init__(self, tm: TeamMemory, *, threshold: float = 0.72, max_successes: int = 5, llm: Any = None, retries: int = 1) -> None:
+    def __init__(
+        self, tm: TeamMemory, *, threshold: float = 0.72, max_successes: int = 5, llm: Any = None, retries: int = 1,
+        specs: SpecOf | None = None,
+    ) -> None:
         if max_successes < 1:
             raise ValidationError("max_successes must be at least 1")
         self.tm = tm
+        self.specs = specs
         self.threshold = threshold
         self.max_successes = max_successes
         self.llm = llm
@@ -197,15 +242,20 @@ class ProcedurePolicy:
         shown = "These tasks were solved successfully:\n\n" + "\n\n".join(
             f"Task: {_clip(str(u.meta.get('task', '')), 300)}\nLessons: {' '.join(u.meta.get('lessons', []))}" for u in wins
         )
-        ask = "Generalise them into one reusable procedure: a short title and the steps or knowledge that made them work, for similar future tasks."
-        title, knowledge, error = generalise(self.llm, shown, ask=ask, field="knowledge", retries=self.retries)
+        specs = self._specs(units)
+        title, knowledge, error = generalise(self.llm, shown, ask=ASK, field="knowledge", retries=self.retries)
+        notes: list[str] = []
+        if title:
+            title, knowledge, error, notes = _checked(title, knowledge, specs, [_walk(u) for u in units])
         if title:
             title, knowledge, author = _clip(title, 120), _clip(knowledge, 4000), "llm"
         else:
-            (title, knowledge), author = fallback_procedure(wins), "fallback"
-        reason = (
-            f"{len(units)} episodes ({s} successful tasks, {f} failed) with lesson cosine >= {self.threshold}"
-            + (f"; fallback text: {error}" if author == "fallback" else "")
+            title, knowledge, notes = fallback_procedure(wins, specs)
+            author = "fallback"
+        reason = "; ".join(
+            [f"{len(units)} episodes ({s} successful tasks, {f} failed) with lesson cosine >= {self.threshold}"]
+            + ([f"fallback text: {error}"] if author == "fallback" else [])
+            + notes
         )
         c = ClusterReport(**base, action="generalised", reason=reason, procedure=pid, title=title, author=author)
         with tm.lock:
@@ -239,6 +289,13 @@ class ProcedurePolicy:
             note=lambda _eid, sim: f"consolidation {run}: cluster {number}, lesson cosine to centroid {sim:.2f}",
         )
 
+    def _specs(self, units: Sequence[Unit]) -> list[EnvSpec]:
+        """The specs of the envs a cluster's episodes were played in (those the resolver knows)."""
+        if self.specs is None:
+            return []
+        found = (self.specs(env) for env in dict.fromkeys(u.context.domain for u in units if u.context.domain))
+        return [spec for spec in found if spec is not None]
+
     def tidy(self, memory: Any, group: str, *, run: str, actor: str) -> None:
         self.pruned += _prune(self.tm, self._pools[group], run=run, actor=actor)
 
@@ -253,14 +310,18 @@ def consolidate(
     max_successes: int = 5,
     llm: Any = None,
     retries: int = 1,
+    specs: SpecOf | None = None,
 ) -> ConsolidationReport:
     """Run one consolidation over every procedural pool of ``tm`` and return its report:
-    :func:`forge.curate.consolidate.consolidate` with a :class:`ProcedurePolicy`.
+    :func:`forge.curate.consolidate.consolidate` with a :class:`ProcedurePolicy` (``specs``:
+    env name -> its spec, to hold procedure text to).
 
     LLM calls happen outside ``tm.lock``; the writes (add, relate, archive) happen under it,
     in one transaction.
     """
-    policy = ProcedurePolicy(tm, threshold=threshold, max_successes=max_successes, llm=llm if llm is not None else tm.llm, retries=retries)
+    policy = ProcedurePolicy(
+        tm, threshold=threshold, max_successes=max_successes, llm=llm if llm is not None else tm.llm, retries=retries, specs=specs
+    )
     started = time.time()
     done = curate_consolidate(tm.memory, policy=policy)
     report = ConsolidationReport(
@@ -277,6 +338,29 @@ def consolidate(
     )
     report.record_id = tm.memory.add_episode(record, actor=f"consolidate:{done.run_id}")
     return report
+
+
+def _walk(u: Unit) -> list[str]:
+    """An episode's actions in order: what a procedure must not list back."""
+    return [str(a.get("text", "")) for a in u.meta.get("actions", [])]
+
+
+def _checked(
+    title: str, knowledge: str, specs: Sequence[EnvSpec], walks: Sequence[Sequence[str]]
+) -> tuple[str, str, str, list[str]]:
+    """A model's (title, knowledge) held to the cluster's envs: ``(title, knowledge, "",
+    notes)``, repaired where names could be made kinds (said in ``notes``), or ``("", "", why,
+    [])`` when refused, for the fallback to speak."""
+    notes = []
+    out = []
+    for text in (title, knowledge):
+        kept, why = check_procedure(text, specs, walks)
+        if kept is None:
+            return "", "", f"the model's procedure was refused: it {why}", []
+        if why:
+            notes.append(f"model's procedure {why}")
+        out.append(kept)
+    return out[0], out[1], "", notes
 
 
 def _task_id(u: Unit) -> str:
@@ -342,6 +426,7 @@ class Consolidator:
         max_successes: int = 5,
         background: bool = False,
         llm: Any = None,
+        specs: SpecOf | None = None,
     ) -> None:
         if every < 1:
             raise ValidationError("consolidation interval 'every' must be at least 1 task")
@@ -351,6 +436,7 @@ class Consolidator:
         self.max_successes = max_successes
         self.background = background
         self.llm = llm
+        self.specs = specs
         self.reports: list[ConsolidationReport] = []
         self._since = tm.tasks_recorded % every
         self._lock = threading.Lock()
@@ -371,7 +457,7 @@ class Consolidator:
 
     def run(self) -> ConsolidationReport:
         """Consolidate now, on this thread."""
-        report = consolidate(self.tm, threshold=self.threshold, max_successes=self.max_successes, llm=self.llm)
+        report = consolidate(self.tm, threshold=self.threshold, max_successes=self.max_successes, llm=self.llm, specs=self.specs)
         with self._lock:
             self.reports.append(report)
         return report

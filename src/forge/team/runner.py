@@ -58,7 +58,7 @@ from typing import Any
 
 from forge.engine.memory import Memory
 from forge.engine.recall import approx_tokens
-from forge.envs import Env, StepResult
+from forge.envs import Env, EnvSpec, StepResult
 from forge.envs.situation import situation_of
 from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
 from forge.learn.loop import Trajectory, failure_point, play_episode, reflect_on
@@ -442,7 +442,7 @@ class _Run:
                 self.mode.record(r)
         if self.mode.tm is not None:
             llm = MeteredLLM(self.llm, self.cons_ledger, role="consolidate") if self.config.reflect else None
-            self.cons = Consolidator(self.mode.tm, every=self.config.consolidate_every, llm=llm)
+            self.cons = Consolidator(self.mode.tm, every=self.config.consolidate_every, llm=llm, specs=self.spec_of)
             last = len(done) - len(done) % self.config.consolidate_every
             if last and not self.run.consolidation_path(last).is_file():
                 self.consolidate(last)
@@ -474,6 +474,14 @@ class _Run:
         if name not in self.envs:
             self.envs[name] = open_task_env(name, max_steps=self.config.max_steps)
         return self.envs[name]
+
+    def spec_of(self, name: str) -> EnvSpec | None:
+        """The spec of the env ``name``, which consolidation holds procedure text to; None for
+        an env that cannot be opened here (its lessons were checked when they were written)."""
+        try:
+            return self.env(name).spec
+        except ForgeError:
+            return None
 
     def play(self, task: TeamTask) -> dict[str, Any]:
         """Play one task through the one agent loop with the team as its policy."""
