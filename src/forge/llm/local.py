@@ -46,6 +46,7 @@ __all__ = [
     "CHOICE_MODES",
     "CpuMeter",
     "INSTALL_HINT",
+    "HiddenStates",
     "LlamaCppLLM",
     "available_cpus",
     "choice_grammar",
@@ -671,3 +672,112 @@ class LlamaCppLLM:
 
     def __repr__(self) -> str:
         return f"LlamaCppLLM(model_path={str(self.model_path)!r}, n_ctx={self.n_ctx})"
+
+
+class HiddenStates:
+    """A local model's final hidden states over a text: what a linear probe reads.
+
+    An instruction-tuned model's hidden states, with a question about the text after it,
+    carry what the model makes of the text far better than a small sentence embedder does
+    (the screen's probe: dev AUC 0.98 against MiniLM's 0.81 on the same data).
+    :meth:`__call__` evaluates ``prefix + text + suffix`` in one forward pass (llama.cpp's
+    embedding mode, deterministic; about 60 tokens, ~1 s of two cores for the 1.5B) and
+    returns the mean of the rows of ``text``'s own tokens and the row of the last token, the
+    one that answers the question. Loaded on first use; calls are serialised, as one llama.cpp
+    context is not safe to share between threads. ``max_tokens`` bounds a call: a longer text
+    is cut at its end, the question kept.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        model_path: str | os.PathLike[str] | None = None,
+        n_threads: int | None = None,
+        max_tokens: int = 1024,
+        extra_buffers: bool | None = None,
+    ) -> None:
+        check_real_llm_allowed("HiddenStates")
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise ConfigError(f"the local model's hidden states need llama-cpp-python: {INSTALL_HINT}")
+        if model is not None and model_path is not None:
+            raise UserError("pass either model= (a registered name) or model_path=, not both")
+        if max_tokens < 16:
+            raise UserError("max_tokens must be at least 16")
+        self._registered = None if model_path is not None else (model or DEFAULT_MODEL)
+        self.model_path = Path(model_path).expanduser() if model_path is not None else resolve_model(self._registered, build=False)
+        if not self.model_path.is_file() and self._registered is None:
+            raise ConfigError(f"no model file at {self.model_path}; pass the path of a .gguf file")
+        self.n_threads = n_threads or _threads_from_env() or default_threads()
+        self.max_tokens = max_tokens
+        self.extra_buffers = extra_buffers if extra_buffers is not None else not _cpu_advertises_amx()
+        self.calls = 0
+        self._model: Any = None
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def _load(self) -> Any:
+        try:
+            import llama_cpp
+        except ImportError as exc:
+            raise ConfigError(f"the local model's hidden states need llama-cpp-python: {INSTALL_HINT}") from exc
+        if self._registered is not None:
+            self.model_path = resolve_model(self._registered)
+
+        def build() -> Any:
+            return llama_cpp.Llama(
+                model_path=str(self.model_path),
+                embedding=True,  # a chat model's own pooling is none: one row per token
+                n_ctx=self.max_tokens,
+                n_batch=self.max_tokens,
+                n_ubatch=self.max_tokens,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads,
+                verbose=False,
+            )
+
+        try:
+            model = build() if self.extra_buffers else _without_extra_buffers(build)
+        except Exception as exc:  # llama.cpp raises ValueError/RuntimeError with terse text
+            raise LLMError(f"llama.cpp could not load {self.model_path} for hidden states: {exc}") from exc
+        if model.pooling_type() != llama_cpp.LLAMA_POOLING_TYPE_NONE:
+            model.close()
+            raise ConfigError(f"{self.model_path.name} pools its hidden states (an embedding model?); hidden states need a chat model")
+        return model
+
+    def _count(self, model: Any, text: str) -> int:
+        if text not in self._counts:
+            self._counts[text] = len(model.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        return self._counts[text]
+
+    def __call__(self, text: str, *, around: tuple[str, str] = ("", "")) -> tuple[Any, Any]:
+        """``(mean, last)``: two arrays of ``n_embd`` floats, the mean hidden state of
+        ``text``'s tokens and the last token's, with ``around`` = (prefix, suffix) read too."""
+        import numpy as np
+
+        prefix, suffix = around
+        with self._lock:
+            if self._model is None:
+                self._model = self._load()
+            model = self._model
+            n_pre, n_suf = self._count(model, prefix), self._count(model, suffix)
+            room = self.max_tokens - n_pre - n_suf - 4  # the special tokens the model may add
+            if room < 1:
+                raise LLMError(f"the prefix and suffix alone take {n_pre + n_suf} of max_tokens {self.max_tokens}")
+            tokens = model.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+            if len(tokens) > room:
+                text = model.detokenize(tokens[:room]).decode("utf-8", "replace")
+            self.calls += 1
+            try:
+                rows = np.asarray(model.embed(prefix + text + suffix, normalize=False), dtype=np.float32)
+            except Exception as exc:
+                raise LLMError(f"llama.cpp failed to read hidden states: {exc}") from exc
+        body = rows[n_pre : max(n_pre + 1, len(rows) - n_suf)]
+        return body.mean(axis=0), rows[-1]
+
+    def close(self) -> None:
+        """Free the model's memory; a later call loads it again."""
+        with self._lock:
+            model, self._model = self._model, None
+        if model is not None:
+            model.close()
