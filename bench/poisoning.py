@@ -48,7 +48,7 @@ from forge.share.capsule import Capsule, Keyring
 from forge.share.conflicts import ConfidencePolicy, ContextSplit, RecencyPolicy
 from forge.share.consensus import Consensus
 from forge.share.exchange import Exchange
-from forge.share.screen import Screen
+from forge.share.screen import IntentModel, Screen
 from forge.store import ANY_STATUS, SQLiteStore
 
 ADMIN = Viewer.admin()
@@ -56,16 +56,79 @@ SCREEN_SET = Path(__file__).with_name("data") / "screen_set.jsonl"
 OUTSIDE_SET = Path(__file__).with_name("data") / "screen_outside.jsonl"
 WRITTEN_SET = Path(__file__).with_name("data") / "screen_written.jsonl"
 PROTOCOL_SET = Path(__file__).with_name("data") / "screen_protocol.jsonl"
+FRESH_SET = Path(__file__).with_name("data") / "screen_fresh.jsonl"  # a second outside writer; scored, never trained or tuned on
 INTENT_OUT = Path(__file__).parents[1] / "src" / "forge" / "data" / "screen_intent.json"
+PROBE_CACHE = Path(__file__).parents[1] / ".bench" / "screen_probe.npz"
+PROBE_MODEL = "qwen2.5-coder-1.5b"
+C_PROBE = 0.01  # chosen by dev cross-validation (5 folds x 3, the written set in training; mean + last state: AUC 0.979 / 0.982 at C 0.003 / 0.01; last alone 0.968, mean alone 0.975)
 C_EMBED = 4.0  # chosen by dev cross-validation (bench/poisoning.py --fit prints it)
 PROTOCOL_FP = 0.05  # block or hold at most 1 in 20 honest protocol items, scored out of fold by a model that never saw their env family (at 3 in 100 the n-gram model alone had to doubt at 0.72, catching-or-holding 0.82 of dev attacks, not 0.91: the postgres team lessons, an env family of their own, score 0.70-0.81 unseen)
 DOUBT_FP = 0.15  # hold for review: at most 15 in 100 dev benign rules. 0.20 held 2 of 16 of a FORGE run's own broadcast rules and an honest swarm agent's unit before the model trained on protocol traffic; with it, 0.10 -> 0.15 leaves protocol traffic held out of fold at 3.4% and dev attacks passing 9 -> 6 of 182
 
 
+class CachedStates:
+    """The probe's hidden-state reader with an on-disk cache keyed by model, question and text.
+
+    A forward pass of the 1.5B costs about a second of two cores, and the fit and the bench
+    read the same few thousand texts: each is read once per machine (``.bench/``, ignored by
+    git). The states are deterministic, so a cached one is the one a fresh pass returns;
+    :attr:`cpu_s` and :attr:`passes` count only the passes really run, for the cost per text.
+    """
+
+    def __init__(self, model: str = PROBE_MODEL, path: Path = PROBE_CACHE) -> None:
+        import numpy as np
+
+        self.model, self.path = model, path
+        self.passes, self.cpu_s, self.hits = 0, 0.0, 0
+        self._reader: object = None
+        self._new = False
+        self._index: dict[str, object] = {}
+        if path.exists():
+            data = np.load(path)
+            self._index = dict(zip((str(k) for k in data["keys"]), data["states"], strict=True))
+
+    def key(self, text: str, around: tuple[str, str]) -> str:
+        import hashlib
+
+        return hashlib.sha1("\0".join([self.model, around[0], text, around[1]]).encode()).hexdigest()
+
+    def __call__(self, text: str, *, around: tuple[str, str] = ("", "")) -> tuple[object, object]:
+        import numpy as np
+
+        k = self.key(text, around)
+        state = self._index.get(k)
+        if state is not None:
+            self.hits += 1
+            return state[0], state[1]  # type: ignore[index]
+        if self._reader is None:
+            from forge.llm.local import HiddenStates
+
+            self._reader = HiddenStates(model=self.model)
+        c0 = time.process_time()
+        mean, last = self._reader(text, around=around)  # type: ignore[operator]
+        self.cpu_s += time.process_time() - c0
+        self._index[k] = np.stack([mean, last]).astype(np.float32)
+        self.passes += 1
+        self._new = True
+        if self.passes % 200 == 0:
+            self.save()
+        return mean, last
+
+    def save(self) -> None:
+        import numpy as np
+
+        if self._new:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp.npz")
+            np.savez(tmp, keys=np.array(list(self._index)), states=np.stack(list(self._index.values())))
+            tmp.replace(self.path)
+            self._new = False
+
+
 def screen_set(screen: Screen | None = None, path: Path = SCREEN_SET, splits: tuple[str, str] = ("heldout", "tune")) -> dict[str, object]:
     """Caught (attacks) and flagged (benign) per family and split, on a labelled set."""
     screen = screen or Screen()
-    rows = [r for r in _rows(path) if r["split"] in splits]  # a split not asked for is not even scored
+    rows = [r for r in _rows(path) if r["split"] in splits]  # a split not asked for is not even scored (a set without splits is all test)
     cells: dict[tuple[str, str, str], list[int]] = {}
     misses: list[dict[str, object]] = []
     screen.check("A warm-up text, so that loading the embedded model is not counted per text.")
@@ -132,34 +195,43 @@ def print_screen_set(res: dict[str, object], *, show_errors: str | None = "heldo
             kind = "missed" if m["label"] == "attack" else "flagged"
             print(f"  {kind:8} {m['family']:22} {str(m['text'])[:90]!r}")
 
-def print_screen_outside(labelled: dict[str, object], outside: dict[str, object], e2es: list[dict[str, object]]) -> None:
-    """Both sets' tables: the outside set first (dev errors only; its test half stays unread)."""
+def print_screen_outside(labelled: dict[str, object], outside: dict[str, object], e2es: list[dict[str, object]],
+                         fresh: dict[str, dict[str, object]] | None = None) -> None:
+    """The sets' tables: the outside set first (dev errors only; its test half stays unread),
+    the fresh set (a second outside writer, all of it held out) when present, the old set."""
     print_screen_set(outside, show_errors=None)
+    if "probe_cost" in outside:
+        c = outside["probe_cost"]
+        print(f"probe: {c['forward_passes']} forward passes of the 1.5B at {c['cpu_ms_per_pass']} ms CPU each, {c['cached']} states read from the cache")  # type: ignore[index]
     print("(the intent model trains on the old set, the written set and the outside dev half: only the outside test column is held out for it)")
+    if fresh:
+        print()
+        print_screen_set(fresh["screen"], show_errors=None)
+        print("(a second outside writer's set: never trained or tuned on, all of it held out)")
     print()
     print_screen_set(labelled)
     if e2es:
         print()
-    for e2e in e2es:
-        print(f"signed Exchange, outside {e2e['split']} half: {e2e['attacks_accepted']}/{e2e['attacks']} attacks kept "
+    for e2e in [*e2es, *([{**fresh["exchange"], "set": "fresh set (second outside writer)"}] if fresh else [])]:
+        where = e2e.get("set") or f"outside {e2e['split']} half"
+        print(f"signed Exchange, {where}: {e2e['attacks_accepted']}/{e2e['attacks']} attacks kept "
               f"(accepted as useful, merged or corroborated) {e2e['attacks_accepted_by_family']}; "
               f"benign kept {e2e['benign_kept']}/{e2e['benign']}")
         print(f"  attack outcomes {e2e['attack_outcomes']}; benign outcomes {e2e['benign_outcomes']}")
         print(f"  held for review as doubtful: {e2e['held_as_doubtful']}; receive {e2e['cpu_ms_per_capsule']} ms CPU per capsule")
 
 
-def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_spec: str = "hash") -> dict[str, object]:
+def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_spec: str = "hash", screen: Screen | None = None) -> dict[str, object]:
     """Every item of one split of the outside set sent to one receiver through a signed
     Exchange (default screen, heuristic assessor): how many attacks it accepted as useful,
     and what became of the benign rules. Accepted means stored active as ``accepted:useful``
     (or merged into / corroborating a unit it already held, which also keeps it)."""
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = [r for r in rows if r["split"] == split]
+    rows = [r for r in _rows(path) if r["split"] == split]
     clock = Clock()
     keyring = Keyring.from_secret("bench-e2e")
     embedder = HashingEmbedder(256) if embedder_spec == "hash" else open_embedder(embedder_spec)
     mem = Memory(SQLiteStore(":memory:"), embedder)
-    ex = Exchange(mem, "receiver", keyring, clock=clock)
+    ex = Exchange(mem, "receiver", keyring, clock=clock, screen=screen)
     kept = ("accepted", "corroborated", "merged", "conflict")
     out: dict[str, Counter] = {"attack": Counter(), "benign": Counter()}
     accepted_attacks: Counter = Counter()
@@ -195,12 +267,13 @@ def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_
 
 
 def _rows(path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [{"split": "test", **json.loads(line)} for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float = C_EMBED, seeds: int = 3,
                embedder: str = "local:minilm-int8", block_fp: float = 0.025, doubt_fp: float = DOUBT_FP,
-               protocol_fp: float = PROTOCOL_FP, train_protocol: bool = True) -> dict[str, object]:
+               protocol_fp: float = PROTOCOL_FP, train_protocol: bool = True, probe: bool = False,
+               c_probe: float = C_PROBE) -> dict[str, object]:
     """Fit the screen's intent model and write it where the package ships it.
 
     Training data: the old set (all of it), the written set (``screen_written.jsonl``, all of
@@ -216,6 +289,12 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
     flag at most ``block_fp`` of dev benign rules, ``doubt`` the lowest at which they flag at
     most ``doubt_fp``; both also hold at most ``protocol_fp`` of the protocol traffic. The
     n-gram model alone gets its own pair, used where the embedded model is not installed.
+
+    With ``probe``, a third logistic regression reads the embedded 1.5B's hidden state after
+    a fixed question about the text (:class:`forge.share.screen.Probe`; standardised
+    features, C ``c_probe``), fitted in the same folds; a second stack of the three logits
+    gets its own thresholds by the same rules. The two-model stack is fitted as without it,
+    so the screen without the probe is unchanged.
     """
     try:
         import numpy as np
@@ -225,7 +304,16 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
         from sklearn.model_selection import StratifiedKFold
     except ImportError as exc:
         raise SystemExit(f"--fit needs scikit-learn and scipy ({exc.name} is missing): pip install scikit-learn") from None
-    from forge.share.screen import IntentModel, _fold
+    from sklearn.preprocessing import StandardScaler
+
+    from forge.share.screen import (
+        PROBE_MAX_CHARS,
+        PROBE_PREFIX,
+        PROBE_SUFFIX,
+        IntentModel,
+        Probe,
+        _fold,
+    )
 
     always = _rows(SCREEN_SET) + _rows(WRITTEN_SET)
     dev = [r for r in _rows(OUTSIDE_SET) if r["split"] == "dev"]
@@ -242,6 +330,21 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
     emb = open_embedder(embedder)
     e_all, e_dev, e_pro = emb.embed(t_all), emb.embed(t_dev), emb.embed(t_pro)
     spec = [("word", (1, 2)), ("char_wb", (2, 4))]
+    probe_spec = {"model": PROBE_MODEL, "prefix": PROBE_PREFIX, "suffix": PROBE_SUFFIX, "max_chars": PROBE_MAX_CHARS}
+    if probe:
+        states = CachedStates(PROBE_MODEL)
+        reads = Probe({**probe_spec, "weights": [], "bias": 0.0}, reader=states)
+        try:
+            x_all, x_dev, x_pro = (np.array([reads.features(t) for t in ts]) for ts in (t_all, t_dev, t_pro))
+        finally:
+            states.save()
+
+    def fit_probe(x: object, y: object) -> tuple[object, object]:
+        scaler = StandardScaler().fit(x)
+        return scaler, LogisticRegression(C=c_probe, max_iter=5000, class_weight="balanced").fit(scaler.transform(x), y)
+
+    def probe_logit(model: tuple[object, object], x: object) -> object:
+        return model[1].decision_function(model[0].transform(x))  # type: ignore[attr-defined]
 
     def fit_text(texts: list[str], y: object) -> tuple[list[object], object]:
         vecs = [TfidfVectorizer(analyzer=a, ngram_range=n, min_df=2, sublinear_tf=True).fit(texts) for a, n in spec]
@@ -256,6 +359,7 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
 
     zt, ze = np.zeros(len(dev)), np.zeros(len(dev))
     zt_p, ze_p = np.zeros(len(proto)), np.zeros(len(proto))
+    zp, zp_p = np.zeros(len(dev)), np.zeros(len(proto))
     for seed in range(seeds):
         for k, (tr, te) in enumerate(StratifiedKFold(5, shuffle=True, random_state=seed).split(t_dev, y_dev)):
             p_tr, p_te = np.flatnonzero(fold_pro != (k + seed) % 5), np.flatnonzero(fold_pro == (k + seed) % 5)
@@ -267,12 +371,22 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
             eclf_k = fit_embed(np.vstack([e_all, e_dev[tr], e_pro[p_tr]]), y_tr)
             ze[te] += eclf_k.decision_function(e_dev[te]) / seeds  # type: ignore[attr-defined]
             ze_p[p_te] += eclf_k.decision_function(e_pro[p_te]) / seeds  # type: ignore[attr-defined]
+            if probe:
+                pclf_k = fit_probe(np.vstack([x_all, x_dev[tr], x_pro[p_tr]]), y_tr)
+                zp[te] += probe_logit(pclf_k, x_dev[te]) / seeds
+                zp_p[p_te] += probe_logit(pclf_k, x_pro[p_te]) / seeds
     stacker = LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced").fit(np.column_stack([zt, ze]), y_dev)
     (a, b), c = stacker.coef_[0], float(stacker.intercept_[0])
     p_text, p_text_pro = 1 / (1 + np.exp(-zt)), 1 / (1 + np.exp(-zt_p))
     p_stack = 1 / (1 + np.exp(-(a * zt + b * ze + c)))
     p_stack_pro = 1 / (1 + np.exp(-(a * zt_p + b * ze_p + c)))
     pro_of = {"text": p_text_pro, "stack": p_stack_pro}
+    of = {"text": p_text, "stack": p_stack}
+    if probe:
+        stacker3 = LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced").fit(np.column_stack([zt, ze, zp]), y_dev)
+        (a3, b3, c3), d3 = stacker3.coef_[0], float(stacker3.intercept_[0])
+        of["probe"] = 1 / (1 + np.exp(-(a3 * zt + b3 * ze + c3 * zp + d3)))
+        pro_of["probe"] = 1 / (1 + np.exp(-(a3 * zt_p + b3 * ze_p + c3 * zp_p + d3)))
 
     def lowest(p: object, max_fp: float, p_pro: object) -> float:
         for t in np.arange(0.05, 0.991, 0.01):
@@ -300,7 +414,7 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
                         "protocol_held": on_protocol(p_pro, t)})
         return out
 
-    thresholds = {name: (lowest(p, block_fp, pro_of[name]), lowest(p, doubt_fp, pro_of[name])) for name, p in (("text", p_text), ("stack", p_stack))}
+    thresholds = {name: (lowest(p, block_fp, pro_of[name]), lowest(p, doubt_fp, pro_of[name])) for name, p in of.items()}
     n_pro = len(proto) if train_protocol else 0
     y_full = np.concatenate([y_all, y_dev, y_pro[:n_pro]])
     vecs, clf = fit_text(t_all + t_dev + t_pro[:n_pro], y_full)
@@ -324,11 +438,24 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
                       "weights": [float(f"{w:.6g}") for w in eclf.coef_[0]]},  # type: ignore[attr-defined]
         "blocks": blocks,
     }
+    if probe:
+        scaler, pclf = fit_probe(np.vstack([x_all, x_dev, x_pro[:n_pro]]), y_full)
+        # Standardisation folded into the weights: w . (x - mean) / scale + b.
+        w = pclf.coef_[0] / scaler.scale_  # type: ignore[attr-defined]
+        model["model"] += f"; with the probe, {PROBE_MODEL}'s last hidden state after a fixed question, standardised, logistic regression (balanced, C={c_probe:g}), the three logits stacked the same way"
+        model["probe"] = {**probe_spec, "bias": float(pclf.intercept_[0] - float(np.dot(w, scaler.mean_))),  # type: ignore[attr-defined]
+                          "weights": [float(f"{v:.7g}") for v in w]}
+        model["stack_probe"] = {"text": round(float(a3), 6), "embedding": round(float(b3), 6), "probe": round(float(c3), 6),
+                                "bias": round(d3, 6), "threshold": thresholds["probe"][0], "doubt": thresholds["probe"][1]}
     mine = IntentModel(model, embedding=emb)
     drift_text = max(abs(mine.text_logit(t) - float(z)) for t, z in zip(t_dev, text_logit(vecs, clf, t_dev), strict=True))
     drift_embed = max(abs(mine.embedding_logit(v) - float(z)) for v, z in zip(e_dev, eclf.decision_function(e_dev), strict=True))  # type: ignore[attr-defined]
-    if max(drift_text, drift_embed) > 1e-3:
-        raise SystemExit(f"the shipped scorer disagrees with scikit-learn by {drift_text:.2g} / {drift_embed:.2g} (logits); not written")
+    drift_probe = 0.0
+    if probe:
+        shipped = Probe(model["probe"], reader=states)
+        drift_probe = max(abs(shipped.logit(t) - float(z)) for t, z in zip(t_dev[:50], probe_logit((scaler, pclf), x_dev[:50]), strict=True))
+    if max(drift_text, drift_embed, drift_probe) > 1e-3:
+        raise SystemExit(f"the shipped scorer disagrees with scikit-learn by {drift_text:.2g} / {drift_embed:.2g} / {drift_probe:.2g} (logits); not written")
     out.write_text(json.dumps(model, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     return {"path": str(out), "bytes": out.stat().st_size, "features": at_col + len(eclf.coef_[0]),  # type: ignore[attr-defined]
             "stack": model["stack"], "text_only": {"threshold": thresholds["text"][0], "doubt": thresholds["text"][1]},
@@ -342,7 +469,13 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
                                  "text_at_doubt": on_protocol(p_text_pro, thresholds["text"][1]),
                                  "patterns": round(float(patterns_pro.mean()), 4)},
             "protocol_cv_highest": [(str(proto[i]["env"]), round(float(p_stack_pro[i]), 3), str(proto[i]["text"])[:90]) for i in np.argsort(-p_stack_pro)[:15]],
-            "dev_cv_stack_doubt_sweep": sweep(p_stack, p_stack_pro), "dev_cv_text_doubt_sweep": sweep(p_text, p_text_pro)}
+            "dev_cv_stack_doubt_sweep": sweep(p_stack, p_stack_pro), "dev_cv_text_doubt_sweep": sweep(p_text, p_text_pro),
+            **({"probe": {"stack": model["stack_probe"], "dev_cv_auc": {"probe": auc(1 / (1 + np.exp(-zp))), "stack": auc(of["probe"])},
+                          "dev_cv_at_threshold": at(of["probe"], thresholds["probe"][0]), "dev_cv_at_doubt": at(of["probe"], thresholds["probe"][1]),
+                          "protocol_cv_held": {"at_threshold": on_protocol(pro_of["probe"], thresholds["probe"][0]),
+                                               "at_doubt": on_protocol(pro_of["probe"], thresholds["probe"][1])},
+                          "doubt_sweep": sweep(of["probe"], pro_of["probe"]), "max_scorer_drift_logits": drift_probe,
+                          "forward_passes": states.passes}} if probe else {})}
 
 
 CONDITIONS = [
@@ -669,13 +802,18 @@ def main() -> None:
     parser.add_argument("--screen-only", action="store_true", help="only the labelled screen set")
     parser.add_argument("--judge", default=None, help="add the LLM judge with this model (e.g. local); slow, off by default")
     parser.add_argument("--fit", action="store_true", help="refit the screen's intent model (old set + written set + outside dev half) and exit")
+    parser.add_argument("--probe", action="store_true", help="with the semantic layer's probe (the embedded 1.5B reads each text; ~1 s a text, "
+                        "states cached in .bench/); with --fit, fit the probe too")
     parser.add_argument("--no-intent", action="store_true", help="the screen without its semantic layer (patterns only)")
     parser.add_argument("--dev-only", action="store_true", help="score only the outside set's dev half (while developing: the test half is not read)")
     args = parser.parse_args()
     if args.fit:
-        print(json.dumps(fit_intent(), indent=2))
+        print(json.dumps(fit_intent(probe=args.probe), indent=2))
         return
-    screen = Screen(intent=None) if args.no_intent else Screen()
+    if args.probe and (args.no_intent or args.judge):
+        raise SystemExit("error: --probe is part of the semantic layer; it goes with neither --no-intent nor --judge")
+    states = CachedStates() if args.probe else None
+    screen = Screen(intent=None) if args.no_intent else Screen(intent=IntentModel.load(probe=states)) if states else Screen()
     if args.judge:
         from forge.llm import open_llm
         from forge.share.screen import LLMJudge
@@ -684,12 +822,19 @@ def main() -> None:
     labelled = screen_set(screen)
     outside_splits = ("dev",) if args.dev_only else ("dev", "test")
     outside = screen_set(screen, OUTSIDE_SET, splits=outside_splits)
-    e2e = [exchange_end_to_end(sp) for sp in outside_splits] if not args.no_intent and not args.judge else []
+    e2e = [exchange_end_to_end(sp, screen=screen) for sp in outside_splits] if not args.no_intent and not args.judge else []
+    fresh = None
+    if FRESH_SET.exists() and not args.dev_only:
+        fresh = {"screen": screen_set(screen, FRESH_SET, splits=("test",)), "exchange": exchange_end_to_end("test", FRESH_SET, screen=screen)}
+    if states is not None:
+        states.save()
+        outside["probe_cost"] = {"forward_passes": states.passes, "cached": states.hits,  # type: ignore[index]
+                                 "cpu_ms_per_pass": round(1000 * states.cpu_s / states.passes, 1) if states.passes else None}
     if args.screen_only:
         if args.json:
-            print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside": e2e}, indent=2, ensure_ascii=False))
+            print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside": e2e, "fresh_set": fresh}, indent=2, ensure_ascii=False))
         else:
-            print_screen_outside(labelled, outside, e2e)
+            print_screen_outside(labelled, outside, e2e, fresh)
         return
     agents = args.agents or (4 if args.quick else 8)
     n_rules = args.rules or (8 if args.quick else 24)
@@ -699,10 +844,10 @@ def main() -> None:
     results = [run(n_agents=agents, n_rules=n_rules, policy_name=p, embedder_spec=args.embedder, seed=args.seed) for p in policies]
     elapsed = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside": e2e, "results": results,
+        print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside": e2e, "fresh_set": fresh, "results": results,
                           "seconds": round(elapsed, 2)}, indent=2, ensure_ascii=False))
         return
-    print_screen_outside(labelled, outside, e2e)
+    print_screen_outside(labelled, outside, e2e, fresh)
     print()
     print(f"poisoning bench: {agents} agents, {n_rules} consensus rules + {len(TRICKY_BENIGN)} tricky benign, embedder {args.embedder}")
     head = f"{'':34}" + "".join(f"{r['policy']:>16}" for r in results)
