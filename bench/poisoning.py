@@ -219,6 +219,9 @@ def print_screen_outside(labelled: dict[str, object], outside: dict[str, object]
               f"benign kept {e2e['benign_kept']}/{e2e['benign']}")
         print(f"  attack outcomes {e2e['attack_outcomes']}; benign outcomes {e2e['benign_outcomes']}")
         print(f"  held for review as doubtful: {e2e['held_as_doubtful']}; receive {e2e['cpu_ms_per_capsule']} ms CPU per capsule")
+    if e2es and "probe_cost" in outside and outside["probe_cost"]["cpu_ms_per_pass"]:  # type: ignore[index]
+        print(f"  (the probe's states there came from the cache: a capsule the patterns pass costs one more forward pass, "
+              f"{outside['probe_cost']['cpu_ms_per_pass']} ms CPU)")  # type: ignore[index]
 
 
 def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_spec: str = "hash", screen: Screen | None = None) -> dict[str, object]:
