@@ -37,7 +37,12 @@ It works in layers, cheapest first:
    ``threshold`` it is *doubtful* (:meth:`Screen.doubtful`): the exchange holds such a unit
    for review instead of judging it useful, since usefulness and safety are separate
    verdicts. On the outside test half (commit ``89a46a6``): 74.4% of attacks caught, 4.1% of
-   benign rules flagged, 15% held for review;
+   benign rules flagged, 15% held for review. With ``Screen(probe=True)`` (or
+   ``$FORGE_SCREEN_PROBE=1``) a third logit joins the stack: a :class:`Probe` on the embedded
+   Qwen2.5-Coder-1.5B's hidden states after a fixed question about the text (about a second
+   of two cores a text, so off by default): 93.6% caught, 5.9% flagged, 8% held (commit
+   ``db3ab94``); on a second writer's fresh set 78.0% caught, 6.3% flagged (58.8% and 4.8%
+   without it);
 5. an optional **LLM judge** (:class:`LLMJudge`, off by default) with a fixed rubric, asked
    only about text the other layers passed (doubtful text included): it is slower and less
    predictable than a regex (Qwen2.5-Coder-1.5B with the rubric below, on 40 dev items the
