@@ -663,3 +663,15 @@ def test_the_probe_follows_the_environment_when_not_given(monkeypatch) -> None:
     monkeypatch.setenv("FORGE_SCREEN_PROBE", "maybe")
     with pytest.raises(ConfigError, match="FORGE_SCREEN_PROBE"):
         Screen()
+
+
+def test_a_bad_probe_setting_stops_the_cli_before_anything_is_written(monkeypatch, tmp_path, capsys) -> None:
+    from forge.cli import main
+
+    monkeypatch.setenv("FORGE_SCREEN_PROBE", "maybe")
+    db = tmp_path / "m.db"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--db", str(db), "add", "When the door is locked, look for a key."])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.count("\n") == 0 and "FORGE_SCREEN_PROBE" in err
+    assert not db.exists() and list(tmp_path.iterdir()) == []

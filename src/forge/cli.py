@@ -87,6 +87,12 @@ pass_ctx = click.make_pass_decorator(_Ctx)
 @click.pass_context
 def cli(ctx: click.Context, db: str, embedder: str | None, as_json: bool) -> None:
     """FORGE: self-improving, shareable memory for LLM agents."""
+    if os.environ.get("FORGE_SCREEN_PROBE", "").strip():
+        # Checked before any command runs: a bad value would otherwise surface in the first
+        # Exchange a server or swarm builds, long after start-up (imported only when set).
+        from forge.share.screen import probe_from_env
+
+        probe_from_env()
     ctx.obj = _Ctx(db, embedder, as_json)
 
 

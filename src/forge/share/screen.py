@@ -82,7 +82,7 @@ from forge.model import Unit
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["BLOCKING", "Finding", "IntentModel", "LLMJudge", "Probe", "Screen", "luhn_ok", "views"]
+__all__ = ["BLOCKING", "Finding", "IntentModel", "LLMJudge", "PROBE_ENV", "Probe", "Screen", "luhn_ok", "probe_from_env", "views"]
 
 #: Categories that send a unit to quarantine. Everything the screen reports is blocking by
 #: default; a caller that wants personal data through (an address book agent) drops "pii".
@@ -904,7 +904,7 @@ _SHIPPED: dict[bool, IntentModel] = {}
 PROBE_ENV = "FORGE_SCREEN_PROBE"
 
 
-def _probe_from_env() -> bool:
+def probe_from_env() -> bool:
     """``$FORGE_SCREEN_PROBE``: 1/true/yes/on, or 0/false/no/off/unset; anything else is refused."""
     import os
 
@@ -966,7 +966,7 @@ class Screen:
         ]
         self.judge = judge
         if probe is None:
-            probe = intent == "shipped" and _probe_from_env()
+            probe = intent == "shipped" and probe_from_env()
         if probe and intent != "shipped":
             raise ValidationError("probe=True reads the shipped intent model's probe; pass IntentModel.load(probe=...) as intent instead")
         self.intent = _shipped_intent(probe=probe) if intent == "shipped" else intent
