@@ -210,11 +210,13 @@ def test_ctrl_c_stops_every_agent(tmp_path, redis_client):
     out = tmp_path / "swarm"
     cmd = [sys.executable, "-c", "from forge.population.swarm_cli import swarm_command; swarm_command()",
            "--llm", "test", "--agents", "2", "--episodes", "100000", "--dir", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    before = set(redis_client.scan_iter(match="forge-swarm:*:stats:*", count=500))  # other runs' keys
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=default_sigint)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not any(b"running" in v for v in _states(redis_client)):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and not running_since(redis_client, before):
             time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=30)
     finally:
@@ -231,8 +233,18 @@ def test_ctrl_c_stops_every_agent(tmp_path, redis_client):
     assert leftover_keys(redis_client, data["prefix"]) == []
 
 
-def _states(client) -> list[bytes]:
-    return [client.hget(k, "state") or b"" for k in client.scan_iter(match="forge-swarm:*:stats:*", count=500)]
+def running_since(client, before: set[bytes]) -> bool:
+    """Whether an agent of a swarm started after ``before`` was taken says it is running (a
+    killed earlier run's keys may say "running" too, and a signal sent on them arrives while
+    the new swarm is still starting)."""
+    return any(b"running" in (client.hget(k, "state") or b"")
+               for k in client.scan_iter(match="forge-swarm:*:stats:*", count=500) if k not in before)
+
+
+def default_sigint() -> None:
+    """In the child before exec: Ctrl-C's default action, as under a terminal. A test run in a
+    background job (SIGINT ignored there) would otherwise hand its children an ignored SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from forge.population.swarm import SECRET_ENV
-from test_swarm import leftover_keys, redis_or_skip, run
+from test_swarm import default_sigint, leftover_keys, redis_or_skip, run
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'forge-memory[ray]')")
 
@@ -131,7 +131,7 @@ def test_ctrl_c_stops_every_actor(tmp_path, redis_client, local_ray):
     before = set(redis_client.scan_iter(match="forge-swarm:*:stats:*", count=500))  # other runs' keys
     # its own session, so the signal can go to the whole group, as a terminal's Ctrl-C does
     # (it reaches the local Ray's raylet too, which the driver started)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 120  # its own Ray starts first: seconds on a busy machine
         while time.monotonic() < deadline and proc.poll() is None and not _running(redis_client, before):
