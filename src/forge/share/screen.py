@@ -871,9 +871,13 @@ _READERS: dict[str, Any] = {}
 def _shared_reader(model: str) -> Any:
     """One hidden-state reader per process and model (the 1.5B takes ~1 GB of memory)."""
     if model not in _READERS:
+        import atexit
+
         from forge.llm.local import HiddenStates
 
-        _READERS[model] = HiddenStates(model=model)
+        _READERS[model] = reader = HiddenStates(model=model)
+        # Freed before the interpreter tears down llama_cpp's module (its __del__ fails then).
+        atexit.register(reader.close)
     return _READERS[model]
 
 
