@@ -112,7 +112,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 "decisions": sum((r.get("rules") or {}).get("decisions", 0) for r in results),
                 "consolidation_tokens": f["tokens"]["consolidation"], "seconds": round(time.perf_counter() - t0, 1),
                 # the tasks' own time, whole even when this call only resumed (or reused) the mode
-                "task_seconds": round(sum(r.get("seconds", 0.0) for r in results), 1),
+                "task_seconds": round(sum(r.get("seconds", 0.0) for r in results), 3),
             })
         none = rows[0]
         for r in rows:
