@@ -322,3 +322,35 @@ def test_lifelong_keeps_its_modes_and_refuses_other_settings(tmp_path: Path) -> 
     (tmp_path / "file").write_text("x")
     not_dir = subprocess.run([*cmd[:-2], str(tmp_path / "file"), "--json"], capture_output=True, text=True)
     assert not_dir.returncode != 0 and not_dir.stderr.strip() == f"error: --out {tmp_path / 'file'} is not a directory"
+
+
+def test_the_probe_states_cache_reads_each_text_once_and_survives_a_restart(tmp_path: Path) -> None:
+    """bench/poisoning.py's cache of the 1.5B's hidden states: a text read twice costs one
+    forward pass, other questions or texts are other entries, and a new process reads back
+    what the last one saved (so --fit and --screen-only --probe share a machine's passes)."""
+    import numpy as np
+
+    import poisoning
+
+    class Fake:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __call__(self, text, *, around):
+            self.calls += 1
+            v = np.full(4, float(len(text) + len(around[0])), dtype=np.float32)
+            return v, -v
+
+    path = tmp_path / "states.npz"
+    cache = poisoning.CachedStates(path=path)
+    cache._reader = fake = Fake()
+    a = cache("one text", around=("Q:", "?"))
+    b = cache("one text", around=("Q:", "?"))
+    cache("one text", around=("Other question:", "?"))
+    assert fake.calls == 2 and (cache.passes, cache.hits) == (2, 1)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], -a[0])
+    cache.save()
+    again = poisoning.CachedStates(path=path)
+    again._reader = fresh = Fake()
+    mean, last = again("one text", around=("Q:", "?"))
+    assert fresh.calls == 0 and again.hits == 1 and np.array_equal(mean, a[0]) and np.array_equal(last, a[1])
