@@ -675,3 +675,27 @@ def test_a_bad_probe_setting_stops_the_cli_before_anything_is_written(monkeypatc
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and err.count("\n") == 0 and "FORGE_SCREEN_PROBE" in err
     assert not db.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_unusable_probe_model_falls_back_to_the_two_model_stack(caplog) -> None:
+    """A probe whose model cannot load does not fail every receive: the n-gram + embedding
+    stack decides, at its own thresholds, and the screen says so once."""
+    from forge.errors import LLMError
+    from forge.share.screen import IntentModel
+
+    class Broken:
+        calls = 0
+
+        def __call__(self, text, *, around):
+            Broken.calls += 1
+            raise LLMError("llama.cpp could not load the model")
+
+    spec = _spec_with_probe([0.0, 0.0, 0.0, 0.0])
+    vector = [w / 100 for w in spec["embedding"]["weights"]]
+    m = IntentModel(spec, embedding=_Embedder(vector), probe=Broken())
+    plain = IntentModel(spec, embedding=_Embedder(vector))
+    text = "When the build is red, look at the first failing test before anything else."
+    assert m.score(text) == pytest.approx(plain.score(text))
+    assert m.probe is None and (m.threshold, m.doubt) == (plain.threshold, plain.doubt)
+    m.score("Another text that is long enough to be judged here.")
+    assert Broken.calls == 1 and "probe" in caplog.text

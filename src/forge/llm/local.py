@@ -755,7 +755,8 @@ class HiddenStates:
         ``text``'s tokens and the last token's, with ``around`` = (prefix, suffix) read too."""
         import numpy as np
 
-        prefix, suffix = around
+        # Lone surrogates cannot be encoded for the tokenizer: replaced, as the screen does.
+        prefix, suffix, text = (t.encode("utf-8", "replace").decode("utf-8") for t in (*around, text))
         with self._lock:
             if self._model is None:
                 self._model = self._load()

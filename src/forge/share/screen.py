@@ -683,8 +683,8 @@ class IntentModel:
     def __init__(self, spec: Mapping[str, Any], *, embedding: bool | Any = True, probe: bool | Any = False) -> None:
         """``embedding``: True (use the embedded sentence model when installed), False (n-grams
         only), or an object with ``embed(texts) -> array`` standing in for it. ``probe``: False
-        (default), True (read the embedded LLM's hidden state too, :class:`Probe`), or a
-        callable ``text -> vector`` standing in for the LLM."""
+        (default), True (read the embedded LLM's hidden states too, :class:`Probe`), or a
+        reader ``reader(text, around=(prefix, suffix)) -> (mean, last)`` standing in for it."""
         try:
             self.blocks = [
                 (b["analyzer"], tuple(b["ngram_range"]), {t: (float(v[0]), float(v[1])) for t, v in b["vocab"].items()})
@@ -783,9 +783,10 @@ class IntentModel:
         z = self.text_logit(text)
         if self.stacked:
             vector = self._embed(text)
-            if vector is not None and self.probe is not None:
+            zp = self._probe_logit(text) if vector is not None and self.probe is not None else None
+            if zp is not None:
                 a, b, c, d = self.stack_probe
-                z = a * z + b * self.embedding_logit(vector) + c * self.probe.logit(text) + d
+                z = a * z + b * self.embedding_logit(vector) + c * zp + d
             elif vector is not None:
                 a, b, c = self.stack
                 z = a * z + b * self.embedding_logit(vector) + c
@@ -809,6 +810,17 @@ class IntentModel:
     def embedding_logit(self, vector: Any) -> float:
         """The embedding model's log-odds for a sentence vector."""
         return float(sum(w * float(x) for w, x in zip(self.embed_weights, vector, strict=True))) + self.embed_bias
+
+    def _probe_logit(self, text: str) -> float | None:
+        try:
+            return self.probe.logit(text)  # type: ignore[union-attr]
+        except (ConfigError, LLMError) as exc:
+            # Unusable model: the two-model stack decides, at its own thresholds, as when the
+            # embedder is missing (said once, loudly, rather than failing every receive).
+            _log.warning("screen: the probe's model %s is unavailable (%s); n-grams + embedding only", self.probe.model, exc)  # type: ignore[union-attr]
+            self.probe = None
+            self.threshold, self.doubt = self.stack_threshold, self.stack_doubt
+            return None
 
     def _embed(self, text: str) -> Any:
         if self._embedder is None:
