@@ -64,3 +64,17 @@ def test_multi_word_actions_are_read_whole() -> None:
     longer = rules.parse("when hosts are hot, never Restore User1; Analyse User1 was safe there",
                    ["Restore User1", "Restore User10", "Analyse User1"])
     assert longer is not None and longer.avoid == ("Restore User1",)
+
+
+def test_an_action_that_starts_with_a_verb_is_forbidden_not_advised() -> None:
+    """TextWorld's commands start with the verbs a negation may carry ("do not go north"). The
+    parser took "go" for the negation's verb, found no action "north", and read the rule as
+    advising "go north": every TextWorld movement rule meant its opposite to the prompt, the
+    rule guard and the followed count."""
+    acts = ["go north", "go south", "go east", "take coin", "look"]
+    rule = "when go north: the way back, do not go north; go south, go east were safe there"
+    assert rules.parse(rule, acts) == rules.ParsedRule(when="go north: the way back", avoid=("go north",), do=("go south", "go east"))
+    assert rules.parse("when in a room with a coin, never take coin", acts).avoid == ("take coin",)
+    # the negation's own verb is still read past when the action is the word after it
+    assert rules.parse("when lost, do not move left; up was safe there", ACTIONS) == rules.ParsedRule("lost", ("left",), ("up",))
+    assert rules.forbidden_in([rule], "in a room; exits north, east; go north: the way back", acts) == {"go north"}

@@ -40,11 +40,9 @@ _DIRECTIVE = re.compile(
     r"press\b|step\b|turn\b|keep\b|stay\b|call\b|wait\b|instead\b|you should|it is safe|safe\b)",
     re.IGNORECASE,
 )
-# a negation and the verbs that may follow it; the action comes next
-_NEGATION = re.compile(
-    r"\b(?:do not|don't|dont|never|avoid|instead of|rather than|not)\s+(?:to\s+)?(?:move\s+|go\s+|going\s+|moving\s+|take\s+|taking\s+|choose\s+|choosing\s+|pick\s+|use\s+)?",
-    re.IGNORECASE,
-)
+# a negation, then the action, perhaps after a verb of its own ("never move left")
+_NEGATION = re.compile(r"\b(?:do not|don't|dont|never|avoid|instead of|rather than|not)\s+(?:to\s+)?", re.IGNORECASE)
+_VERB = re.compile(r"(?:move|go|going|moving|take|taking|choose|choosing|pick|use)\s+", re.IGNORECASE)
 _WORD = re.compile(r"[\w-]+")
 
 
@@ -106,12 +104,15 @@ def parse(text: str, valid_actions: Sequence[str] = ()) -> ParsedRule | None:
     longest = sorted(valid_actions, key=len, reverse=True)
     avoid: list[str] = []
     for n in _NEGATION.finditer(then):
-        rest = then[n.end() :]
+        # The action right after the negation first: "do not go north" forbids the TextWorld
+        # command "go north"; only then past a verb of the negation's own ("never move left").
+        verb = _VERB.match(then, n.end())
+        starts = [n.end(), *([verb.end()] if verb else [])]
         if valid_actions:
-            hit = next((a for a in longest if re.match(re.escape(a) + r"(?![\w-])", rest, re.IGNORECASE)), None)
+            hit = next((a for at in starts for a in longest if re.match(re.escape(a) + r"(?![\w-])", then[at:], re.IGNORECASE)), None)
             if hit is not None and hit not in avoid:
                 avoid.append(hit)
-        elif (w := _WORD.match(rest)) and w.group().lower() not in avoid:
+        elif (w := _WORD.match(then, starts[-1])) and w.group().lower() not in avoid:
             avoid.append(w.group().lower())
     do = [a for a in _mentioned(then, valid_actions) if a not in avoid]
     return ParsedRule(when=" ".join(when.split()), avoid=tuple(avoid), do=tuple(do))
