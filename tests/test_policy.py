@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from forge.engine.memory import Memory
 from forge.envs import make_env
 from forge.envs.situation import summarize_observation
@@ -95,3 +97,21 @@ def test_unknown_policy():
 
     with pytest.raises(ConfigError):
         make_policy("swarm", llm=lambda r: ScriptedLLM(), spec=make_env("frozenlake-4x4").spec)
+
+
+def test_a_guarded_policy_reads_its_rules_against_this_rooms_commands():
+    """A recollection made in the first room (TextWorld) still forbids, in a later room, an
+    exit the first room lacked, and offers that room's own commands."""
+    first = ["go north", "go south", "look"]
+    here = ["go east", "go north", "go south", "look"]
+    obs = "Room: a hall.\nCame in from: north."
+    situation = "in a room; exits north, south, east; go north: the way back"
+    rule = Unit("when go north: the way back, do not go north; go east was safe there", kind=Kind.RULE)
+    spec = dataclasses.replace(make_env("frozenlake-4x4").spec, situation=lambda o: situation)
+    llm = ScriptedLLM()  # first option
+    with _memory(rule) as mem:
+        rec = recollect(mem, viewer=Viewer.of("a"), query="a hall", role="actor", valid_actions=first)
+        policy = FlatPolicy(llm=lambda role: llm, spec=spec, rule_guard=True)
+        d = policy.act(observation=obs, valid_actions=here, history=[], memory={"actor": rec})
+        assert list(llm.last_request.choices) == ["go east"] and d.action == "go east" and d.followed is True
+        assert "Choose one of: go east." in llm.last_request.messages[-1].content

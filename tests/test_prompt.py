@@ -80,3 +80,24 @@ def test_now_offers_every_other_action_when_no_rule_names_a_safe_one():
         text, _ = rec.now_text("You are at row 2, col 0, on a frozen tile")
         assert text.endswith("Failed here before: down. Choose one of: left, right, up.")
         assert rec.advised("You are at row 2, col 0, on a frozen tile") == set()
+
+
+def test_rules_are_read_against_the_actions_valid_at_each_step():
+    """TextWorld's commands change from room to room, but a recollection is made once per
+    episode, with the first room's. The rules were parsed against those, so a rule about an
+    exit the first room lacks forbade nothing, and "Choose one of" offered the first room's
+    commands in every room."""
+    first = ("go north", "go south", "inventory", "look")
+    here = ("go east", "go north", "go south", "inventory", "look")
+    situation = "in a room; exits north, south, east; go north: the way back; carrying nothing"
+    back = Unit("when go north: the way back, do not go north", kind=Kind.RULE)
+    east = Unit("when exits north, south, east, do not go east; go south was safe there", kind=Kind.RULE)
+    with _mem(back, east) as mem:
+        rec = recollect(mem, viewer=Viewer.of("x"), query="a room", budget=400, valid_actions=first)
+        now = rec.here(here)
+        assert now.forbidden(situation) == {"go north", "go east"}
+        text, ids = now.now_text(situation)
+        assert set(ids) == {back.id, east.id}
+        assert text.endswith("Failed here before: go east, go north. Choose one of: go south.")
+        assert now.verdict(situation, "go south") is True and now.verdict(situation, "go east") is False
+        assert rec.here(first) is rec and now.block == rec.block and now.ids == rec.ids

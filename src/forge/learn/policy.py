@@ -162,8 +162,9 @@ class _Sampling:
         return None if self.seed is None else (self.seed * 1_000_003 + self.calls) % (2**31 - 1)
 
 
-def _recollection(memory: Memory, role: str) -> Recollection:
-    return memory.get(role) or empty(role)
+def _recollection(memory: Memory, role: str, valid_actions: Sequence[str]) -> Recollection:
+    """``role``'s memory read against the actions valid at this step (:meth:`Recollection.here`)."""
+    return (memory.get(role) or empty(role)).here(valid_actions)
 
 
 class FlatPolicy:
@@ -205,7 +206,7 @@ class FlatPolicy:
         memory: Memory,
     ) -> ActionChoice:
         llm = self._llm("actor")
-        rec = _recollection(memory, "actor")
+        rec = _recollection(memory, "actor", valid_actions)
         situation = situation_of(observation, self.spec)
         self._listing.see(valid_actions)
         system = _system("You are an agent acting in an environment.", self.spec, rec.block, self._listing.system(valid_actions))
@@ -277,7 +278,7 @@ class HierarchicalPolicy:
         now: list[str] = []
 
         def prompt(role: str, text: str, actions: Sequence[str] = ()) -> tuple[str, str]:
-            rec = _recollection(memory, role)
+            rec = _recollection(memory, role, valid_actions)
             shown.extend(rec.ids)
             now_text, ids = rec.now_text(situation)
             now.extend(ids)
@@ -309,7 +310,7 @@ class HierarchicalPolicy:
         options = list(valid_actions)
         if self.rule_guard:
             for role in ("action_chooser", "planner"):
-                options = _recollection(memory, role).offered(situation, options)
+                options = _recollection(memory, role, valid_actions).offered(situation, options)
         proposed: list[str] = []
         for _ in range(min(self.proposals, len(options))):
             left = [o for o in options if o not in proposed]
@@ -326,7 +327,7 @@ class HierarchicalPolicy:
         user = f"{observation}{_history_line(history)}\nAnalyst: {note}{p_now}\nProposed actions: {', '.join(proposed)}. Pick one."
         action = choose(planner, [Message("system", p_sys), Message("user", user)], proposed, fallback=proposed[0], temperature=self.sampling.temperature, seed=self.sampling.next_seed())
         steps.append(Step(observation=full, thought=note, action=action, role="planner"))
-        followed = _recollection(memory, "planner").verdict(situation, action)
+        followed = _recollection(memory, "planner", valid_actions).verdict(situation, action)
         return ActionChoice(action, tuple(steps), tuple(dict.fromkeys(shown)), tuple(dict.fromkeys(now)), followed)
 
 

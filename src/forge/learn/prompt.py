@@ -21,6 +21,7 @@ memories that drove it and outcomes flow back to them (:meth:`forge.engine.memor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,10 +94,29 @@ class Recollection:
     #: stands for every valid action of that kind here.
     kind_of: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
     _found: dict[str, tuple[tuple[Unit, rulebook.ParsedRule], ...]] = field(default_factory=dict, compare=False, repr=False)
+    _views: dict[tuple[str, ...], Recollection] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def ids(self) -> list[str]:
         return [u.id for u in self.shown]
+
+    def here(self, valid_actions: Sequence[str]) -> Recollection:
+        """This recollection read against the actions valid at this step: the same block and
+        units, its rules parsed anew when the actions changed. TextWorld's commands change
+        from room to room; read against the first room's, a rule about an exit that room
+        lacked forbade nothing, and "Choose one of" offered commands of another room."""
+        actions = tuple(valid_actions)
+        if not actions or actions == self.valid_actions or (not self.candidates and self.lookup is None):
+            return self
+        view = self._views.get(actions)
+        if view is None:
+            if len(self._views) >= 64:  # an episode visits few action sets; bound it anyway
+                self._views.clear()
+            vocabulary = _vocabulary(actions, self.kind_of)
+            view = self._views[actions] = dataclasses.replace(
+                self, valid_actions=actions, _parsed=tuple(_rules_in(self.candidates, vocabulary)), _found={}, _views={},
+            )
+        return view
 
     def now(self, situation: str) -> list[Unit]:
         """The rules that name this situation, best recalled first."""

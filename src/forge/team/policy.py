@@ -92,7 +92,7 @@ class TeamPolicy:
         if sub is None or not sub.ok or sub.steps >= self.steps_per_subtask:
             sub = self._start_subtask(observation)
         agent = sub.agent
-        rec = memory.get(agent) or empty(ACTOR_ROLE)
+        rec = (memory.get(agent) or empty(ACTOR_ROLE)).here(valid_actions)
         situation = situation_of(observation, self.spec)
         action, now = self._choose(agent, observation, situation, rec, valid_actions)
         self.now_ids.append(now)
