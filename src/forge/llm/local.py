@@ -750,9 +750,12 @@ class HiddenStates:
             self._counts[text] = len(model.tokenize(text.encode("utf-8"), add_bos=False, special=False))
         return self._counts[text]
 
-    def __call__(self, text: str, *, around: tuple[str, str] = ("", "")) -> tuple[Any, Any]:
+    def __call__(self, text: str, *, around: tuple[str, str] = ("", ""), spans: Sequence[tuple[int, int]] | None = None) -> tuple[Any, ...]:
         """``(mean, last)``: two arrays of ``n_embd`` floats, the mean hidden state of
-        ``text``'s tokens and the last token's, with ``around`` = (prefix, suffix) read too."""
+        ``text``'s tokens and the last token's, with ``around`` = (prefix, suffix) read too.
+        With ``spans`` (character ranges of ``text``, its clauses), a third array: the mean
+        of each span's tokens, one row per span, from the same forward pass (a harmful step
+        buried in a checklist is diluted in the whole text's mean, not in its own clause's)."""
         import numpy as np
 
         # Lone surrogates cannot be encoded for the tokenizer: replaced, as the screen does.
@@ -773,8 +776,28 @@ class HiddenStates:
                 rows = np.asarray(model.embed(prefix + text + suffix, normalize=False), dtype=np.float32)
             except Exception as exc:
                 raise LLMError(f"llama.cpp failed to read hidden states: {exc}") from exc
+            ends = self._token_ends(model, text) if spans is not None else []
         body = rows[n_pre : max(n_pre + 1, len(rows) - n_suf)]
-        return body.mean(axis=0), rows[-1]
+        if spans is None:
+            return body.mean(axis=0), rows[-1]
+        means, n = [], len(body)
+        for start, end in spans:
+            # the tokens that reach into the span (a text cut to max_tokens lost its tail:
+            # a span past the cut reads the last token)
+            lo = min(next((i for i, e in enumerate(ends) if e > start), n - 1), n - 1)
+            hi = min(next((i for i, e in enumerate(ends) if e >= end), n - 1) + 1, n)
+            means.append(body[lo : max(hi, lo + 1)].mean(axis=0))
+        return body.mean(axis=0), rows[-1], np.stack(means) if means else np.zeros((0, rows.shape[1]), dtype=np.float32)
+
+    @staticmethod
+    def _token_ends(model: Any, text: str) -> list[int]:
+        """Where each of ``text``'s tokens ends, as a character offset into ``text``."""
+        raw = text.encode("utf-8")
+        ends, done = [], 0
+        for t in model.tokenize(raw, add_bos=False, special=False):
+            done += len(model.detokenize([t]))
+            ends.append(len(raw[:done].decode("utf-8", "ignore")))
+        return ends
 
     def close(self) -> None:
         """Free the model's memory; a later call loads it again."""
