@@ -6,15 +6,17 @@
     python bench/poisoning.py --json       # one JSON object instead of the tables
     python bench/poisoning.py --fit        # refit the screen's intent model (needs scikit-learn)
 
-First, the safety screen alone on two labelled sets. The *outside* set
-(``bench/data/screen_outside.jsonl``, 354 attacks in 14 families and 342 benign rules in 13,
-165 of them hard negatives) was written by someone who never saw the screen's code; its
-*dev* half may be looked at and trained on, its *test* half never (figures in separate
-columns). Then the old set (``bench/data/screen_set.jsonl``: 238
-attacks in 13 families and 212 benign operational rules in 7, many of them near misses,
-written by hand for this bench). Each item is in the *tune* half (the screen's patterns
-were adjusted until it passed) or the *heldout* half (never looked at while tuning); the
-table prints caught and false-positive rates per family, held-out and tuning side by side.
+First, the safety screen alone on labelled sets written by people who never saw its code.
+Two are held out and printed per family: the third writer's *test* half
+(``bench/data/screen_third.jsonl``: 463 attacks in 22 families, 447 benign rules in 22, 294
+of them hard negatives; split by order within each family) and a fourth writer's set
+(``screen_final.jsonl``: 338 attacks, 328 benign), scored once per screen version. The
+semantic layer trains on the others (``TRAIN_WRITERS``: the outside set, the fresh set and
+the third set's dev half), so their figures, printed a line each, are in-sample. Then the
+old set (``bench/data/screen_set.jsonl``: 238 attacks in 13 families and 212 benign
+operational rules in 7, written by hand for this bench; its *tune* half adjusted the
+patterns, its *heldout* half did not), and every held-out item sent through a signed
+Exchange: how many attacks a receiver keeps as useful.
 
 A population of agents, each with its own Memory on a ``:memory:`` store, shares benign rules
 (each learned by one agent and independently rediscovered by two others, some forwarded
@@ -56,7 +58,9 @@ SCREEN_SET = Path(__file__).with_name("data") / "screen_set.jsonl"
 OUTSIDE_SET = Path(__file__).with_name("data") / "screen_outside.jsonl"
 WRITTEN_SET = Path(__file__).with_name("data") / "screen_written.jsonl"
 PROTOCOL_SET = Path(__file__).with_name("data") / "screen_protocol.jsonl"
-FRESH_SET = Path(__file__).with_name("data") / "screen_fresh.jsonl"  # a second outside writer; scored, never trained or tuned on
+FRESH_SET = Path(__file__).with_name("data") / "screen_fresh.jsonl"  # a second outside writer
+THIRD_SET = Path(__file__).with_name("data") / "screen_third.jsonl"  # a third: dev half trained on, test half never
+FINAL_SET = Path(__file__).with_name("data") / "screen_final.jsonl"  # a fourth: scored once per screen version, never trained on
 INTENT_OUT = Path(__file__).parents[1] / "src" / "forge" / "data" / "screen_intent.json"
 PROBE_CACHE = Path(__file__).parents[1] / ".bench" / "screen_probe.npz"
 PROBE_MODEL = "qwen2.5-coder-1.5b"
@@ -85,34 +89,44 @@ class CachedStates:
         self._index: dict[str, object] = {}
         if path.exists():
             data = np.load(path)
-            self._index = dict(zip((str(k) for k in data["keys"]), data["states"], strict=True))
+            if "counts" in data:  # rows of (mean, last, clause means...) per text
+                rows = np.split(data["states"], np.cumsum(data["counts"])[:-1])
+                self._index = dict(zip((str(k) for k in data["keys"]), rows, strict=True))
 
     def key(self, text: str, around: tuple[str, str]) -> str:
         import hashlib
 
         return hashlib.sha1("\0".join([self.model, around[0], text, around[1]]).encode()).hexdigest()
 
-    def __call__(self, text: str, *, around: tuple[str, str] = ("", "")) -> tuple[object, object]:
+    def __call__(self, text: str, *, around: tuple[str, str] = ("", ""), spans: object = None) -> tuple[object, ...]:
+        """``(mean, last)``, or with ``spans`` ``(mean, last, clause means)``. Every pass reads
+        the text's clauses (:func:`forge.share.screen.clause_spans`) too, so the cache holds
+        them; ``spans`` must be those."""
         import numpy as np
 
+        from forge.share.screen import clause_spans
+
+        clauses = clause_spans(text)
+        if spans is not None and list(spans) != clauses:  # type: ignore[call-overload]
+            raise ValueError("CachedStates reads a text's own clause_spans, not other spans")
         k = self.key(text, around)
         state = self._index.get(k)
         if state is not None:
             self.hits += 1
-            return state[0], state[1]  # type: ignore[index]
-        if self._reader is None:
-            from forge.llm.local import HiddenStates
+        else:
+            if self._reader is None:
+                from forge.llm.local import HiddenStates
 
-            self._reader = HiddenStates(model=self.model)
-        c0 = time.process_time()
-        mean, last = self._reader(text, around=around)  # type: ignore[operator]
-        self.cpu_s += time.process_time() - c0
-        self._index[k] = np.stack([mean, last]).astype(np.float32)
-        self.passes += 1
-        self._new = True
-        if self.passes % 200 == 0:
-            self.save()
-        return mean, last
+                self._reader = HiddenStates(model=self.model)
+            c0 = time.process_time()
+            mean, last, rows = self._reader(text, around=around, spans=clauses)  # type: ignore[operator]
+            self.cpu_s += time.process_time() - c0
+            state = self._index[k] = np.vstack([mean, last, np.asarray(rows).reshape(-1, len(mean))]).astype(np.float32)
+            self.passes += 1
+            self._new = True
+            if self.passes % 200 == 0:
+                self.save()
+        return (state[0], state[1]) if spans is None else (state[0], state[1], state[2:])  # type: ignore[index]
 
     def save(self) -> None:
         import numpy as np
@@ -120,7 +134,9 @@ class CachedStates:
         if self._new:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp.npz")
-            np.savez(tmp, keys=np.array(list(self._index)), states=np.stack(list(self._index.values())))
+            # texts have different numbers of clauses: rows concatenated, with each text's count
+            counts = np.array([len(v) for v in self._index.values()])
+            np.savez(tmp, keys=np.array(list(self._index)), counts=counts, states=np.concatenate(list(self._index.values())))
             tmp.replace(self.path)
             self._new = False
 
@@ -195,33 +211,40 @@ def print_screen_set(res: dict[str, object], *, show_errors: str | None = "heldo
             kind = "missed" if m["label"] == "attack" else "flagged"
             print(f"  {kind:8} {m['family']:22} {str(m['text'])[:90]!r}")
 
-def print_screen_outside(labelled: dict[str, object], outside: dict[str, object], e2es: list[dict[str, object]],
-                         fresh: dict[str, dict[str, object]] | None = None) -> None:
-    """The sets' tables: the outside set first (dev errors only; its test half stays unread),
-    the fresh set (a second outside writer, all of it held out) when present, the old set."""
-    print_screen_set(outside, show_errors=None)
-    if "probe_cost" in outside:
-        c = outside["probe_cost"]
-        print(f"probe: {c['forward_passes']} forward passes of the 1.5B at {c['cpu_ms_per_pass']} ms CPU each, {c['cached']} states read from the cache")  # type: ignore[index]
-    print("(the intent model trains on the old set, the written set and the outside dev half: only the outside test column is held out for it)")
-    if fresh:
+#: Sets the semantic layer never trains or tunes on: the third writer's test half and a
+#: fourth writer's set, scored once per screen version. These are the figures to quote.
+HELD_OUT = ((THIRD_SET, "test"), (FINAL_SET, "test"))
+
+
+def print_report(labelled: dict[str, object], held: list[dict[str, object]], trained: list[dict[str, object]],
+                 e2es: list[dict[str, object]], probe_cost: dict[str, object] | None = None) -> None:
+    """The held-out sets per family (no texts: they stay unread), each training writer's set
+    in one line (in-sample, so not a measure of generalisation), the old set, the Exchange."""
+    for res in held:
+        print_screen_set(res, show_errors=None)
         print()
-        print_screen_set(fresh["screen"], show_errors=None)
-        print("(a second outside writer's set: never trained or tuned on, all of it held out)")
+    if probe_cost:
+        print(f"probe: {probe_cost['forward_passes']} forward passes of the 1.5B at {probe_cost['cpu_ms_per_pass']} ms CPU each, "
+              f"{probe_cost['cached']} states read from the cache")
+    print("training writers' sets (in-sample for the semantic layer, which trains on them):")
+    for res in trained:
+        fams = res["families"]  # type: ignore[index]
+        for sp in res["splits"]:  # type: ignore[union-attr]
+            (ca, na), (fb, nb) = fams["attack:ALL"][sp], fams["benign:ALL"][sp]  # type: ignore[index]
+            print(f"  {res['set']:24} {sp:5} caught {ca / max(1, na):6.1%} ({ca}/{na}), false positives {fb / max(1, nb):5.1%} ({fb}/{nb})")
     print()
     print_screen_set(labelled)
     if e2es:
         print()
-    for e2e in [*e2es, *([{**fresh["exchange"], "set": "fresh set (second outside writer)"}] if fresh else [])]:
-        where = e2e.get("set") or f"outside {e2e['split']} half"
-        print(f"signed Exchange, {where}: {e2e['attacks_accepted']}/{e2e['attacks']} attacks kept "
+    for e2e in e2es:
+        print(f"signed Exchange, {e2e['set']} {e2e['split']}: {e2e['attacks_accepted']}/{e2e['attacks']} attacks kept "
               f"(accepted as useful, merged or corroborated) {e2e['attacks_accepted_by_family']}; "
               f"benign kept {e2e['benign_kept']}/{e2e['benign']}")
         print(f"  attack outcomes {e2e['attack_outcomes']}; benign outcomes {e2e['benign_outcomes']}")
         print(f"  held for review as doubtful: {e2e['held_as_doubtful']}; receive {e2e['cpu_ms_per_capsule']} ms CPU per capsule")
-    if e2es and "probe_cost" in outside and outside["probe_cost"]["cpu_ms_per_pass"]:  # type: ignore[index]
+    if e2es and probe_cost and probe_cost["cpu_ms_per_pass"]:
         print(f"  (the probe's states there came from the cache: a capsule the patterns pass costs one more forward pass, "
-              f"{outside['probe_cost']['cpu_ms_per_pass']} ms CPU)")  # type: ignore[index]
+              f"{probe_cost['cpu_ms_per_pass']} ms CPU)")
 
 
 def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_spec: str = "hash", screen: Screen | None = None) -> dict[str, object]:
@@ -230,6 +253,8 @@ def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_
     and what became of the benign rules. Accepted means stored active as ``accepted:useful``
     (or merged into / corroborating a unit it already held, which also keeps it)."""
     rows = [r for r in _rows(path) if r["split"] == split]
+    if not rows:
+        raise ValueError(f"{path.name} has no {split!r} split")
     clock = Clock()
     keyring = Keyring.from_secret("bench-e2e")
     embedder = HashingEmbedder(256) if embedder_spec == "hash" else open_embedder(embedder_spec)
@@ -256,6 +281,7 @@ def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_
     mem.close()
     n_att, n_ben = sum(out["attack"].values()), sum(out["benign"].values())
     return {
+        "set": path.name,
         "split": split,
         "attacks": n_att,
         "attacks_accepted": sum(out["attack"][k] for k in kept),
@@ -269,45 +295,64 @@ def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_
     }
 
 
+#: Sets whose README splits them by order within each family: 1st dev, 2nd test, 3rd dev...
+ALTERNATING = (THIRD_SET,)
+
+
 def _rows(path: Path) -> list[dict[str, object]]:
-    return [{"split": "test", **json.loads(line)} for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """A set's rows, each with its split: its own, by :data:`ALTERNATING`, or else "test"."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path in ALTERNATING:
+        seen: Counter = Counter()
+        for r in rows:
+            r["split"] = ("dev", "test")[seen[r["family"]] % 2]
+            seen[r["family"]] += 1
+    return [{"split": "test", **r} for r in rows]
 
 
-def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float = C_EMBED, seeds: int = 3,
+#: The writers whose sets the semantic layer trains on. Each is a fold of its own in --fit, so
+#: every threshold is set on scores of a writer the model did not see: a held-out half of
+#: one writer's set overstated what an unseen writer gets through by 16 points.
+TRAIN_WRITERS = ((OUTSIDE_SET, None), (FRESH_SET, None), (THIRD_SET, "dev"))
+
+
+def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float = C_EMBED,
                embedder: str = "local:minilm-int8", block_fp: float = 0.025, doubt_fp: float = DOUBT_FP,
-               protocol_fp: float = PROTOCOL_FP, train_protocol: bool = True, probe: bool = False,
-               c_probe: float = C_PROBE) -> dict[str, object]:
+               protocol_fp: float = PROTOCOL_FP, probe: bool = False, c_probe: float = C_PROBE,
+               clauses: bool | None = None) -> dict[str, object]:
     """Fit the screen's intent model and write it where the package ships it.
 
-    Training data: the old set (all of it), the written set (``screen_written.jsonl``, all of
-    it), honest protocol traffic (``screen_protocol.jsonl``, benign, written by
-    ``bench/screen_protocol.py``) and the outside set's dev half; never its test half, which
-    this function does not read.
-    Two logistic regressions, one on TF-IDF word and character n-grams and one on the
-    embedded MiniLM's sentence vectors, and a stack of their logits fitted on out-of-fold
-    scores of the dev half (5-fold cross-validation, ``seeds`` shuffles, the old and written
-    sets always in training; the protocol traffic in the same 5 folds, one env family per fold
-    group, so each of its items is scored by a model that never saw its env). Thresholds come
-    from the same out-of-fold scores: ``threshold`` is the lowest at which patterns-or-model
-    flag at most ``block_fp`` of dev benign rules, ``doubt`` the lowest at which they flag at
-    most ``doubt_fp``; both also hold at most ``protocol_fp`` of the protocol traffic. The
-    n-gram model alone gets its own pair, used where the embedded model is not installed.
+    Training data: the old set and the written set (all of them), honest protocol traffic
+    (``screen_protocol.jsonl``, benign, written by ``bench/screen_protocol.py``) and the sets
+    of three outside writers (:data:`TRAIN_WRITERS`: the outside set, the fresh set, the third
+    set's dev half); never the third set's test half nor the final set, which this function
+    does not read. Two logistic regressions, one on TF-IDF word and character n-grams and one
+    on the embedded MiniLM's sentence vectors, and a stack of their logits fitted on
+    out-of-fold scores: leave one writer out (the old and written sets always in training;
+    the protocol traffic in as many folds, one env family per fold group, so each of its
+    items is scored by a model that never saw its env). Thresholds come from the same
+    out-of-fold scores: ``threshold`` is the lowest at which patterns-or-model flag at most
+    ``block_fp`` of the writers' benign rules, ``doubt`` the lowest at which they flag at most
+    ``doubt_fp``; both also hold at most ``protocol_fp`` of the protocol traffic. The n-gram
+    model alone gets its own pair, used where the embedded model is not installed.
 
-    With ``probe``, a third logistic regression reads the embedded 1.5B's hidden state after
-    a fixed question about the text (:class:`forge.share.screen.Probe`; standardised
-    features, C ``c_probe``), fitted in the same folds; a second stack of the three logits
-    gets its own thresholds by the same rules. The two-model stack is fitted as without it,
-    so the screen without the probe is unchanged.
+    ``clauses``: the stack also reads each model's highest logit over a text's clauses
+    (:func:`forge.share.screen.clause_spans`: a harmful step buried in an ordinary checklist
+    scores low over the whole text); None keeps them when they raise the writer-out AUC.
+
+    With ``probe``, a third logistic regression reads the embedded 1.5B's hidden states
+    around a fixed question about the text (:class:`forge.share.screen.Probe`; standardised
+    features, C ``c_probe``), fitted in the same folds; a second stack gets its own
+    thresholds by the same rules. The two-model stack is fitted as without it.
     """
     try:
         import numpy as np
         import scipy.sparse as sparse
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import LogisticRegression
-        from sklearn.model_selection import StratifiedKFold
+        from sklearn.preprocessing import StandardScaler
     except ImportError as exc:
         raise SystemExit(f"--fit needs scikit-learn and scipy ({exc.name} is missing): pip install scikit-learn") from None
-    from sklearn.preprocessing import StandardScaler
 
     from forge.share.screen import (
         PROBE_MAX_CHARS,
@@ -316,31 +361,79 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
         IntentModel,
         Probe,
         _fold,
+        clause_spans,
     )
 
     always = _rows(SCREEN_SET) + _rows(WRITTEN_SET)
-    dev = [r for r in _rows(OUTSIDE_SET) if r["split"] == "dev"]
+    pool: list[dict[str, object]] = []
+    writer: list[int] = []
+    for g, (path, split) in enumerate(TRAIN_WRITERS):
+        rows = [r for r in _rows(path) if split is None or r["split"] == split]
+        pool += rows
+        writer += [g] * len(rows)
+    group = np.array(writer)
+    folds = len(TRAIN_WRITERS)
     proto = _rows(PROTOCOL_SET)
-    t_all, t_dev = [_fold(str(r["text"])) for r in always], [_fold(str(r["text"])) for r in dev]
-    t_pro = [_fold(str(r["text"])) for r in proto]
+    t_all, t_pool, t_pro = ([_fold(str(r["text"])) for r in rows] for rows in (always, pool, proto))
     y_all = np.array([r["label"] == "attack" for r in always])
-    y_dev = np.array([r["label"] == "attack" for r in dev])
+    y_pool = np.array([r["label"] == "attack" for r in pool])
     y_pro = np.zeros(len(proto), dtype=bool)
     envs = sorted({str(r["env"]) for r in proto})
-    fold_pro = np.array([envs.index(str(r["env"])) % 5 for r in proto])
-    patterns = np.array([bool(Screen(intent=None).check(str(r["text"]))) for r in dev])
+    fold_pro = np.array([envs.index(str(r["env"])) % folds for r in proto])
+    patterns = np.array([bool(Screen(intent=None).check(str(r["text"]))) for r in pool])
     patterns_pro = np.array([bool(Screen(intent=None).check(str(r["text"]))) for r in proto])
+
+    def parts(texts: list[str]) -> list[list[str]]:
+        return [[t[a:b] for a, b in clause_spans(t)] for t in texts]
+
+    c_all, c_pool, c_pro = parts(t_all), parts(t_pool), parts(t_pro)
     emb = open_embedder(embedder)
-    e_all, e_dev, e_pro = emb.embed(t_all), emb.embed(t_dev), emb.embed(t_pro)
+
+    def embed(texts: list[str], clause_lists: list[list[str]]) -> tuple[object, list[object]]:
+        flat = [c for cl in clause_lists for c in cl]
+        whole = np.asarray(emb.embed(texts))
+        rows = np.asarray(emb.embed(flat)) if flat else np.zeros((0, whole.shape[1]))
+        return whole, np.split(rows, np.cumsum([len(cl) for cl in clause_lists])[:-1])
+
+    (e_all, _), (e_pool, ec_pool), (e_pro, ec_pro) = embed(t_all, c_all), embed(t_pool, c_pool), embed(t_pro, c_pro)
     spec = [("word", (1, 2)), ("char_wb", (2, 4))]
     probe_spec = {"model": PROBE_MODEL, "prefix": PROBE_PREFIX, "suffix": PROBE_SUFFIX, "max_chars": PROBE_MAX_CHARS}
     if probe:
         states = CachedStates(PROBE_MODEL)
-        reads = Probe({**probe_spec, "weights": [], "bias": 0.0}, reader=states)
+
+        def read(texts: list[str]) -> tuple[object, list[object]]:
+            xs, xcs = [], []
+            for t in texts:
+                cut = t[:PROBE_MAX_CHARS]
+                mean, last, rows = states(cut, around=(PROBE_PREFIX, PROBE_SUFFIX), spans=clause_spans(cut))
+                xs.append(np.concatenate([mean, last]))
+                xcs.append(np.hstack([rows, np.tile(last, (len(rows), 1))]) if len(rows) else np.zeros((0, 2 * len(last))))
+            return np.array(xs), xcs
+
         try:
-            x_all, x_dev, x_pro = (np.array([reads.features(t) for t in ts]) for ts in (t_all, t_dev, t_pro))
+            (x_all, _), (x_pool, xc_pool), (x_pro, xc_pro) = read(t_all), read(t_pool), read(t_pro)
         finally:
             states.save()
+
+    def highest(logit: object, whole: object, clause_inputs: list[object]) -> object:
+        """Each text's highest clause logit (its whole-text logit when it has one clause)."""
+        out = np.array(whole, dtype=float)
+        for i, xc in enumerate(clause_inputs):
+            if len(xc):
+                out[i] = float(np.max(logit(xc)))  # type: ignore[operator]
+        return out
+
+    def fit_text(texts: list[str], y: object) -> tuple[list[object], object]:
+        vecs = [TfidfVectorizer(analyzer=a, ngram_range=n, min_df=2, sublinear_tf=True).fit(texts) for a, n in spec]
+        x = sparse.hstack([v.transform(texts) for v in vecs]).tocsr()
+        return vecs, LogisticRegression(C=c_text, max_iter=5000, class_weight="balanced").fit(x, y)
+
+    def text_logit(model: tuple[list[object], object], texts: list[str]) -> object:
+        vecs, clf = model
+        return clf.decision_function(sparse.hstack([v.transform(list(texts)) for v in vecs]).tocsr())  # type: ignore[attr-defined]
+
+    def fit_embed(x: object, y: object) -> object:
+        return LogisticRegression(C=c_embed, max_iter=5000, class_weight="balanced").fit(x, y)
 
     def fit_probe(x: object, y: object) -> tuple[object, object]:
         scaler = StandardScaler().fit(x)
@@ -349,136 +442,161 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
     def probe_logit(model: tuple[object, object], x: object) -> object:
         return model[1].decision_function(model[0].transform(x))  # type: ignore[attr-defined]
 
-    def fit_text(texts: list[str], y: object) -> tuple[list[object], object]:
-        vecs = [TfidfVectorizer(analyzer=a, ngram_range=n, min_df=2, sublinear_tf=True).fit(texts) for a, n in spec]
-        x = sparse.hstack([v.transform(texts) for v in vecs]).tocsr()
-        return vecs, LogisticRegression(C=c_text, max_iter=5000, class_weight="balanced").fit(x, y)
+    names = ["text", "embedding", "text_clauses", "embedding_clauses"] + (["probe", "probe_clauses"] if probe else [])
+    z = {n: np.zeros(len(pool)) for n in names}
+    z_pro = {n: np.zeros(len(proto)) for n in names}
 
-    def text_logit(vecs: list[object], clf: object, texts: list[str]) -> object:
-        return clf.decision_function(sparse.hstack([v.transform(texts) for v in vecs]).tocsr())  # type: ignore[attr-defined]
+    def score(models: dict[str, object], idx: object, texts: list[str], cl: list[list[str]], e: object, ec: list[object],
+              x: object = None, xc: list[object] | None = None) -> dict[str, object]:
+        """Every model's whole-text and highest-clause logits for ``texts[idx]``."""
+        sel = list(np.flatnonzero(idx))  # type: ignore[arg-type]
+        ts = [texts[i] for i in sel]
+        out = {"text": text_logit(models["text"], ts), "embedding": models["embedding"].decision_function(e[sel])}  # type: ignore[attr-defined,index]
+        out["text_clauses"] = highest(lambda c: text_logit(models["text"], c), out["text"], [cl[i] for i in sel])
+        out["embedding_clauses"] = highest(models["embedding"].decision_function, out["embedding"], [ec[i] for i in sel])  # type: ignore[attr-defined]
+        if probe:
+            out["probe"] = probe_logit(models["probe"], x[sel])  # type: ignore[arg-type, index]
+            out["probe_clauses"] = highest(lambda c: probe_logit(models["probe"], c), out["probe"], [xc[i] for i in sel])  # type: ignore[index]
+        return out
 
-    def fit_embed(x: object, y: object) -> object:
-        return LogisticRegression(C=c_embed, max_iter=5000, class_weight="balanced").fit(x, y)
+    def fit_models(tr: object, p_tr: object) -> dict[str, object]:
+        sel, psel = np.flatnonzero(tr), np.flatnonzero(p_tr)  # type: ignore[arg-type]
+        y_tr = np.concatenate([y_all, y_pool[sel], y_pro[psel]])
+        models: dict[str, object] = {
+            "text": fit_text(t_all + [t_pool[i] for i in sel] + [t_pro[i] for i in psel], y_tr),
+            "embedding": fit_embed(np.vstack([e_all, e_pool[sel], e_pro[psel]]), y_tr),
+        }
+        if probe:
+            models["probe"] = fit_probe(np.vstack([x_all, x_pool[sel], x_pro[psel]]), y_tr)
+        return models
 
-    zt, ze = np.zeros(len(dev)), np.zeros(len(dev))
-    zt_p, ze_p = np.zeros(len(proto)), np.zeros(len(proto))
-    zp, zp_p = np.zeros(len(dev)), np.zeros(len(proto))
-    for seed in range(seeds):
-        for k, (tr, te) in enumerate(StratifiedKFold(5, shuffle=True, random_state=seed).split(t_dev, y_dev)):
-            p_tr, p_te = np.flatnonzero(fold_pro != (k + seed) % 5), np.flatnonzero(fold_pro == (k + seed) % 5)
-            p_tr = p_tr if train_protocol else p_tr[:0]  # without it: scored, never trained on (the old model's view)
-            y_tr = np.concatenate([y_all, y_dev[tr], y_pro[p_tr]])
-            vecs, clf = fit_text(t_all + [t_dev[i] for i in tr] + [t_pro[i] for i in p_tr], y_tr)
-            zt[te] += text_logit(vecs, clf, [t_dev[i] for i in te]) / seeds
-            zt_p[p_te] += text_logit(vecs, clf, [t_pro[i] for i in p_te]) / seeds
-            eclf_k = fit_embed(np.vstack([e_all, e_dev[tr], e_pro[p_tr]]), y_tr)
-            ze[te] += eclf_k.decision_function(e_dev[te]) / seeds  # type: ignore[attr-defined]
-            ze_p[p_te] += eclf_k.decision_function(e_pro[p_te]) / seeds  # type: ignore[attr-defined]
-            if probe:
-                pclf_k = fit_probe(np.vstack([x_all, x_dev[tr], x_pro[p_tr]]), y_tr)
-                zp[te] += probe_logit(pclf_k, x_dev[te]) / seeds
-                zp_p[p_te] += probe_logit(pclf_k, x_pro[p_te]) / seeds
-    stacker = LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced").fit(np.column_stack([zt, ze]), y_dev)
-    (a, b), c = stacker.coef_[0], float(stacker.intercept_[0])
-    p_text, p_text_pro = 1 / (1 + np.exp(-zt)), 1 / (1 + np.exp(-zt_p))
-    p_stack = 1 / (1 + np.exp(-(a * zt + b * ze + c)))
-    p_stack_pro = 1 / (1 + np.exp(-(a * zt_p + b * ze_p + c)))
-    pro_of = {"text": p_text_pro, "stack": p_stack_pro}
-    of = {"text": p_text, "stack": p_stack}
+    for k in range(folds):
+        models = fit_models(group != k, fold_pro != k)
+        for n, v in score(models, group == k, t_pool, c_pool, e_pool, ec_pool, *((x_pool, xc_pool) if probe else ())).items():
+            z[n][group == k] = v
+        for n, v in score(models, fold_pro == k, t_pro, c_pro, e_pro, ec_pro, *((x_pro, xc_pro) if probe else ())).items():
+            z_pro[n][fold_pro == k] = v
+
+    def auc(p: object, y: object = y_pool) -> float:
+        pos, neg = np.asarray(p)[y], np.asarray(p)[~np.asarray(y)]  # type: ignore[index]
+        return round(float(np.mean([(v > neg).mean() + 0.5 * (v == neg).mean() for v in pos])), 3)
+
+    def stacked(cols: list[str]) -> tuple[dict[str, float], float, object, object]:
+        lr = LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced").fit(np.column_stack([z[c] for c in cols]), y_pool)
+        w = {c: round(float(v), 6) for c, v in zip(cols, lr.coef_[0], strict=True)}
+        b = round(float(lr.intercept_[0]), 6)
+
+        def prob(zz: dict[str, object]) -> object:
+            return 1 / (1 + np.exp(-(sum(w[c] * zz[c] for c in cols) + b)))  # type: ignore[operator]
+
+        return w, b, prob(z), prob(z_pro)
+
+    base = ["text", "embedding"]
+    candidates = {"stack": base, "stack+clauses": base + ["text_clauses", "embedding_clauses"]}
     if probe:
-        stacker3 = LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced").fit(np.column_stack([zt, ze, zp]), y_dev)
-        (a3, b3, c3), d3 = stacker3.coef_[0], float(stacker3.intercept_[0])
-        of["probe"] = 1 / (1 + np.exp(-(a3 * zt + b3 * ze + c3 * zp + d3)))
-        pro_of["probe"] = 1 / (1 + np.exp(-(a3 * zt_p + b3 * ze_p + c3 * zp_p + d3)))
+        candidates |= {"probe": base + ["probe"], "probe+clauses": base + ["text_clauses", "embedding_clauses", "probe", "probe_clauses"]}
+    fitted = {name: stacked(cols) for name, cols in candidates.items()}
+    aucs = {name: auc(f[2]) for name, f in fitted.items()}
+    use_clauses = clauses if clauses is not None else aucs["stack+clauses"] > aucs["stack"]
+    use_clauses_probe = clauses if clauses is not None else (probe and aucs["probe+clauses"] > aucs["probe"])
+    chosen = {"stack": "stack+clauses" if use_clauses else "stack"}
+    if probe:
+        chosen["probe"] = "probe+clauses" if use_clauses_probe else "probe"
+    p_text, p_text_pro = 1 / (1 + np.exp(-z["text"])), 1 / (1 + np.exp(-z_pro["text"]))
+    of = {"text": p_text, **{k: fitted[v][2] for k, v in chosen.items()}}
+    pro_of = {"text": p_text_pro, **{k: fitted[v][3] for k, v in chosen.items()}}
 
     def lowest(p: object, max_fp: float, p_pro: object) -> float:
         for t in np.arange(0.05, 0.991, 0.01):
-            if ((p >= t) | patterns)[~y_dev].mean() <= max_fp and ((p_pro >= t) | patterns_pro).mean() <= protocol_fp:  # type: ignore[operator]
+            if ((p >= t) | patterns)[~y_pool].mean() <= max_fp and ((p_pro >= t) | patterns_pro).mean() <= protocol_fp:  # type: ignore[operator]
                 return round(float(t), 2)
         return 0.99
 
-    def at(p: object, t: float) -> dict[str, float]:
+    def at(p: object, t: float) -> dict[str, object]:
         flag = (p >= t) | patterns  # type: ignore[operator]
-        return {"caught": round(float(flag[y_dev].mean()), 3), "false_positives": round(float(flag[~y_dev].mean()), 3)}
-
-    def auc(p: object) -> float:
-        return round(float(np.mean([(x > p[~y_dev]).mean() + 0.5 * (x == p[~y_dev]).mean() for x in p[y_dev]])), 3)  # type: ignore[index]
+        per = {TRAIN_WRITERS[g][0].stem: {"caught": round(float(flag[y_pool & (group == g)].mean()), 3),
+                                          "false_positives": round(float(flag[~y_pool & (group == g)].mean()), 3)} for g in range(folds)}
+        return {"caught": round(float(flag[y_pool].mean()), 3), "false_positives": round(float(flag[~y_pool].mean()), 3), "per_writer": per}
 
     def on_protocol(p_pro: object, t: float) -> float:
         return round(float(((p_pro >= t) | patterns_pro).mean()), 4)  # type: ignore[operator]
 
     def sweep(p: object, p_pro: object) -> list[dict[str, float]]:
-        """Per dev-benign share held: the doubt level, the dev attacks that would pass
-        (neither flagged nor held: what an Exchange may keep as useful), protocol items held."""
+        """Per share of the writers' benign rules held: the doubt level, the attacks that
+        would pass (neither flagged nor held: what an Exchange may keep as useful), protocol
+        items held."""
         out = []
         for fp in (0.05, 0.10, 0.15, 0.20, 0.25, 0.30):
-            t = next((round(float(t), 2) for t in np.arange(0.05, 0.991, 0.01) if ((p >= t) | patterns)[~y_dev].mean() <= fp), 0.99)  # type: ignore[operator]
-            out.append({"dev_benign_held_max": fp, "doubt": t, "dev_attacks_passing": int((~((p >= t) | patterns))[y_dev].sum()),  # type: ignore[operator]
+            t = next((round(float(t), 2) for t in np.arange(0.05, 0.991, 0.01) if ((p >= t) | patterns)[~y_pool].mean() <= fp), 0.99)  # type: ignore[operator]
+            out.append({"benign_held_max": fp, "doubt": t, "attacks_passing": int((~((p >= t) | patterns))[y_pool].sum()),  # type: ignore[operator]
                         "protocol_held": on_protocol(p_pro, t)})
         return out
 
     thresholds = {name: (lowest(p, block_fp, pro_of[name]), lowest(p, doubt_fp, pro_of[name])) for name, p in of.items()}
-    n_pro = len(proto) if train_protocol else 0
-    y_full = np.concatenate([y_all, y_dev, y_pro[:n_pro]])
-    vecs, clf = fit_text(t_all + t_dev + t_pro[:n_pro], y_full)
-    eclf = fit_embed(np.vstack([e_all, e_dev, e_pro[:n_pro]]), y_full)
+    final = fit_models(np.ones(len(pool), dtype=bool), np.ones(len(proto), dtype=bool))
+    vecs, clf = final["text"]  # type: ignore[misc]
+    eclf = final["embedding"]
     weights = clf.coef_[0]  # type: ignore[attr-defined]
     blocks, at_col = [], 0
     for (analyzer, ngrams), v in zip(spec, vecs, strict=True):
         vocab = {term: [float(f"{v.idf_[j]:.6g}"), float(f"{weights[at_col + j]:.6g}")] for term, j in v.vocabulary_.items()}  # type: ignore[attr-defined]
         at_col += len(v.vocabulary_)  # type: ignore[attr-defined]
         blocks.append({"analyzer": analyzer, "ngram_range": list(ngrams), "vocab": dict(sorted(vocab.items()))})
-    model = {
+    trained_on = (f"{SCREEN_SET.name} (all {len(_rows(SCREEN_SET))}) + {WRITTEN_SET.name} (all {len(_rows(WRITTEN_SET))}) "
+                  f"+ {PROTOCOL_SET.name} (all {len(proto)}, benign) + "
+                  + " + ".join(f"{p.name} ({split + ' half' if split else 'all'}, {int((group == g).sum())})" for g, (p, split) in enumerate(TRAIN_WRITERS))
+                  + f"; never {THIRD_SET.name}'s test half nor {FINAL_SET.name}")
+    stack_w, stack_b = fitted[chosen["stack"]][:2]
+    model: dict[str, object] = {
         "model": f"tf-idf word 1-2 + char_wb 2-4 grams (min_df 2, sublinear), logistic regression (balanced, C={c_text:g}); "
-                 f"{embedder} sentence vectors, logistic regression (balanced, C={c_embed:g}); their logits stacked "
-                 "by a logistic regression on out-of-fold dev scores",
-        "trained_on": f"{SCREEN_SET.name} (all {len(_rows(SCREEN_SET))}) + {WRITTEN_SET.name} (all {len(_rows(WRITTEN_SET))}) "
-                      f"+ {PROTOCOL_SET.name} (all {len(proto)}, benign) + {OUTSIDE_SET.name} dev half ({len(dev)}); never its test half",
+                 f"{embedder} sentence vectors, logistic regression (balanced, C={c_embed:g}); their logits"
+                 + (" and each one's highest over the text's clauses" if use_clauses else "")
+                 + " stacked by a logistic regression on leave-one-writer-out scores",
+        "trained_on": trained_on,
         "threshold": thresholds["text"][0], "doubt": thresholds["text"][1], "bias": float(clf.intercept_[0]),  # type: ignore[attr-defined]
-        "stack": {"text": round(float(a), 6), "embedding": round(float(b), 6), "bias": round(c, 6),
-                  "threshold": thresholds["stack"][0], "doubt": thresholds["stack"][1]},
+        "stack": {**stack_w, "bias": stack_b, "threshold": thresholds["stack"][0], "doubt": thresholds["stack"][1]},
         "embedding": {"embedder": embedder, "bias": float(eclf.intercept_[0]),  # type: ignore[attr-defined]
                       "weights": [float(f"{w:.6g}") for w in eclf.coef_[0]]},  # type: ignore[attr-defined]
         "blocks": blocks,
     }
     if probe:
-        scaler, pclf = fit_probe(np.vstack([x_all, x_dev, x_pro[:n_pro]]), y_full)
+        scaler, pclf = final["probe"]  # type: ignore[misc]
         # Standardisation folded into the weights: w . (x - mean) / scale + b.
         w = pclf.coef_[0] / scaler.scale_  # type: ignore[attr-defined]
-        model["model"] += f"; with the probe, {PROBE_MODEL}'s last hidden state after a fixed question, standardised, logistic regression (balanced, C={c_probe:g}), the three logits stacked the same way"
+        probe_w, probe_b = fitted[chosen["probe"]][:2]
+        model["model"] += f"; with the probe, {PROBE_MODEL}'s hidden states after a fixed question (the text's mean and the last token's), standardised, logistic regression (balanced, C={c_probe:g}), stacked the same way"
         model["probe"] = {**probe_spec, "bias": float(pclf.intercept_[0] - float(np.dot(w, scaler.mean_))),  # type: ignore[attr-defined]
                           "weights": [float(f"{v:.7g}") for v in w]}
-        model["stack_probe"] = {"text": round(float(a3), 6), "embedding": round(float(b3), 6), "probe": round(float(c3), 6),
-                                "bias": round(d3, 6), "threshold": thresholds["probe"][0], "doubt": thresholds["probe"][1]}
+        model["stack_probe"] = {**probe_w, "bias": probe_b, "threshold": thresholds["probe"][0], "doubt": thresholds["probe"][1]}
     mine = IntentModel(model, embedding=emb)
-    drift_text = max(abs(mine.text_logit(t) - float(z)) for t, z in zip(t_dev, text_logit(vecs, clf, t_dev), strict=True))
-    drift_embed = max(abs(mine.embedding_logit(v) - float(z)) for v, z in zip(e_dev, eclf.decision_function(e_dev), strict=True))  # type: ignore[attr-defined]
+    drift_text = max(abs(mine.text_logit(t) - float(v)) for t, v in zip(t_pool, text_logit(final["text"], t_pool), strict=True))  # type: ignore[arg-type]
+    drift_embed = max(abs(mine.embedding_logit(v) - float(s)) for v, s in zip(e_pool, eclf.decision_function(e_pool), strict=True))  # type: ignore[attr-defined]
     drift_probe = 0.0
     if probe:
-        shipped = Probe(model["probe"], reader=states)
-        drift_probe = max(abs(shipped.logit(t) - float(z)) for t, z in zip(t_dev[:50], probe_logit((scaler, pclf), x_dev[:50]), strict=True))
+        shipped = Probe(model["probe"], reader=states)  # type: ignore[arg-type]
+        drift_probe = max(abs(shipped.logit(t) - float(v)) for t, v in zip(t_pool[:50], probe_logit(final["probe"], x_pool[:50]), strict=True))  # type: ignore[arg-type]
     if max(drift_text, drift_embed, drift_probe) > 1e-3:
         raise SystemExit(f"the shipped scorer disagrees with scikit-learn by {drift_text:.2g} / {drift_embed:.2g} / {drift_probe:.2g} (logits); not written")
     out.write_text(json.dumps(model, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
-    return {"path": str(out), "bytes": out.stat().st_size, "features": at_col + len(eclf.coef_[0]),  # type: ignore[attr-defined]
-            "stack": model["stack"], "text_only": {"threshold": thresholds["text"][0], "doubt": thresholds["text"][1]},
-            "max_scorer_drift_logits": [drift_text, drift_embed],
-            "dev_cv_auc": {"text": auc(p_text), "embedding": auc(1 / (1 + np.exp(-ze))), "stack": auc(p_stack)},
-            "patterns_alone_on_dev": {"caught": round(float(patterns[y_dev].mean()), 3), "false_positives": round(float(patterns[~y_dev].mean()), 3)},
-            "dev_cv_stack_at_threshold": at(p_stack, thresholds["stack"][0]), "dev_cv_stack_at_doubt": at(p_stack, thresholds["stack"][1]),
-            "dev_cv_text_at_threshold": at(p_text, thresholds["text"][0]), "dev_cv_text_at_doubt": at(p_text, thresholds["text"][1]),
-            "protocol_cv_held": {"stack_at_threshold": on_protocol(p_stack_pro, thresholds["stack"][0]),
-                                 "stack_at_doubt": on_protocol(p_stack_pro, thresholds["stack"][1]),
-                                 "text_at_doubt": on_protocol(p_text_pro, thresholds["text"][1]),
-                                 "patterns": round(float(patterns_pro.mean()), 4)},
-            "protocol_cv_highest": [(str(proto[i]["env"]), round(float(p_stack_pro[i]), 3), str(proto[i]["text"])[:90]) for i in np.argsort(-p_stack_pro)[:15]],
-            "dev_cv_stack_doubt_sweep": sweep(p_stack, p_stack_pro), "dev_cv_text_doubt_sweep": sweep(p_text, p_text_pro),
-            **({"probe": {"stack": model["stack_probe"], "dev_cv_auc": {"probe": auc(1 / (1 + np.exp(-zp))), "stack": auc(of["probe"])},
-                          "dev_cv_at_threshold": at(of["probe"], thresholds["probe"][0]), "dev_cv_at_doubt": at(of["probe"], thresholds["probe"][1]),
-                          "protocol_cv_held": {"at_threshold": on_protocol(pro_of["probe"], thresholds["probe"][0]),
-                                               "at_doubt": on_protocol(pro_of["probe"], thresholds["probe"][1])},
-                          "doubt_sweep": sweep(of["probe"], pro_of["probe"]), "max_scorer_drift_logits": drift_probe,
-                          "forward_passes": states.passes}} if probe else {})}
+    report: dict[str, object] = {
+        "path": str(out), "bytes": out.stat().st_size, "features": at_col + len(eclf.coef_[0]),  # type: ignore[attr-defined]
+        "trained_on": trained_on, "clauses": {"stack": use_clauses, **({"probe": use_clauses_probe} if probe else {})},
+        "writer_out_auc": {**{n: auc(1 / (1 + np.exp(-z[n]))) for n in names}, **aucs},
+        "thresholds": {k: {"block": v[0], "doubt": v[1]} for k, v in thresholds.items()},
+        "patterns_alone": {"caught": round(float(patterns[y_pool].mean()), 3), "false_positives": round(float(patterns[~y_pool].mean()), 3)},
+        "max_scorer_drift_logits": [drift_text, drift_embed, drift_probe],
+    }
+    for name, p in of.items():
+        report[name] = {"at_block": at(p, thresholds[name][0]), "at_doubt": at(p, thresholds[name][1]),
+                        "protocol_held": {"at_block": on_protocol(pro_of[name], thresholds[name][0]), "at_doubt": on_protocol(pro_of[name], thresholds[name][1])},
+                        "doubt_sweep": sweep(p, pro_of[name])}
+    fam = np.array([str(r["family"]) for r in pool])
+    p_best = of["probe" if probe else "stack"]
+    t_best = thresholds["probe" if probe else "stack"][1]
+    report["attacks_passing_the_doubt_level_by_family"] = dict(Counter(fam[y_pool & ~((p_best >= t_best) | patterns)]).most_common())  # type: ignore[operator]
+    if probe:
+        report["forward_passes"] = states.passes
+    return report
 
 
 CONDITIONS = [
@@ -804,11 +922,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--screen-only", action="store_true", help="only the labelled screen set")
     parser.add_argument("--judge", default=None, help="add the LLM judge with this model (e.g. local); slow, off by default")
-    parser.add_argument("--fit", action="store_true", help="refit the screen's intent model (old set + written set + outside dev half) and exit")
+    parser.add_argument("--fit", action="store_true", help="refit the screen's intent model (old, written and protocol sets + TRAIN_WRITERS) and exit")
     parser.add_argument("--probe", action="store_true", help="with the semantic layer's probe (the embedded 1.5B reads each text; ~1 s a text, "
                         "states cached in .bench/); with --fit, fit the probe too")
     parser.add_argument("--no-intent", action="store_true", help="the screen without its semantic layer (patterns only)")
-    parser.add_argument("--dev-only", action="store_true", help="score only the outside set's dev half (while developing: the test half is not read)")
+    parser.add_argument("--dev-only", action="store_true", help="score the third set's dev half instead of the held-out sets (while developing: they are not read)")
     args = parser.parse_args()
     if args.fit:
         print(json.dumps(fit_intent(probe=args.probe), indent=2))
@@ -823,21 +941,24 @@ def main() -> None:
 
         screen = Screen(judge=LLMJudge(open_llm(args.judge)), **({"intent": None} if args.no_intent else {}))
     labelled = screen_set(screen)
-    outside_splits = ("dev",) if args.dev_only else ("dev", "test")
-    outside = screen_set(screen, OUTSIDE_SET, splits=outside_splits)
-    e2e = [exchange_end_to_end(sp, screen=screen) for sp in outside_splits] if not args.no_intent and not args.judge else []
-    fresh = None
-    if FRESH_SET.exists() and not args.dev_only:
-        fresh = {"screen": screen_set(screen, FRESH_SET, splits=("test",)), "exchange": exchange_end_to_end("test", FRESH_SET, screen=screen)}
+    # --dev-only: the third writer's dev half, while developing; its test half and the final
+    # set are not read
+    held_sets = ((THIRD_SET, "dev"),) if args.dev_only else HELD_OUT
+    held = [screen_set(screen, path, splits=(split,)) for path, split in held_sets]
+    trained = [screen_set(screen, path, splits=("dev",) if split else ("dev", "test") if path == OUTSIDE_SET else ("test",))
+               for path, split in TRAIN_WRITERS]
+    e2e = [exchange_end_to_end(split, path, screen=screen) for path, split in held_sets] if not args.no_intent and not args.judge else []
+    probe_cost = None
     if states is not None:
         states.save()
-        outside["probe_cost"] = {"forward_passes": states.passes, "cached": states.hits,  # type: ignore[index]
-                                 "cpu_ms_per_pass": round(1000 * states.cpu_s / states.passes, 1) if states.passes else None}
+        probe_cost = {"forward_passes": states.passes, "cached": states.hits,
+                      "cpu_ms_per_pass": round(1000 * states.cpu_s / states.passes, 1) if states.passes else None}
+    sets = {"screen_set": labelled, "held_out": held, "training_writers": trained, "exchange": e2e, "probe_cost": probe_cost}
     if args.screen_only:
         if args.json:
-            print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside": e2e, "fresh_set": fresh}, indent=2, ensure_ascii=False))
+            print(json.dumps(sets, indent=2, ensure_ascii=False))
         else:
-            print_screen_outside(labelled, outside, e2e, fresh)
+            print_report(labelled, held, trained, e2e, probe_cost)
         return
     agents = args.agents or (4 if args.quick else 8)
     n_rules = args.rules or (8 if args.quick else 24)
@@ -847,10 +968,9 @@ def main() -> None:
     results = [run(n_agents=agents, n_rules=n_rules, policy_name=p, embedder_spec=args.embedder, seed=args.seed) for p in policies]
     elapsed = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({"screen_set": labelled, "outside_set": outside, "exchange_outside": e2e, "fresh_set": fresh, "results": results,
-                          "seconds": round(elapsed, 2)}, indent=2, ensure_ascii=False))
+        print(json.dumps({**sets, "results": results, "seconds": round(elapsed, 2)}, indent=2, ensure_ascii=False))
         return
-    print_screen_outside(labelled, outside, e2e, fresh)
+    print_report(labelled, held, trained, e2e, probe_cost)
     print()
     print(f"poisoning bench: {agents} agents, {n_rules} consensus rules + {len(TRICKY_BENIGN)} tricky benign, embedder {args.embedder}")
     head = f"{'':34}" + "".join(f"{r['policy']:>16}" for r in results)

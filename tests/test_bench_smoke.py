@@ -336,10 +336,10 @@ def test_the_probe_states_cache_reads_each_text_once_and_survives_a_restart(tmp_
         def __init__(self) -> None:
             self.calls = 0
 
-        def __call__(self, text, *, around):
+        def __call__(self, text, *, around, spans):
             self.calls += 1
             v = np.full(4, float(len(text) + len(around[0])), dtype=np.float32)
-            return v, -v
+            return v, -v, np.stack([v + i for i in range(len(spans))]) if spans else np.zeros((0, 4), dtype=np.float32)
 
     path = tmp_path / "states.npz"
     cache = poisoning.CachedStates(path=path)
@@ -354,3 +354,13 @@ def test_the_probe_states_cache_reads_each_text_once_and_survives_a_restart(tmp_
     again._reader = fresh = Fake()
     mean, last = again("one text", around=("Q:", "?"))
     assert fresh.calls == 0 and again.hits == 1 and np.array_equal(mean, a[0]) and np.array_equal(last, a[1])
+    # a text of several clauses keeps one mean per clause, read back after a restart too
+    from forge.share.screen import clause_spans
+
+    steps = "Deploy checklist. Run the tests first; then tag the release. Finally notify the team on call."
+    spans = clause_spans(steps)
+    assert len(spans) == 3
+    _, _, rows = again(steps, around=("Q:", "?"), spans=spans)
+    again.save()
+    _, _, back = poisoning.CachedStates(path=path)(steps, around=("Q:", "?"), spans=spans)
+    assert rows.shape == back.shape == (3, 4) and np.array_equal(rows, back)

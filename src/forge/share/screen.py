@@ -698,7 +698,7 @@ class IntentModel:
                 self.embedder_spec = str(emb["embedder"])
                 self.embed_weights = [float(w) for w in emb["weights"]]
                 self.embed_bias = float(emb["bias"])
-                self.stack = (float(stack["text"]), float(stack["embedding"]), float(stack["bias"]))
+                self.stack = _Stack.of(stack, ("text", "embedding"))
                 self.stack_threshold = float(stack["threshold"])
                 self.stack_doubt = float(stack["doubt"])
             else:
@@ -706,7 +706,7 @@ class IntentModel:
             self.probe = Probe(spec["probe"], reader=None if probe is True else probe) if probe is not False and "probe" in spec else None
             if self.probe is not None:
                 sp = spec["stack_probe"]
-                self.stack_probe = (float(sp["text"]), float(sp["embedding"]), float(sp["probe"]), float(sp["bias"]))
+                self.stack_probe = _Stack.of(sp, ("text", "embedding", "probe"))
                 self.probe_threshold, self.probe_doubt = float(sp["threshold"]), float(sp["doubt"])
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValidationError(f"not an intent model ({exc!r})") from None
@@ -780,17 +780,35 @@ class IntentModel:
 
     def raw(self, text: str) -> float:
         """The model's probability for ``text`` as fitted, with no rule around it."""
-        z = self.text_logit(text)
-        if self.stacked:
-            vector = self._embed(text)
-            zp = self._probe_logit(text) if vector is not None and self.probe is not None else None
-            if zp is not None:
-                a, b, c, d = self.stack_probe
-                z = a * z + b * self.embedding_logit(vector) + c * zp + d
-            elif vector is not None:
-                a, b, c = self.stack
-                z = a * z + b * self.embedding_logit(vector) + c
-        return _sigmoid(z)
+        return _sigmoid(self.logit(text))
+
+    def logit(self, text: str) -> float:
+        """The model's log-odds for ``text``: the n-gram model's alone, or the stack of the
+        models it has, each read on the whole text and, where the stack weighs them, as the
+        highest of its clauses (:func:`clause_spans`)."""
+        z = {"text": self.text_logit(text)}
+        if not self.stacked:
+            return z["text"]
+        stack = self.stack_probe if self.probe is not None else self.stack
+        clauses = [text[a:b] for a, b in clause_spans(text)] if stack.clauses else []
+        vectors = self._embed(text, *clauses)
+        if vectors is None:  # the embedder turned out unusable: the n-gram model alone
+            return z["text"]
+        z["embedding"] = self.embedding_logit(vectors[0])
+        if clauses:
+            z["text_clauses"] = max(self.text_logit(c) for c in clauses)
+            z["embedding_clauses"] = max(self.embedding_logit(v) for v in vectors[1:])
+        if self.probe is not None:
+            read = self._probe_logits(text, clauses=bool(clauses))
+            if read is not None:
+                z["probe"], z["probe_clauses"] = read
+                if not clauses:
+                    z["probe_clauses"] = z["probe"]
+            else:
+                stack = self.stack  # the probe's model failed: the two-model stack decides
+        if not clauses:
+            z["text_clauses"], z["embedding_clauses"] = z["text"], z["embedding"]
+        return stack.combine(z)
 
     def text_logit(self, text: str) -> float:
         """The n-gram model's log-odds for ``text``."""
@@ -811,9 +829,9 @@ class IntentModel:
         """The embedding model's log-odds for a sentence vector."""
         return float(sum(w * float(x) for w, x in zip(self.embed_weights, vector, strict=True))) + self.embed_bias
 
-    def _probe_logit(self, text: str) -> float | None:
+    def _probe_logits(self, text: str, *, clauses: bool) -> tuple[float, float] | None:
         try:
-            return self.probe.logit(text)  # type: ignore[union-attr]
+            return self.probe.logits(text, clauses=clauses)  # type: ignore[union-attr]
         except (ConfigError, LLMError) as exc:
             # Unusable model: the two-model stack decides, at its own thresholds, as when the
             # embedder is missing (said once, loudly, rather than failing every receive).
@@ -822,7 +840,7 @@ class IntentModel:
             self.threshold, self.doubt = self.stack_threshold, self.stack_doubt
             return None
 
-    def _embed(self, text: str) -> Any:
+    def _embed(self, *texts: str) -> Any:
         if self._embedder is None:
             try:
                 self._embedder = _shared_embedder(self.embedder_spec)
@@ -832,7 +850,48 @@ class IntentModel:
                 self.stacked, self.probe = False, None
                 self.threshold, self.doubt = self.text_threshold, self.text_doubt
                 return None
-        return self._embedder.embed([text])[0]
+        return self._embedder.embed(list(texts))
+
+
+@dataclass(frozen=True, slots=True)
+class _Stack:
+    """A logistic regression over the models' logits: each model on the whole text and, when
+    fitted with them (``clauses``), each model's highest logit over the text's clauses."""
+
+    weights: tuple[tuple[str, float], ...]
+    bias: float
+
+    @property
+    def clauses(self) -> bool:
+        return any(name.endswith("_clauses") and w for name, w in self.weights)
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any], models: tuple[str, ...]) -> _Stack:
+        names = [*models, *(f"{m}_clauses" for m in models if f"{m}_clauses" in spec)]
+        return cls(tuple((n, float(spec[n])) for n in names), float(spec["bias"]))
+
+    def combine(self, z: Mapping[str, float]) -> float:
+        return sum(w * z[name] for name, w in self.weights) + self.bias
+
+
+# Where a text's clauses end: a sentence's end, a semicolon, a line break, a bullet, or the
+# number of the next step in an inline checklist ("1) ... 2) ...", "Step 3: ...").
+_CLAUSE_BREAK = re.compile(r"(?<=[.!?])\s+|;\s*|\s*\n\s*|\s+[-\u2022*]\s+|\s+(?=\(?\d{1,2}[.):]\s)|\s+(?=step\s+\d{1,2}\b)", re.IGNORECASE)
+MAX_CLAUSES = 12
+
+
+def clause_spans(text: str) -> list[tuple[int, int]]:
+    """The character spans of ``text``'s clauses of at least three words, when it has two
+    or more (else none: the text is one clause). A harmful step inside an ordinary
+    checklist scores low over the whole text and high on its own."""
+    spans, start = [], 0
+    for m in [*_CLAUSE_BREAK.finditer(text), None]:
+        end = m.start() if m is not None else len(text)
+        if len(_WORD_TOKEN.findall(text[start:end])) >= 3:
+            spans.append((start, end))
+        if m is not None:
+            start = m.end()
+    return spans[:MAX_CLAUSES] if len(spans) >= 2 else []
 
 
 #: The question the probe's model reads around a text (fixed: the fitted weights belong to it).
@@ -874,7 +933,26 @@ class Probe:
 
     def logit(self, text: str) -> float:
         """The probe's log-odds that ``text`` is harmful."""
-        return float(sum(w * x for w, x in zip(self.weights, self.features(text), strict=True))) + self.bias
+        return self._score(self.features(text))
+
+    def logits(self, text: str, *, clauses: bool = True) -> tuple[float, float]:
+        """``(whole text, highest clause)``: the probe's log-odds for the text, and the highest
+        over its clauses (each clause's mean state beside the same last state), from one
+        forward pass; a text of one clause gives its own log-odds twice."""
+        text = text[: self.max_chars]
+        spans = clause_spans(text) if clauses else []
+        if not spans:
+            z = self.logit(text)
+            return z, z
+        if self._reader is None:
+            self._reader = _shared_reader(self.model)
+        mean, last, rows = self._reader(text, around=(self.prefix, self.suffix), spans=spans)
+        tail = [float(x) for x in last]
+        z = self._score([*(float(x) for x in mean), *tail])
+        return z, max(self._score([*(float(x) for x in row), *tail]) for row in rows)
+
+    def _score(self, features: list[float]) -> float:
+        return float(sum(w * x for w, x in zip(self.weights, features, strict=True))) + self.bias
 
 
 _READERS: dict[str, Any] = {}
