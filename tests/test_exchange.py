@@ -306,7 +306,7 @@ def test_reputation_weights_usefulness(memory: Memory, keyring: Keyring, clock: 
     ex = Exchange(memory, "me", keyring, clock=clock, assessor=HeuristicAssessor(), limits=Limits(accept_at=0.5))
     ex.consensus.reputation.set("good", successes=9, failures=0)
     ex.consensus.reputation.set("bad", successes=0, failures=9)
-    text_good = "When the guard sleeps, pass the gate quietly."
+    text_good = "When the guard sleeps, pass the gate."  # "...quietly" scores 0.470, at the refit screen's doubt level: a stealth rule held for review, not this test's subject
     text_bad = "When the cook sleeps, take bread from the shelf."
     assert ex.receive(make(keyring, text=text_good, sender="good", clock=clock, confidence=0.5)).outcome == "accepted"
     d = ex.receive(make(keyring, text=text_bad, sender="bad", clock=clock, confidence=0.5))
