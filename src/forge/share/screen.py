@@ -801,9 +801,7 @@ class IntentModel:
         if self.probe is not None:
             read = self._probe_logits(text, clauses=bool(clauses))
             if read is not None:
-                z["probe"], z["probe_clauses"] = read
-                if not clauses:
-                    z["probe_clauses"] = z["probe"]
+                z["probe"], z["probe_clauses"] = read  # one clause: the text's own logit twice
             else:
                 stack = self.stack  # the probe's model failed: the two-model stack decides
         if not clauses:
