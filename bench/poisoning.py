@@ -3,6 +3,7 @@
     python bench/poisoning.py              # labelled screen set, then 8 agents x three policies
     python bench/poisoning.py --quick      # labelled screen set, then 4 agents, two policies
     python bench/poisoning.py --screen-only   # only the labelled screen set (seconds)
+    python bench/poisoning.py --held-out-only --probe   # the held-out sets alone, with the probe (~20 min)
     python bench/poisoning.py --json       # one JSON object instead of the tables
     python bench/poisoning.py --fit        # refit the screen's intent model (needs scikit-learn)
 
@@ -216,7 +217,7 @@ def print_screen_set(res: dict[str, object], *, show_errors: str | None = "heldo
 HELD_OUT = ((THIRD_SET, "test"), (FINAL_SET, "test"))
 
 
-def print_report(labelled: dict[str, object], held: list[dict[str, object]], trained: list[dict[str, object]],
+def print_report(labelled: dict[str, object] | None, held: list[dict[str, object]], trained: list[dict[str, object]],
                  e2es: list[dict[str, object]], probe_cost: dict[str, object] | None = None) -> None:
     """The held-out sets per family (no texts: they stay unread), each training writer's set
     in one line (in-sample, so not a measure of generalisation), the old set, the Exchange."""
@@ -226,14 +227,16 @@ def print_report(labelled: dict[str, object], held: list[dict[str, object]], tra
     if probe_cost:
         print(f"probe: {probe_cost['forward_passes']} forward passes of the 1.5B at {probe_cost['cpu_ms_per_pass']} ms CPU each, "
               f"{probe_cost['cached']} states read from the cache")
-    print("training writers' sets (in-sample for the semantic layer, which trains on them):")
+    if trained:
+        print("training writers' sets (in-sample for the semantic layer, which trains on them):")
     for res in trained:
         fams = res["families"]  # type: ignore[index]
         for sp in res["splits"]:  # type: ignore[union-attr]
             (ca, na), (fb, nb) = fams["attack:ALL"][sp], fams["benign:ALL"][sp]  # type: ignore[index]
             print(f"  {res['set']:24} {sp:5} caught {ca / max(1, na):6.1%} ({ca}/{na}), false positives {fb / max(1, nb):5.1%} ({fb}/{nb})")
-    print()
-    print_screen_set(labelled)
+    if labelled is not None:
+        print()
+        print_screen_set(labelled)
     if e2es:
         print()
     for e2e in e2es:
@@ -926,6 +929,8 @@ def main() -> None:
     parser.add_argument("--probe", action="store_true", help="with the semantic layer's probe (the embedded 1.5B reads each text; ~1 s a text, "
                         "states cached in .bench/); with --fit, fit the probe too")
     parser.add_argument("--no-intent", action="store_true", help="the screen without its semantic layer (patterns only)")
+    parser.add_argument("--held-out-only", action="store_true", help="only the held-out sets and their signed Exchange: what a new "
+                        "screen version is judged on (with --probe, ~1,100 forward passes instead of ~2,000)")
     parser.add_argument("--dev-only", action="store_true", help="score the third set's dev half instead of the held-out sets (while developing: they are not read)")
     args = parser.parse_args()
     if args.fit:
@@ -940,13 +945,14 @@ def main() -> None:
         from forge.share.screen import LLMJudge
 
         screen = Screen(judge=LLMJudge(open_llm(args.judge)), **({"intent": None} if args.no_intent else {}))
-    labelled = screen_set(screen)
+    labelled = None if args.held_out_only else screen_set(screen)
     # --dev-only: the third writer's dev half, while developing; its test half and the final
     # set are not read
     held_sets = ((THIRD_SET, "dev"),) if args.dev_only else HELD_OUT
     held = [screen_set(screen, path, splits=(split,)) for path, split in held_sets]
-    trained = [screen_set(screen, path, splits=("dev",) if split else ("dev", "test") if path == OUTSIDE_SET else ("test",))
-               for path, split in TRAIN_WRITERS]
+    trained = [] if args.held_out_only else [
+        screen_set(screen, path, splits=("dev",) if split else ("dev", "test") if path == OUTSIDE_SET else ("test",))
+        for path, split in TRAIN_WRITERS]
     e2e = [exchange_end_to_end(split, path, screen=screen) for path, split in held_sets] if not args.no_intent and not args.judge else []
     probe_cost = None
     if states is not None:
@@ -954,7 +960,7 @@ def main() -> None:
         probe_cost = {"forward_passes": states.passes, "cached": states.hits,
                       "cpu_ms_per_pass": round(1000 * states.cpu_s / states.passes, 1) if states.passes else None}
     sets = {"screen_set": labelled, "held_out": held, "training_writers": trained, "exchange": e2e, "probe_cost": probe_cost}
-    if args.screen_only:
+    if args.screen_only or args.held_out_only:
         if args.json:
             print(json.dumps(sets, indent=2, ensure_ascii=False))
         else:
