@@ -7,7 +7,8 @@ applies to new tasks, not memorisation of one map. For each env and condition it
 held-out success rate and return, tokens per success (every token of the run, training and
 evaluation, over held-out successes), and from the recorded decisions how often a rule for
 the situation was in front of the model (``shown``) and how often the action followed it
-(``followed``, of those shown). Then FORGE's ratios with the issue's targets beside them:
+(``followed``, of those shown), and how many held-out episodes were distinct (greedy
+instances that share a memory replay each other's episodes). Then FORGE's ratios with the issue's targets beside them:
 success >= 1.5x zero-shot and above Reflexion, tokens per success <= 0.6x Reflexion.
 
     python bench/transfer.py --quick                      # the embedded 1.5B, small cells
@@ -47,13 +48,21 @@ def _mean_sd(values: Sequence[float]) -> tuple[float, float]:
 
 
 def decisions(run_dir: Path) -> dict[str, int]:
-    """The held-out decisions of every instance: how many, with a rule shown, and followed."""
+    """The held-out decisions of every instance: how many, with a rule shown, and followed;
+    and how many of the held-out episodes were distinct (seed and actions). Instances that
+    share a memory after a broadcast and decide greedily play the same episode on a seed, so
+    a cell's episodes can be fewer independent samples than they look."""
     out = {"decisions": 0, "rule_shown": 0, "rule_followed": 0}
+    played: set[tuple[object, tuple[object, ...]]] = set()
     for path in sorted((run_dir / "checkpoints" / "eval").glob("inst-*.json")):
-        for r in json.loads(path.read_text(encoding="utf-8")).get("results", []):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        results = data.get("results", [])
+        for r in results:
             for key in out:
                 out[key] += int((r.get("rules") or {}).get(key, 0))
-    return out
+        for r, episode in zip(results, data.get("episodes", []), strict=False):
+            played.add((r.get("seed"), tuple(step.get("action") for step in episode.get("steps", []))))
+    return {**out, "distinct_episodes": len(played)}
 
 
 def run_cell(env: str, condition: str, representation: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -104,6 +113,7 @@ def summarise(env: str, condition: str, representation: str, runs: list[dict[str
         "tokens_per_success": tokens / wins if wins else None,
         "rule_shown_rate": shown / decided if decided else 0.0,
         "rule_followed_rate": sum(r["rule_followed"] for r in runs) / shown if shown else None,
+        "episodes": sum(r["episodes"] for r in runs), "distinct_episodes": sum(r["distinct_episodes"] for r in runs),
         "runs": runs,
     }
 
@@ -144,14 +154,14 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"Held-out transfer ({result['llm']}; N={result['instances']}, S={result['stages']}, k={result['attempts']}; "
         f"run seeds {result['run_seeds']}; {result['seconds']:.0f}s)",
-        f"{'env':<24} {'condition':<17} {'held-out success':>17} {'return':>14} {'tok/success':>12} {'rule shown':>11} {'followed':>9}",
+        f"{'env':<24} {'condition':<17} {'held-out success':>17} {'return':>14} {'tok/success':>12} {'rule shown':>11} {'followed':>9} {'distinct':>9}",
     ]
     for c in result["cells"]:
         tps = f"{c['tokens_per_success']:,.0f}" if c["tokens_per_success"] is not None else "-"
         fol = f"{c['rule_followed_rate']:.0%}" if c["rule_followed_rate"] is not None else "-"
         lines.append(
             f"{c['env']:<24} {c['label']:<17} {_pct(c['success'], c['success_sd']):>17} "
-            f"{c['return']:>+7.2f} ± {c['return_sd']:<4.2f} {tps:>12} {c['rule_shown_rate']:>11.0%} {fol:>9}"
+            f"{c['return']:>+7.2f} ± {c['return_sd']:<4.2f} {tps:>12} {c['rule_shown_rate']:>11.0%} {fol:>9} {str(c['distinct_episodes']) + '/' + str(c['episodes']):>9}"
         )
     if result["ratios"]:
         lines.append("")

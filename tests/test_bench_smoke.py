@@ -364,3 +364,28 @@ def test_the_probe_states_cache_reads_each_text_once_and_survives_a_restart(tmp_
     again.save()
     _, _, back = poisoning.CachedStates(path=path)(steps, around=("Q:", "?"), spans=spans)
     assert rows.shape == back.shape == (3, 4) and np.array_equal(rows, back)
+
+
+def test_transfer_evaluates_only_on_held_out_seeds_and_counts_replayed_episodes_once(tmp_path: Path) -> None:
+    """bench/transfer.py: every cell trains on training seeds and is scored on seeds none of
+    them is; and two frozen instances that decide alike play the same episode on a seed, so
+    the report's distinct count is half its episodes, not all of them (a cell of 2 x 5
+    looks like 10 samples and is 5)."""
+    import transfer
+
+    out = tmp_path / "runs"
+    transfer.main(["--llm", "test", "--quick", "--envs", "frozenlake-random-4x4", "--conditions", "zero-shot",
+                   "--run-seeds", "0", "--out", str(out), "--json"])
+    cfg = json.loads((out / "frozenlake-random-4x4-zero-shot-rules-seed0" / "config.json").read_text())
+    assert cfg["eval_seeds"] and not set(cfg["eval_seeds"]) & set(cfg["train_seeds"])
+    played = {r["seed"] for p in (out / "frozenlake-random-4x4-zero-shot-rules-seed0" / "checkpoints" / "eval").glob("inst-*.json")
+              for r in json.loads(p.read_text())["results"]}
+    assert played == set(cfg["eval_seeds"])
+    rec = transfer.decisions(out / "frozenlake-random-4x4-zero-shot-rules-seed0")
+    assert rec["distinct_episodes"] == 5 and rec["decisions"] > 5
+    # the same seed with other actions is another episode
+    inst = out / "frozenlake-random-4x4-zero-shot-rules-seed0" / "checkpoints" / "eval" / "inst-01.json"
+    data = json.loads(inst.read_text())
+    data["episodes"][0]["steps"][0]["action"] = "a move the other instance never made"
+    inst.write_text(json.dumps(data))
+    assert transfer.decisions(out / "frozenlake-random-4x4-zero-shot-rules-seed0")["distinct_episodes"] == 6
