@@ -326,7 +326,8 @@ def test_the_way_back_is_the_exit_opposite_the_move_that_came_in(cache: Path) ->
     obs = env.reset(seed=1000)
     assert "Came in from" not in obs and "the way back" not in env.spec.situation(obs)  # type: ignore[misc]
     opposite = {"north": "south", "south": "north", "east": "west", "west": "east"}
-    move = next(a for a in env.valid_actions() if a.startswith("go "))
+    # the route's first leg: after a detour the way back is the goal's way, a clause of its own
+    move = env.walkthrough[0]
     way = move.split()[1]
     obs = env.step(move).observation
     situation = env.spec.situation(obs)  # type: ignore[misc]
@@ -347,10 +348,10 @@ def test_the_way_back_is_the_exit_opposite_the_move_that_came_in(cache: Path) ->
     assert rule is not None
     for seed in range(1001, 1020):  # another game whose start room has the same exit
         start = other.reset(seed=seed)
-        if move in other.valid_actions():
+        if other.walkthrough[0] == move:
             break
     else:
-        pytest.fail(f"no held-out coin-2 game in 1001-1019 starts with {move!r}")
+        pytest.fail(f"no held-out coin-2 game in 1001-1019 sets off with {move!r}")
     assert not rules.applies(rule, other.spec.situation(start))  # type: ignore[misc]
     there = other.step(move).observation
     assert rules.applies(rule, other.spec.situation(there))  # type: ignore[misc]
@@ -429,3 +430,34 @@ def test_reflection_on_a_lost_game_is_asked_with_the_actions_of_its_failing_step
     assert asked[0]["properties"]["avoid"]["enum"] == list(at_failure[0])
     assert f"eat {food}" in asked[0]["properties"]["avoid"]["enum"]
     env.close()
+
+
+def test_the_goals_way_follows_the_route_and_leads_back_from_a_detour(cache: Path) -> None:
+    env = env_for("coin-2", cache)
+    obs = env.reset(seed=1000)
+    route = tw_env.goal_route(obs.splitlines()[0])
+    walk = [c for c in env.walkthrough if c.startswith("go ")]
+    assert route and list(route) == [c.split()[1] for c in walk]  # the goal spells the walk
+    # on the walkthrough, every observation names the next leg, and the situation keys it
+    for command in walk:
+        assert f"Goal's way from here: {command.split()[1]}" in obs
+        assert f"{command}: the goal's way" in env.spec.situation(obs).split("; ")  # type: ignore[misc]
+        obs = env.step(command).observation
+    assert "Goal's way from here" not in obs  # the route is walked: the coin is here
+    # off the route, the way back to it is named (and is not a "do not walk back" clause)
+    obs = env.reset(seed=1000)
+    opposite = {"north": "south", "south": "north", "east": "west", "west": "east"}
+    detour = next(a for a in env.valid_actions() if a.startswith("go ") and a != walk[0])
+    obs = env.step(detour).observation
+    back = opposite[detour.split()[1]]
+    assert f"Goal's way from here: {back}" in obs
+    situation = env.spec.situation(obs).split("; ")  # type: ignore[misc]
+    assert f"go {back}: the goal's way, back" in situation and f"go {back}: the way back" not in situation
+    obs = env.step(f"go {back}").observation
+    assert f"Goal's way from here: {walk[0].split()[1]}" in obs
+    env.close()
+
+
+def test_a_goal_without_directions_has_no_route() -> None:
+    assert tw_env.goal_route("Find the coin and take it.") == ()
+    assert tw_env.goal_route("First, head West. Then take a trip south, then lift the coin.") == ("west", "south")

@@ -42,13 +42,15 @@ Shaping, the same for every family (tau = -0.5, theta = 1.0, success >= 1.0, maj
 
 Observations are compact: the goal (TextWorld's objective without its welcome and sign-off
 lines), what the last command did, the room's description, the exit the agent came in through
-(once it has moved) and the inventory, each on its own labelled line, whitespace collapsed, no
-ASCII banner and no status line.
+(once it has moved), the goal's way from here (when the goal spells out a route, as coin games
+do: the route's next leg, or the way back to it after a detour) and the inventory, each on its
+own labelled line, whitespace collapsed, no ASCII banner and no status line.
 
 Transfer (see :class:`~forge.envs.base.EnvSpec`): TextWorld names its rooms and things from a
 grammar ("the spare room", "an American latchkey"), so ``spec.situation`` describes a state in
 kinds ("in a room with a closed container, a supporter; exits north, east (a locked door),
-west; go west: the way back; carrying a key; goal: take an object"), ``spec.abstract`` rewrites
+west; go north: the goal's way; go west: the way back; carrying a key; goal: take an
+object"), ``spec.abstract`` rewrites
 names into kinds and ``spec.instance_terms`` lists the names a text still holds. They read a per-env lexicon: every
 entity of every game the env has played plus TextWorld's own vocabulary for the family (its
 name grammar; the cooking game's food, furniture and room lists; the simple game's fixed house).
@@ -478,7 +480,13 @@ class _Lexicon:
             ways = [f"{d} ({_a(doors[d])})" if d in doors else d for d in _DIRECTIONS if d in exits]
             parts.append(f"exits {', '.join(ways)}" if ways else "no exits")
             back = _section(observation, "Came in from").lower()
-            if back in exits:
+            ahead = _section(observation, "Goal's way from here").lower()
+            if ahead in exits:
+                # keyed by its move like the way back, so "when go west: the goal's way, go
+                # west" is a rule for every game; worded so the way-back clause is not a
+                # substring of it when the two coincide (walking a detour back)
+                parts.append(f"go {ahead}: the goal's way" + (", back" if ahead == back else ""))
+            if back in exits and back != ahead:
                 # keyed by its move, so a rule against walking back narrows to this clause
                 # (forge.learn.rules.focus) and holds in any room of any game entered that
                 # way. Plain exits are not keyed: "go south: an exit" says nothing of why
@@ -624,6 +632,47 @@ def _compact_inventory(inventory: str) -> str:
     return text or "nothing."
 
 
+_WAY = re.compile(r"\b(north|south|east|west)\b", re.IGNORECASE)
+
+
+def goal_route(goal: str) -> tuple[str, ...]:
+    """The directions a goal spells out, in its order: coin games write their whole route
+    ("head west, then take a trip south, then ... lift the coin"); () when it names none."""
+    return tuple(m.group(1).lower() for m in _WAY.finditer(goal))
+
+
+@dataclass(slots=True)
+class _Route:
+    """Where the agent stands on the goal's route, so the observation can name the next way.
+
+    A goal that lists five moves asks a small model to count them: the 1.5B lost count and
+    paced between two rooms on coin-2. Each room-changing move either takes the route's next
+    leg or is a detour; a detour is walked back before the route goes on (in these families
+    a move and its opposite join the same two rooms).
+    """
+
+    legs: tuple[str, ...]
+    done: int = 0
+    detour: list[str] = field(default_factory=list)
+
+    def moved(self, way: str) -> None:
+        if self.detour:
+            if way == _OPPOSITE[self.detour[-1]]:
+                self.detour.pop()
+            else:
+                self.detour.append(way)
+        elif self.done < len(self.legs) and way == self.legs[self.done]:
+            self.done += 1
+        else:
+            self.detour.append(way)
+
+    def next(self) -> str:
+        """The way the goal's route goes on from here; "" with no route or at its end."""
+        if self.detour:
+            return _OPPOSITE[self.detour[-1]]
+        return self.legs[self.done] if self.done < len(self.legs) else ""
+
+
 # -- the environment ------------------------------------------------------------------------------
 
 
@@ -676,6 +725,7 @@ class TextWorldEnv:
         self._last = "The game has just started."
         self._room = ""  # the current room's name, to notice a move
         self._back = ""  # the direction of the exit the agent came in through, if known
+        self._route = _Route(())  # where the goal's spelled-out route stands
 
     @property
     def game_path(self) -> Path | None:
@@ -709,6 +759,7 @@ class TextWorldEnv:
         self._score, self._steps, self._done = int(self._state["score"] or 0), 0, False
         self._last = "The game has just started."
         self._room, self._back = _room_name(self._state["description"]), ""
+        self._route = _Route(goal_route(self._goal))
         self._actions = self._admissible()
         return self._observe()
 
@@ -763,6 +814,8 @@ class TextWorldEnv:
             # arriving (none in these families) leaves it unknown
             way = command.split()[-1] if command.startswith("go ") else ""
             self._room, self._back = room, _OPPOSITE.get(way, "")
+            if way in _OPPOSITE:
+                self._route.moved(way)
         self._actions = () if done else self._admissible()
         info = {"event": event, "step": self._steps, "score": self._score, "max_score": max_score,
                 "won": won, "lost": lost, "game": str(self._game_path)}
@@ -794,6 +847,8 @@ class TextWorldEnv:
             lines.append(f"Room: {room}")
             if self._back:
                 lines.append(f"Came in from: {self._back}")
+            if not self._done and (way := self._route.next()):
+                lines.append(f"Goal's way from here: {way}")
         inventory = self._state["inventory"] if self._state is not None else ""
         if inventory:
             lines.append(f"Carrying: {_compact_inventory(inventory)}")
