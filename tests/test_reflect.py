@@ -237,3 +237,14 @@ def test_safe_alternatives_name_moves_that_change_the_situation_not_bumps():
     seen = {env.spec.situation(start), env.spec.situation(env.step("down").observation)}  # the start, row 1, col 0
     assert safe_alternatives(env, seed=0, prefix=["down"], failed="left", tau=-0.5, must_move=True, seen=seen) == ("down",)
     assert safe_alternatives(env, seed=0, prefix=["down"], failed="left", tau=-0.5, must_move=True) == ("down", "up")
+
+
+def test_a_stall_is_not_blamed_on_the_goals_way():
+    # corridor rooms alike in kinds: the move along the route reaches a situation "seen" before
+    corridor = "in a room; exits north, south; go north: the goal's way; go south: the way back"
+    start = "in a room; exits north; go north: the goal's way"
+    where = [start, corridor, corridor, "in a room; exits south, east; go south: the goal's way, back", corridor]
+    assert stall_step(where, ["go north", "go north", "go east", "go south"], situation=str) == 2
+    # without the env's word for the goal's way, the same walk is blamed at the first repeat
+    plain = [w.replace("the goal's way", "an exit") for w in where]
+    assert stall_step(plain, ["go north", "go north", "go east", "go south"], situation=str) == 1

@@ -78,3 +78,25 @@ def test_an_action_that_starts_with_a_verb_is_forbidden_not_advised() -> None:
     # the negation's own verb is still read past when the action is the word after it
     assert rules.parse("when lost, do not move left; up was safe there", ACTIONS) == rules.ParsedRule("lost", ("left",), ("up",))
     assert rules.forbidden_in([rule], "in a room; exits north, east; go north: the way back", acts) == {"go north"}
+
+
+def test_a_rule_that_forbids_the_goals_way_is_refused() -> None:
+    """coin-2 with the goal's way named: a stall was blamed on a step along the route and the
+    reflection wrote "when go north: the goal's way; go south: the way back, do not go north;
+    go south was safe there", a rule that sent every later game back the way it came."""
+    acts = ["go north", "go south", "go east"]
+    here = "in a room; exits north, south; go north: the goal's way; go south: the way back; goal: take a coin"
+    bad = "when go north: the goal's way; go south: the way back, do not go north; go south was safe there"
+    common = dict(valid_actions=acts, situations=[here], failing_situation=here, safe_actions=["go south"])
+    kept, why = rules.check(bad, failing_action="go north", **common)
+    assert kept is None and "forbids the way the goal names (go north)" in why
+    # the same, after a detour: the goal's way is the way back, and is not to be forbidden either
+    back = "in a room; exits south; go south: the goal's way, back; goal: take a coin"
+    kept, why = rules.check("when go south: the goal's way, back, do not go south", valid_actions=acts,
+                            situations=[back], failing_situation=back, failing_action="go south")
+    assert kept is None and "goal" in why
+    # forbidding the detour where the goal's way is named is a rule worth keeping
+    good = "when go north: the goal's way; go south: the way back, do not go south; go north was safe there"
+    kept, why = rules.check(good, failing_action="go south", valid_actions=acts, situations=[here],
+                            failing_situation=here, safe_actions=["go north"])
+    assert kept == good and why == ""

@@ -172,7 +172,8 @@ def test_a_textworld_lesson_from_game_a_names_nothing_of_a_and_reads_the_same_on
     assert not [n for n in names_of(a_env) if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text, re.I)]
     assert not any(move in text for move in a.actions if move.startswith("go "))  # no move of A's walk
     assert got.parts[0].startswith("when in a room with a ") and ", as the goal says" in got.parts[0]
-    assert got.parts[1] == "other moves: the way the goal names, in its order, none to the way back"
+    # the env names the goal's way from each room, so the walk is also read in its clauses
+    assert got.parts[1] == "other moves: the way the goal names, in its order, to the goal's way, none to the way back"
     _, on_b = lesson_of(b_env, b, task)
     assert on_b.parts == got.parts  # what A taught is what B would teach: it transfers
 

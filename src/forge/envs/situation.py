@@ -10,7 +10,12 @@ import re
 
 from forge.envs.base import EnvSpec
 
-__all__ = ["situation_of", "summarize_observation"]
+__all__ = ["GOAL_WAY", "goal_ways", "situation_of", "summarize_observation"]
+
+#: What a situation's clause keyed by a move says when the env knows the move is the one its
+#: goal asks for next ("go west: the goal's way"). Reflection reads it as the env's own word
+#: that the move makes progress: never blamed for a stall, never forbidden by a rule.
+GOAL_WAY = "the goal's way"
 
 _STEP_HEAD = re.compile(r"^\s*(?:Step|Move|Turn) \d+ of \d+\.(?: The (?:episode|game) is over\.)?\s*", re.IGNORECASE)
 _PARENS = re.compile(r"\s*\([^()]*\)")
@@ -38,3 +43,13 @@ def situation_of(observation: str, spec: EnvSpec | None = None) -> str:
     if spec is not None and spec.situation is not None:
         return spec.situation(observation)
     return summarize_observation(observation)
+
+
+def goal_ways(situation: str) -> set[str]:
+    """The moves ``situation`` keys as :data:`GOAL_WAY` ("go west: the goal's way" -> {"go west"})."""
+    out = set()
+    for clause in str(situation).split(";"):
+        key, sep, said = clause.partition(":")
+        if sep and said.strip().lower().startswith(GOAL_WAY):
+            out.add(" ".join(key.lower().split()))
+    return out

@@ -76,7 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.envs.base import EnvSpec, StepResult, check_action
-from forge.envs.situation import summarize_observation
+from forge.envs.situation import GOAL_WAY, summarize_observation
 from forge.errors import ConfigError, EnvError, UserError, ValidationError
 
 __all__ = [
@@ -485,7 +485,7 @@ class _Lexicon:
                 # keyed by its move like the way back, so "when go west: the goal's way, go
                 # west" is a rule for every game; worded so the way-back clause is not a
                 # substring of it when the two coincide (walking a detour back)
-                parts.append(f"go {ahead}: the goal's way" + (", back" if ahead == back else ""))
+                parts.append(f"go {ahead}: {GOAL_WAY}" + (", back" if ahead == back else ""))
             if back in exits and back != ahead:
                 # keyed by its move, so a rule against walking back narrows to this clause
                 # (forge.learn.rules.focus) and holds in any room of any game entered that

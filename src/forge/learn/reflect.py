@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge.envs.base import Env
-from forge.envs.situation import situation_of, summarize_observation
+from forge.envs.situation import goal_ways, situation_of, summarize_observation
 from forge.errors import ForgeError, LLMError, ValidationError
 from forge.learn import rules as rulebook
 from forge.llm.base import LLM, Message
@@ -772,12 +772,14 @@ def safe_alternatives(
     start tile for a whole episode. ``must_move`` (for stalls) never names a no-op, and
     ``seen`` (the situations of a stalled episode) puts moves to new ground first: after
     shuttling between row 0, cols 1-3, "left" at col 2 is safe but leads back. Within each
-    group, actions with the better step reward come first (Python's sort is stable, so ties
-    keep the env's order), since a rule names at most :data:`forge.learn.rules.MAX_SAFE`.
+    group, the move the situation keys as the goal's way comes first, then actions with the
+    better step reward (Python's sort is stable, so ties keep the env's order), since a rule
+    names at most :data:`forge.learn.rules.MAX_SAFE`.
     """
     new: list[tuple[float, str]] = []
     safe: list[tuple[float, str]] = []
     still: list[tuple[float, str]] = []
+    ahead: set[str] = set()  # the moves the env keys as the goal's way where the step failed
     for action in env.valid_actions():
         if action == failed:
             continue
@@ -786,17 +788,19 @@ def safe_alternatives(
             for a in prefix:
                 before = env.step(a).observation
             result = env.step(action)
-            after = situation_of(result.observation, env.spec)
+            after, here = situation_of(result.observation, env.spec), situation_of(before, env.spec)
+            ahead = goal_ways(here)
             if result.reward >= tau:
-                if after == situation_of(before, env.spec):
+                if after == here:
                     still.append((result.reward, action))
                 else:
                     (safe if after in seen else new).append((result.reward, action))
         except ForgeError:
             continue
     best = new or safe or ([] if must_move else still)
-    # Best first (the step's reward, then the env's order): a rule names only the first few.
-    return tuple(a for _, a in sorted(best, key=lambda ra: -ra[0]))
+    # The goal's way first, then the best step reward, then the env's order: a rule names
+    # only the first few, and the prompt offers what it names
+    return tuple(a for _, a in sorted(best, key=lambda ra: (" ".join(ra[1].lower().split()) not in ahead, -ra[0])))
 
 
 def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation: Callable[[str], str] | None = None) -> int:
@@ -805,11 +809,20 @@ def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation
     The first step that led back to a situation already seen undid progress (a bump into a
     wall, or a step back to where the agent came from): that is the step to blame. Blaming
     the first repeated (situation, action) pair instead, as this did before, blamed the bump
-    at the start of CliffWalking and never the step down that undid the climb. Without a
-    return, the last step (its outcome is not observed).
+    at the start of CliffWalking and never the step down that undid the climb. A move the
+    situation keys as the goal's way is never blamed. Without a return, the last step off the
+    goal's way (else the last step).
     """
     sit = [(situation or summarize_observation)(obs) for obs in observations]
     for t in range(len(actions) - 1):
-        if sit[t + 1] in sit[: t + 1]:
+        # a move the env keys as the goal's way is progress even when the next room reads
+        # like one seen before (coin-2's corridor rooms are alike in kinds): blaming it gave
+        # "when go north: the goal's way, do not go north"
+        if sit[t + 1] in sit[: t + 1] and not _goal_way(actions[t], sit[t]):
             return t
-    return len(actions) - 1
+    # the last step off the goal's way (a detour walked back is no return to a seen room)
+    return next((t for t in range(len(actions) - 1, -1, -1) if not _goal_way(actions[t], sit[t])), len(actions) - 1)
+
+
+def _goal_way(action: str, situation: str) -> bool:
+    return " ".join(action.lower().split()) in goal_ways(situation)

@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from forge.envs.situation import goal_ways
+
 __all__ = [
     "MAX_SAFE",
     "ParsedRule",
@@ -227,7 +229,9 @@ def check(
       <safe> was safe there";
     - a rule may name only what recurs in other tasks: ``abstract`` (the env's) first rewrites
       instance-only names into their kinds ("User2" -> "a User host"), and a rule that
-      ``instance_terms`` still finds names in (a coordinate, a generated name) is refused.
+      ``instance_terms`` still finds names in (a coordinate, a generated name) is refused;
+    - a rule that forbids a move its own situation keys as the goal's way
+      (:data:`forge.envs.situation.GOAL_WAY`) is refused: the env says that move is progress.
     """
     original = text
     if abstract is not None:
@@ -246,6 +250,15 @@ def check(
         text = _without_safe_forbidden(text, valid_actions)
     if instance_terms is not None and (why := instance_reason(text, instance_terms, original)):
         return None, why
+    rule, why = _checked(text, original, valid_actions, situations, failing_situation, failing_action, safe_actions)
+    kept = parse(rule, valid_actions) if rule is not None else None
+    if kept is not None and (against := [a for a in kept.avoid if normalize(a) in goal_ways(kept.when)]):
+        return None, f"forbids the way the goal names ({', '.join(against)}): {original[:80]!r}"
+    return rule, why
+
+
+def _checked(text: str, original: str, valid_actions: Sequence[str], situations: Sequence[str],
+             failing_situation: str, failing_action: str, safe_actions: Sequence[str]) -> tuple[str | None, str]:
     repaired_names = text != original
     parsed = parse(text, valid_actions)
     if parsed is None:
