@@ -121,6 +121,34 @@ def test_safe_alternatives_come_best_first():
     assert safe_alternatives(_Ladder(), seed=0, prefix=[], failed="bad", tau=-1.0) == ("b", "d", "c", "a")
 
 
+class _Corridor:
+    """Rooms alike in kinds: walking on along the goal's way reads like a room already seen,
+    walking back reads new (its clause says "the goal's way, back")."""
+
+    spec = EnvSpec(name="corridor", description="", max_steps=3, tau=-1.0, theta=0, success_return=1, major_failure_return=-1)
+    here = "in a room; exits north, south, west; go west: the goal's way; go south: the way back"
+    after = {"go west": here, "go south": "in a room; exits north; go north: the goal's way, back", "go north": "in a room; exits south"}
+
+    def reset(self, *, seed: int) -> str:
+        return self.here
+
+    def valid_actions(self):
+        return ["go north", "go south", "go west"]
+
+    def step(self, action: str) -> StepResult:
+        return StepResult(self.after[action], -0.01, False)
+
+    def close(self) -> None: ...
+
+
+def test_the_goals_way_is_named_safe_first_even_where_it_reads_like_a_room_seen():
+    got = safe_alternatives(_Corridor(), seed=0, prefix=[], failed="go north", tau=-1.0, must_move=True, seen={_Corridor.here})
+    # before: ("go south",) alone, the way back, the only move to "new ground" (west read as
+    # a bump: the room it reaches is described alike); the reflection then wrote "do not go
+    # north; go south was safe there" and sent agents back
+    assert got == ("go west", "go south")
+
+
 def test_remember_reflection_retires_a_contradicted_rule_in_memory():
     with Memory.open(":memory:", embedder=HashingEmbedder(dim=32)) as mem:
         old = Unit("when activity: none, do not monitor; sleep was safe there", kind=Kind.RULE, owner="a")

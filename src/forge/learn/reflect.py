@@ -770,11 +770,11 @@ def safe_alternatives(
     as it was (a bump into an edge) is not named. "left was safe there" for a bump at a
     wall reads as advice, and the 1.5B model, primed by four such rules, pressed left at the
     start tile for a whole episode. ``must_move`` (for stalls) never names a no-op, and
-    ``seen`` (the situations of a stalled episode) puts moves to new ground first: after
+    ``seen`` (the situations of a stalled episode) puts moves to new ground first (but a move
+    the situation keys as the goal's way comes before all, new ground or not): after
     shuttling between row 0, cols 1-3, "left" at col 2 is safe but leads back. Within each
-    group, the move the situation keys as the goal's way comes first, then actions with the
-    better step reward (Python's sort is stable, so ties keep the env's order), since a rule
-    names at most :data:`forge.learn.rules.MAX_SAFE`.
+    group, actions with the better step reward come first (Python's sort is stable, so ties
+    keep the env's order), since a rule names at most :data:`forge.learn.rules.MAX_SAFE`.
     """
     new: list[tuple[float, str]] = []
     safe: list[tuple[float, str]] = []
@@ -797,10 +797,13 @@ def safe_alternatives(
                     (safe if after in seen else new).append((result.reward, action))
         except ForgeError:
             continue
-    best = new or safe or ([] if must_move else still)
-    # The goal's way first, then the best step reward, then the env's order: a rule names
-    # only the first few, and the prompt offers what it names
-    return tuple(a for _, a in sorted(best, key=lambda ra: (" ".join(ra[1].lower().split()) not in ahead, -ra[0])))
+    # The goal's way first, whether or not it leads to new ground (coin-2's corridor rooms
+    # read alike, so walking on looked like a bump or a room seen, and the way back new), then
+    # the best step reward, then the env's order: a rule names only the first few, and the
+    # prompt offers what it names
+    onward = [ra for ra in new + safe + still if " ".join(ra[1].lower().split()) in ahead]
+    best = onward + [ra for ra in (new or safe or ([] if must_move else still)) if ra not in onward]
+    return tuple(a for _, a in sorted(best, key=lambda ra: (ra not in onward, -ra[0])))
 
 
 def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation: Callable[[str], str] | None = None) -> int:
