@@ -100,3 +100,23 @@ def test_a_rule_that_forbids_the_goals_way_is_refused() -> None:
     kept, why = rules.check(good, failing_action="go south", valid_actions=acts, situations=[here],
                             failing_situation=here, safe_actions=["go north"])
     assert kept == good and why == ""
+
+
+def test_a_narrowed_rule_drops_the_safe_moves_its_when_does_not_name() -> None:
+    """coin-2: "go south" was a plain exit of one room (no clause of its own), yet the rule
+    narrowed to the way-back clause advised it, and the prompt offered only "go south"
+    wherever the way back was north, also where the goal's way was west."""
+    acts = ["go north", "go south", "go west"]
+    here = "in a room; exits north, south, west; go west: the goal's way; go north: the way back"
+    common = dict(valid_actions=acts, situations=[here], failing_situation=here, failing_action="go north")
+    kept, why = rules.check("when go north: the way back, do not go north; go south was safe there", **common)
+    assert kept == "when go north: the way back, do not go north" and "drops the safe moves" in why
+    # a safe move the narrowed "when" names stays: its clause says why it was safe
+    both = "when go north: the way back; go west: the goal's way, do not go north; go west, go south were safe there"
+    kept, _ = rules.check(both, **common)
+    assert kept == "when go north: the way back; go west: the goal's way, do not go north; go west was safe there"
+    # a "when" keyed by what is not a move (CAGE-2's host states) keeps its safe moves
+    hosts = "activity: exploit; compromised: a user host"
+    rule = f"when {hosts}, do not sleep; monitor was safe there"
+    assert rules.check(rule, valid_actions=["sleep", "monitor"], situations=[hosts], failing_situation="elsewhere",
+                       failing_action="sleep") == (rule, "")

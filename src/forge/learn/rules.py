@@ -231,7 +231,8 @@ def check(
       instance-only names into their kinds ("User2" -> "a User host"), and a rule that
       ``instance_terms`` still finds names in (a coordinate, a generated name) is refused;
     - a rule that forbids a move its own situation keys as the goal's way
-      (:data:`forge.envs.situation.GOAL_WAY`) is refused: the env says that move is progress.
+      (:data:`forge.envs.situation.GOAL_WAY`) is refused: the env says that move is progress;
+      a narrowed rule drops the safe moves its "when" does not name.
     """
     original = text
     if abstract is not None:
@@ -252,9 +253,30 @@ def check(
         return None, why
     rule, why = _checked(text, original, valid_actions, situations, failing_situation, failing_action, safe_actions)
     kept = parse(rule, valid_actions) if rule is not None else None
-    if kept is not None and (against := [a for a in kept.avoid if normalize(a) in goal_ways(kept.when)]):
+    if kept is None:
+        return rule, why
+    if against := [a for a in kept.avoid if normalize(a) in goal_ways(kept.when)]:
         return None, f"forbids the way the goal names ({', '.join(against)}): {original[:80]!r}"
+    if (lean := _without_unkeyed_safe(kept)) is not None and normalize(lean) != normalize(rule):
+        return lean, f"repaired: drops the safe moves its narrowed 'when' does not name ({original[:60]!r})"
     return rule, why
+
+
+def _without_unkeyed_safe(rule: ParsedRule) -> str | None:
+    """A narrowed rule (its "when" only the clauses keyed by the moves it names) without the
+    safe moves none of its clauses name: what made them safe was in the clauses narrowing
+    dropped. "when go north: the way back, do not go north; go south was safe there" came
+    from one room with a plain exit south, and sent agents south wherever the way back was
+    north, also where the goal said west. None when the rule is not narrowed or loses nothing."""
+    keys = {_key(c) for c in clauses(rule.when)}
+    named = {normalize(a) for a in (*rule.avoid, *rule.do)}
+    if not rule.avoid or not rule.do or not keys <= named | {"goal"}:
+        return None
+    keep = [a for a in rule.do if normalize(a) in keys]
+    if len(keep) == len(rule.do):
+        return None
+    text = f"when {rule.when}, " + "; ".join(f"do not {a}" for a in rule.avoid)
+    return text + (f"; {', '.join(keep)} {'was' if len(keep) == 1 else 'were'} safe there" if keep else "")
 
 
 def _checked(text: str, original: str, valid_actions: Sequence[str], situations: Sequence[str],
