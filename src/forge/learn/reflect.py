@@ -801,7 +801,7 @@ def safe_alternatives(
     # read alike, so walking on looked like a bump or a room seen, and the way back new), then
     # the best step reward, then the env's order: a rule names only the first few, and the
     # prompt offers what it names
-    onward = [ra for ra in new + safe + still if " ".join(ra[1].lower().split()) in ahead]
+    onward = [ra for ra in new + safe + still if _move(ra[1]) in ahead]
     best = onward + [ra for ra in (new or safe or ([] if must_move else still)) if ra not in onward]
     return tuple(a for _, a in sorted(best, key=lambda ra: (ra not in onward, -ra[0])))
 
@@ -828,4 +828,9 @@ def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation
 
 
 def _goal_way(action: str, situation: str) -> bool:
-    return " ".join(action.lower().split()) in goal_ways(situation)
+    return _move(action) in goal_ways(situation)
+
+
+def _move(action: str) -> str:
+    """An action as :func:`~forge.envs.situation.goal_ways` keys it."""
+    return " ".join(action.lower().split())

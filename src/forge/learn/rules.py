@@ -124,9 +124,13 @@ def write(situation: str, avoid: str, safe: Sequence[str] = ()) -> str:
     """The canonical rule: what to avoid, and what was safe instead (at most :data:`MAX_SAFE`
     alternatives, in the order given: the caller ranks them best first)."""
     situation = " ".join(situation.split()).rstrip(".")
-    situation = situation[:1].lower() + situation[1:]
-    rule = f"when {situation}, do not {avoid}"
-    safe = list(dict.fromkeys(safe))[:MAX_SAFE]
+    return _compose(situation[:1].lower() + situation[1:], [avoid], list(dict.fromkeys(safe)))
+
+
+def _compose(when: str, avoid: Sequence[str], safe: Sequence[str]) -> str:
+    """"when <when>, do not <a>; ...; <s>, <t> were safe there" (at most :data:`MAX_SAFE` safe)."""
+    rule = f"when {when}, " + "; ".join(f"do not {a}" for a in avoid)
+    safe = list(safe)[:MAX_SAFE]
     if safe:
         rule += f"; {', '.join(safe)} {'was' if len(safe) == 1 else 'were'} safe there"
     return rule
@@ -275,8 +279,7 @@ def _without_unkeyed_safe(rule: ParsedRule) -> str | None:
     keep = [a for a in rule.do if normalize(a) in keys]
     if len(keep) == len(rule.do):
         return None
-    text = f"when {rule.when}, " + "; ".join(f"do not {a}" for a in rule.avoid)
-    return text + (f"; {', '.join(keep)} {'was' if len(keep) == 1 else 'were'} safe there" if keep else "")
+    return _compose(rule.when, rule.avoid, keep)
 
 
 def _checked(text: str, original: str, valid_actions: Sequence[str], situations: Sequence[str],
@@ -314,10 +317,7 @@ def _without_safe_forbidden(text: str, valid_actions: Sequence[str]) -> str:
     safe = re.search(r";\s*(.+?)\s+(?:was|were)\s+safe there\s*\.?\s*$", text, re.IGNORECASE)
     if safe is None or not set(_mentioned(safe.group(1), valid_actions)) & set(parsed.avoid):
         return text
-    rule = f"when {parsed.when}, " + "; ".join(f"do not {a}" for a in parsed.avoid)
-    if parsed.do:
-        rule += f"; {', '.join(parsed.do[:MAX_SAFE])} {'was' if len(parsed.do) == 1 else 'were'} safe there"
-    return rule
+    return _compose(parsed.when, parsed.avoid, parsed.do)
 
 
 def _narrowed(text: str, parsed: ParsedRule, situation: str) -> str:
