@@ -396,6 +396,17 @@ def test_textworlds_own_vocabulary_counts_before_any_game() -> None:
     assert spec.instance_terms("just in case, take a key") == []  # type: ignore[misc]
 
 
+def test_the_goal_clause_takes_the_verb_that_governs_the_thing() -> None:
+    """A lead-in's verb is not the instruction: "Once you get through with that, retrieve the
+    coin" read "take through with that, retrieve a coin" when the first verb was taken."""
+    env = make_env("textworld:coin-2")
+    goal = env._lexicon.goal  # type: ignore[attr-defined]
+    assert goal("Once you get through with that, retrieve the coin from the floor of the lounge.") == "take a coin"
+    assert goal("Then, pick-up the coin from the floor of the office.") == "take a coin"
+    assert goal("Get through that door, then find the coin.") == "find a coin"
+    env.close()
+
+
 def test_reflection_on_a_lost_game_is_asked_with_the_actions_of_its_failing_step(cache: Path) -> None:
     """A lost game's last state has no actions, and the probes of other actions leave the env
     elsewhere: the reflection's "avoid" choice must list the actions valid where it failed.

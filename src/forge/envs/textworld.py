@@ -517,11 +517,13 @@ class _Lexicon:
         text = _IN_A_ROOM.sub("", self.abstract(sentences[-1]))
         text = re.sub(r"\bpick(?:-|\s+)up\b", "take", text, flags=re.IGNORECASE)
         words = text.split()
-        for i, word in enumerate(words):
-            verb = _VERBS.get(word.lower().strip(",;:"))
-            if verb:
-                words = [verb, *words[i + 1:]]
-                break
+        # the verb that takes a thing ("retrieve a coin"), not one that starts the sentence's
+        # lead-in ("Once you get through with that, retrieve a coin"); else the first verb
+        verbs = [i for i, w in enumerate(words) if w.lower().strip(",;:") in _VERBS]
+        governing = [i for i in verbs if i + 1 < len(words) and words[i + 1].lower() in _ARTICLES]
+        if verbs:
+            i = (governing or verbs)[0]
+            words = [_VERBS[words[i].lower().strip(",;:")], *words[i + 1:]]
         text = " ".join(words).rstrip(".!?,; ").lower()
         # "the key" of one game is "an American latchkey" of the next: one article for both
         return re.sub(r"\bthe (\w+)\b", lambda m: _a(m.group(1)) if m.group(1) in _SELF_KINDS else m.group(0), text)
