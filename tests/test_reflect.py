@@ -6,7 +6,9 @@ import json
 
 import pytest
 
+from forge.envs import EnvSpec
 from forge.errors import ValidationError
+from forge.learn.loop import Trajectory, failure_point
 from forge.learn.reflect import (
     Reflection,
     RuleEdit,
@@ -248,3 +250,20 @@ def test_a_stall_is_not_blamed_on_the_goals_way():
     # without the env's word for the goal's way, the same walk is blamed at the first repeat
     plain = [w.replace("the goal's way", "an exit") for w in where]
     assert stall_step(plain, ["go north", "go north", "go east", "go south"], situation=str) == 1
+
+
+def test_a_stall_is_read_in_the_envs_own_situations():
+    # TextWorld opens every observation with the same goal line, so a generic summary reads
+    # every room as the first: the team runner, which passed no situation, blamed each failed
+    # game on its first step along the goal's route ("when go south: the goal's way, go south
+    # (the task was not solved from there)")
+    corridor = "in a room; exits north, south; go north: the goal's way; go south: the way back"
+    start = "in a room; exits north; go north: the goal's way"
+    where = [start, corridor, corridor, "in a room; exits south, east; go south: the goal's way, back", corridor]
+    observations = [f"Goal: take the coin.\n{w}" for w in where[:4]]
+    spec = EnvSpec(
+        name="corridors", description="", max_steps=4, tau=-1.0, theta=0.0, success_return=1.0,
+        major_failure_return=-1.0, situation=lambda o: o.splitlines()[1],
+    )
+    traj = Trajectory(actions=["go north", "go north", "go east", "go south"], observations=observations, rewards=[0.0] * 4)
+    assert failure_point(traj, spec=spec, reflect_on_stall=True) == (2, True)

@@ -216,16 +216,19 @@ def play_episode(
     return traj
 
 
-def failure_point(
-    traj: Trajectory, *, spec: EnvSpec, reflect_on_stall: bool, situation: Callable[[str], str] | None = None,
-) -> tuple[int, bool] | None:
+def failure_point(traj: Trajectory, *, spec: EnvSpec, reflect_on_stall: bool) -> tuple[int, bool] | None:
     """Where to reflect: ``(step, stalled)`` for the first step below tau, or, in an
     unsuccessful episode that never fell (a stall), for the first step back to a situation
-    already seen (:func:`~forge.learn.reflect.stall_step`); None after a success."""
+    already seen (:func:`~forge.learn.reflect.stall_step`); None after a success.
+
+    A stall is read in the env's own situations (``spec.situation``), never left to the
+    caller: the team runner passed none, so the observation's summary stood in, the goal's
+    way was not recognised, and every failed TextWorld task was blamed on its first step
+    along the goal's route."""
     if traj.failing is not None:
         return traj.failing, False
     if reflect_on_stall and traj.actions and not spec.succeeded(traj.total, aborted=traj.aborted):
-        return stall_step(traj.observations, traj.actions, situation=situation), True
+        return stall_step(traj.observations, traj.actions, situation=spec.situation), True
     return None
 
 

@@ -293,7 +293,7 @@ class Agent:
         self.memory.add_episode(episode, actor=f"agent:{self.id}")
         self.episodes += 1
         self.returns.append(trajectory.total)
-        point = failure_point(trajectory, spec=spec, reflect_on_stall=stalls and (trajectory.done or trajectory.failing is not None), situation=spec.situation)
+        point = failure_point(trajectory, spec=spec, reflect_on_stall=stalls and (trajectory.done or trajectory.failing is not None))
         if point is None:
             return []
         at, stalled = point

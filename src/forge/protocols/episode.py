@@ -148,7 +148,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                     "failing_step": traj.failing, "steps": len(traj.actions), "episode": ep.id,
                     "shown": len(traj.used), "now": len(traj.now),
                 }
-                point = failure_point(traj, spec=env.spec, reflect_on_stall=config.reflect_on_stall, situation=env.spec.situation)
+                point = failure_point(traj, spec=env.spec, reflect_on_stall=config.reflect_on_stall)
                 if point is not None:
                     at, stalled = point
                     if stalled:
