@@ -9,7 +9,7 @@ import pytest
 
 from forge.engine.embed import HashingEmbedder
 from forge.engine.memory import Memory
-from forge.envs.base import EnvSpec, StepResult
+from forge.envs.base import EnvSpec, StepResult, check_action
 from forge.learn import rules
 from forge.learn.loop import RETIRE_AFTER, remember_reflection, retire_failing
 from forge.learn.reflect import Reflection, RuleEdit, apply_reflection, safe_alternatives
@@ -239,3 +239,32 @@ def test_a_rule_whose_when_starts_lower_case_keeps_its_cage2_situation():
         )
         assert kept is not None and "activity: activity" not in kept.lower(), why
         assert rules.applies(rules.parse(kept, [*actions, *{cage2_abstract(a) for a in actions} - set(actions)]), situation)
+
+
+class _TwoRooms:
+    """Each room has its own commands, as TextWorld's: a hall, and north of it a room with a coin."""
+
+    spec = EnvSpec(name="two-rooms", description="", max_steps=3, tau=-1.0, theta=0, success_return=1, major_failure_return=-1)
+    actions = {"hall": ["go north", "wait"], "coin room": ["go south", "look", "take coin"]}
+
+    def reset(self, *, seed: int) -> str:
+        self.room = "hall"
+        return self.room
+
+    def valid_actions(self):
+        return self.actions[self.room]
+
+    def step(self, action: str) -> StepResult:
+        check_action(action, valid=self.valid_actions(), env="two-rooms")
+        self.room = {"go north": "coin room", "go south": "hall"}.get(action, self.room)
+        won = action == "take coin"
+        return StepResult(f"{self.room}, carrying a coin" if won else self.room, 1.0 if won else -0.01, won)
+
+    def close(self) -> None: ...
+
+
+def test_safe_alternatives_try_the_actions_of_the_failing_step_wherever_the_env_was_left():
+    env = _TwoRooms()
+    env.reset(seed=0)  # left in the hall, as a probe of an earlier step leaves it
+    # before: the hall's commands were tried in the coin room, each refused, so nothing was safe
+    assert safe_alternatives(env, seed=0, prefix=["go north"], failed="look", tau=-1.0, must_move=True) == ("take coin", "go south")

@@ -779,17 +779,23 @@ def safe_alternatives(
     new: list[tuple[float, str]] = []
     safe: list[tuple[float, str]] = []
     still: list[tuple[float, str]] = []
-    ahead: set[str] = set()  # the moves the env keys as the goal's way where the step failed
-    for action in env.valid_actions():
+    try:
+        # the actions valid at the failing step, not wherever the env was left (after the
+        # episode, or after the probes of the step after this one when blame walks back): in
+        # TextWorld another room's commands were tried here, and the room's own never were
+        before = _replayed(env, seed=seed, prefix=prefix)
+        valid = list(env.valid_actions())
+    except ForgeError:
+        return ()
+    here = situation_of(before, env.spec)
+    ahead = goal_ways(here)  # the moves the env keys as the goal's way where the step failed
+    for action in valid:
         if action == failed:
             continue
         try:
-            before = env.reset(seed=seed)
-            for a in prefix:
-                before = env.step(a).observation
+            _replayed(env, seed=seed, prefix=prefix)
             result = env.step(action)
-            after, here = situation_of(result.observation, env.spec), situation_of(before, env.spec)
-            ahead = goal_ways(here)
+            after = situation_of(result.observation, env.spec)
             if result.reward >= tau:
                 if after == here:
                     still.append((result.reward, action))
@@ -804,6 +810,14 @@ def safe_alternatives(
     onward = [ra for ra in new + safe + still if _move(ra[1]) in ahead]
     best = onward + [ra for ra in (new or safe or ([] if must_move else still)) if ra not in onward]
     return tuple(a for _, a in sorted(best, key=lambda ra: (ra not in onward, -ra[0])))
+
+
+def _replayed(env: Env, *, seed: int, prefix: Sequence[str]) -> str:
+    """Reset the seeded episode and play ``prefix``; the observation there."""
+    observation = env.reset(seed=seed)
+    for a in prefix:
+        observation = env.step(a).observation
+    return observation
 
 
 def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation: Callable[[str], str] | None = None) -> int:
