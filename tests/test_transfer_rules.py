@@ -3,6 +3,7 @@ made general or refused, contradictions resolved, and rules that keep failing re
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -11,9 +12,16 @@ from forge.engine.embed import HashingEmbedder
 from forge.engine.memory import Memory
 from forge.envs.base import EnvSpec, StepResult, check_action
 from forge.learn import rules
-from forge.learn.loop import RETIRE_AFTER, remember_reflection, retire_failing
-from forge.learn.reflect import Reflection, RuleEdit, apply_reflection, safe_alternatives
-from forge.model import Kind, Status, Unit, Viewer
+from forge.learn.loop import RETIRE_AFTER, Trajectory, remember_reflection, retire_failing
+from forge.learn.reflect import (
+    Reflection,
+    RuleEdit,
+    apply_reflection,
+    probe_alternatives,
+    safe_alternatives,
+)
+from forge.llm.testing import ScriptedLLM
+from forge.model import Kind, Status, Step, Unit, Viewer
 
 ADMIN = Viewer.admin()
 GRID = ["left", "down", "right", "up"]
@@ -258,7 +266,7 @@ class _TwoRooms:
         check_action(action, valid=self.valid_actions(), env="two-rooms")
         self.room = {"go north": "coin room", "go south": "hall"}.get(action, self.room)
         won = action == "take coin"
-        return StepResult(f"{self.room}, carrying a coin" if won else self.room, 1.0 if won else -0.01, won)
+        return StepResult(f"{self.room}, carrying a coin" if won else self.room, 2.0 if won else -0.01, won)
 
     def close(self) -> None: ...
 
@@ -268,3 +276,21 @@ def test_safe_alternatives_try_the_actions_of_the_failing_step_wherever_the_env_
     env.reset(seed=0)  # left in the hall, as a probe of an earlier step leaves it
     # before: the hall's commands were tried in the coin room, each refused, so nothing was safe
     assert safe_alternatives(env, seed=0, prefix=["go north"], failed="look", tau=-1.0, must_move=True) == ("take coin", "go south")
+
+
+def test_an_alternative_that_won_is_what_the_rule_says_to_do_instead():
+    from forge.learn.loop import reflect_on  # noqa: PLC0415
+
+    env = _TwoRooms()
+    probe = probe_alternatives(env, seed=0, prefix=["go north"], failed="look", tau=-1.0, must_move=True)
+    assert probe.won == ("take coin",) and probe.safe[0] == "take coin"
+    traj = Trajectory(
+        actions=["go north", "look", "look"], observations=["hall", "coin room", "coin room"], rewards=[-0.01] * 3,
+        steps=[Step(observation=o, thought="", action=a, role="actor") for o, a in (("hall", "go north"), ("coin room", "look"), ("coin room", "look"))],
+    )
+    # the 1.5B's answer in a coin room of the TextWorld stream: move on, where taking the coin won
+    llm = ScriptedLLM([json.dumps({"avoid": "look", "instead": "go south"})])
+    out = reflect_on(traj, env=env, roles=("actor",), acting_roles=("actor",), llm=llm, seed=0, tau=-1.0, at=1, stalled=True)
+    (rule,) = out.edits[0].add
+    assert rule.endswith("do not look; take coin was safe there"), rule
+    assert any("won here" in r for r in out.repaired)

@@ -24,13 +24,14 @@ from forge.errors import ForgeError, NotFoundError
 from forge.learn.policy import ANALYST_TOOLS, Policy
 from forge.learn.prompt import PROMPT_SECTIONS, PROMPT_WEIGHTS, Recollection, empty, recollect
 from forge.learn.reflect import (
+    Alternatives,
     Applied,
     Reflection,
     Snapshot,
     apply_reflection,
     fallback_reflection,
+    probe_alternatives,
     reflect,
-    safe_alternatives,
     stall_step,
 )
 from forge.llm.base import LLM
@@ -250,14 +251,14 @@ def reflect_on(
     """Reflect on the attempt failing at step ``at``: ground the failure by replaying the
     seeded episode (which other actions were safe), then ask ``llm``; no LLM, or one that
     fails outright, gives the trajectory-derived fallback, recorded as such."""
-    safe: tuple[str, ...] = ()
+    probe = Alternatives()
     if probe_alternatives:
-        at, safe = _blame(traj, env=env, seed=seed, tau=tau, at=at, stalled=stalled)
+        at, probe = _blame(traj, env=env, seed=seed, tau=tau, at=at, stalled=stalled)
     shown: Mapping[str, Sequence[Any]] = {role: r.shown for role, r in traj.recollections.items()}
     _replay(env, seed=seed, actions=traj.actions[:at])
     snapshot = Snapshot.of(
         traj, env=env, failing=at, roles=roles, acting_roles=acting_roles,
-        shown=shown, tau=tau, stalled=stalled, safe_actions=safe, known_names=ANALYST_TOOLS,
+        shown=shown, tau=tau, stalled=stalled, safe_actions=probe.safe, won_actions=probe.won, known_names=ANALYST_TOOLS,
     )
     if llm is None:
         return fallback_reflection(snapshot, representation=representation, error="no LLM")
@@ -344,7 +345,7 @@ def _replay(env: Env, *, seed: int, actions: Sequence[str]) -> None:
         pass
 
 
-def _blame(traj: Trajectory, *, env: Env, seed: int, tau: float, at: int, stalled: bool) -> tuple[int, tuple[str, ...]]:
+def _blame(traj: Trajectory, *, env: Env, seed: int, tau: float, at: int, stalled: bool) -> tuple[int, Alternatives]:
     """The step to reflect on and what would have been safe there.
 
     A step with no safe alternative was not a choice: the agent was already in a dead end,
@@ -356,7 +357,7 @@ def _blame(traj: Trajectory, *, env: Env, seed: int, tau: float, at: int, stalle
     """
     seen = {situation_of(o, env.spec) for o in traj.observations} if stalled else set()
     for t in range(at, max(-1, at - BLAME_BACK - 1), -1):
-        safe = safe_alternatives(env, seed=seed, prefix=traj.actions[:t], failed=traj.actions[t], tau=tau, must_move=stalled, seen=seen)
-        if safe:
-            return t, safe
-    return at, ()
+        probe = probe_alternatives(env, seed=seed, prefix=traj.actions[:t], failed=traj.actions[t], tau=tau, must_move=stalled, seen=seen)
+        if probe.safe:
+            return t, probe
+    return at, Alternatives()

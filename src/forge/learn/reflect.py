@@ -35,6 +35,8 @@ from forge.llm.structured import complete_json
 from forge.model import Context, Kind, Provenance, Scope, Step, Unit
 
 __all__ = [
+    "Alternatives",
+    "probe_alternatives",
     "safe_alternatives",
     "stall_step",
     "REFLECTION_STYLES",
@@ -116,6 +118,7 @@ class Snapshot:
     tau: float
     shown: Mapping[str, tuple[Unit, ...]] = field(default_factory=dict)  # rules shown, per role
     safe_actions: tuple[str, ...] = ()
+    won_actions: tuple[str, ...] = ()  # the safe actions that won the episode outright there
     known_names: tuple[str, ...] = ()
     reason: str = "abort"  # "abort": a reward fell below tau; "stall": ended unsuccessful
     episode_return: float = 0.0
@@ -136,6 +139,7 @@ class Snapshot:
         tau: float,
         stalled: bool,
         safe_actions: Sequence[str] = (),
+        won_actions: Sequence[str] = (),
         known_names: Sequence[str] = (),
     ) -> Snapshot:
         """The snapshot of a played ``trajectory`` (steps, actions, rewards, observations)
@@ -154,6 +158,7 @@ class Snapshot:
             tau=tau,
             shown={role: tuple(u for u in units if u.kind is Kind.RULE) for role, units in shown.items()},
             safe_actions=tuple(safe_actions),
+            won_actions=tuple(won_actions),
             known_names=tuple(known_names),
             reason="stall" if stalled else "abort",
             episode_return=trajectory.total,
@@ -494,12 +499,18 @@ def _ask_rule_slots(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: i
     except LLMError as exc:
         return [], [], str(exc), []
     avoid, instead = data.get("avoid"), data.get("instead")
+    repaired: list[str] = []
+    if snapshot.won_actions and instead not in snapshot.won_actions and avoid not in snapshot.won_actions:
+        # the replay proved what to do here; the model's guess does not overrule it (in a coin
+        # room the 1.5B wrote "do not look; go east was safe there" where "take coin" won)
+        repaired.append(f"{first}: instead {snapshot.won_actions[0]!r}, which won here, not {instead!r}")
+        instead = snapshot.won_actions[0]
     if avoid == instead:
         return [], [f"{first}: avoids and recommends the same action ({avoid!r})"], "", []
     checked, note = snapshot.check(rulebook.write(snapshot.situation, str(avoid), [str(instead)]))
     if checked is None:
         return [], [f"{first}: {note}"], "", []
-    repaired = [f"{first}: {note}"] if note else []
+    repaired += [f"{first}: {note}"] if note else []
     dropped: list[str] = []
     edits = []
     for role in snapshot.acting_roles:
@@ -758,10 +769,27 @@ def enforce_caps(units: Sequence[Unit], *, rule_cap: int, example_cap: int) -> t
 # -- grounding a failure in the environment --------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Alternatives:
+    """What the probes of a failing step found: ``safe``, best first (see
+    :func:`safe_alternatives`), and ``won``, those among them that won the episode outright."""
+
+    safe: tuple[str, ...] = ()
+    won: tuple[str, ...] = ()
+
+
 def safe_alternatives(
     env: Env, *, seed: int, prefix: Sequence[str], failed: str, tau: float, must_move: bool = False,
     seen: Collection[str] = (),
 ) -> tuple[str, ...]:
+    """The actions that were safe at the failing step, best first (:func:`probe_alternatives`)."""
+    return probe_alternatives(env, seed=seed, prefix=prefix, failed=failed, tau=tau, must_move=must_move, seen=seen).safe
+
+
+def probe_alternatives(
+    env: Env, *, seed: int, prefix: Sequence[str], failed: str, tau: float, must_move: bool = False,
+    seen: Collection[str] = (),
+) -> Alternatives:
     """Replay the seeded episode up to the failing step and try every other action there.
 
     Environments are seeded, so this is the exact counterfactual; it costs env steps, no
@@ -775,6 +803,7 @@ def safe_alternatives(
     shuttling between row 0, cols 1-3, "left" at col 2 is safe but leads back. Within each
     group, actions with the better step reward come first (Python's sort is stable, so ties
     keep the env's order), since a rule names at most :data:`forge.learn.rules.MAX_SAFE`.
+    An action that won the episode outright comes before everything.
     """
     new: list[tuple[float, str]] = []
     safe: list[tuple[float, str]] = []
@@ -783,10 +812,11 @@ def safe_alternatives(
         # the actions valid at the failing step, not wherever the env was left (after the
         # episode, or after the probes of the step after this one when blame walks back): in
         # TextWorld another room's commands were tried here, and the room's own never were
-        before = _replayed(env, seed=seed, prefix=prefix)
+        before, total = _replayed(env, seed=seed, prefix=prefix)
         valid = list(env.valid_actions())
     except ForgeError:
-        return ()
+        return Alternatives()
+    won: list[str] = []
     here = situation_of(before, env.spec)
     ahead = goal_ways(here)  # the moves the env keys as the goal's way where the step failed
     for action in valid:
@@ -796,6 +826,8 @@ def safe_alternatives(
             _replayed(env, seed=seed, prefix=prefix)
             result = env.step(action)
             after = situation_of(result.observation, env.spec)
+            if result.done and env.spec.succeeded(total + result.reward):
+                won.append(action)
             if result.reward >= tau:
                 if after == here:
                     still.append((result.reward, action))
@@ -807,17 +839,19 @@ def safe_alternatives(
     # read alike, so walking on looked like a bump or a room seen, and the way back new), then
     # the best step reward, then the env's order: a rule names only the first few, and the
     # prompt offers what it names
-    onward = [ra for ra in new + safe + still if _move(ra[1]) in ahead]
+    onward = [ra for ra in new + safe + still if _move(ra[1]) in ahead or ra[1] in won]
     best = onward + [ra for ra in (new or safe or ([] if must_move else still)) if ra not in onward]
-    return tuple(a for _, a in sorted(best, key=lambda ra: (ra not in onward, -ra[0])))
+    ranked = sorted(best, key=lambda ra: (ra[1] not in won, ra not in onward, -ra[0]))
+    return Alternatives(tuple(a for _, a in ranked), tuple(won))
 
 
-def _replayed(env: Env, *, seed: int, prefix: Sequence[str]) -> str:
-    """Reset the seeded episode and play ``prefix``; the observation there."""
-    observation = env.reset(seed=seed)
+def _replayed(env: Env, *, seed: int, prefix: Sequence[str]) -> tuple[str, float]:
+    """Reset the seeded episode and play ``prefix``; the observation there and the return so far."""
+    observation, total = env.reset(seed=seed), 0.0
     for a in prefix:
-        observation = env.step(a).observation
-    return observation
+        result = env.step(a)
+        observation, total = result.observation, total + result.reward
+    return observation, total
 
 
 def stall_step(observations: Sequence[str], actions: Sequence[str], *, situation: Callable[[str], str] | None = None) -> int:
