@@ -11,6 +11,7 @@ situation, and :attr:`Trajectory.used` hands them to :meth:`forge.engine.memory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from forge.learn.reflect import (
     fallback_reflection,
     probe_alternatives,
     reflect,
+    replay_to,
     stall_step,
 )
 from forge.llm.base import LLM
@@ -337,12 +339,8 @@ def _replay(env: Env, *, seed: int, actions: Sequence[str]) -> None:
     valid there: in TextWorld they change with the state, and after the episode (or the
     probes of :func:`_blame`) the env was somewhere else; a lost game's last state has none.
     A replay that fails leaves the env where it is: reflection still runs, on its fallback."""
-    try:
-        env.reset(seed=seed)
-        for a in actions:
-            env.step(a)
-    except ForgeError:
-        pass
+    with contextlib.suppress(ForgeError):
+        replay_to(env, seed=seed, prefix=actions)
 
 
 def _blame(traj: Trajectory, *, env: Env, seed: int, tau: float, at: int, stalled: bool) -> tuple[int, Alternatives]:

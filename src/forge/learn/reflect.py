@@ -37,6 +37,7 @@ from forge.model import Context, Kind, Provenance, Scope, Step, Unit
 __all__ = [
     "Alternatives",
     "probe_alternatives",
+    "replay_to",
     "safe_alternatives",
     "stall_step",
     "REFLECTION_STYLES",
@@ -772,7 +773,7 @@ def enforce_caps(units: Sequence[Unit], *, rule_cap: int, example_cap: int) -> t
 @dataclass(frozen=True, slots=True)
 class Alternatives:
     """What the probes of a failing step found: ``safe``, best first (see
-    :func:`safe_alternatives`), and ``won``, those among them that won the episode outright."""
+    :func:`probe_alternatives`), and ``won``, those among them that won the episode outright."""
 
     safe: tuple[str, ...] = ()
     won: tuple[str, ...] = ()
@@ -812,7 +813,7 @@ def probe_alternatives(
         # the actions valid at the failing step, not wherever the env was left (after the
         # episode, or after the probes of the step after this one when blame walks back): in
         # TextWorld another room's commands were tried here, and the room's own never were
-        before, total = _replayed(env, seed=seed, prefix=prefix)
+        before, total = replay_to(env, seed=seed, prefix=prefix)
         valid = list(env.valid_actions())
     except ForgeError:
         return Alternatives()
@@ -823,7 +824,7 @@ def probe_alternatives(
         if action == failed:
             continue
         try:
-            _replayed(env, seed=seed, prefix=prefix)
+            replay_to(env, seed=seed, prefix=prefix)
             result = env.step(action)
             after = situation_of(result.observation, env.spec)
             if result.done and env.spec.succeeded(total + result.reward):
@@ -845,7 +846,7 @@ def probe_alternatives(
     return Alternatives(tuple(a for _, a in ranked), tuple(won))
 
 
-def _replayed(env: Env, *, seed: int, prefix: Sequence[str]) -> tuple[str, float]:
+def replay_to(env: Env, *, seed: int, prefix: Sequence[str]) -> tuple[str, float]:
     """Reset the seeded episode and play ``prefix``; the observation there and the return so far."""
     observation, total = env.reset(seed=seed), 0.0
     for a in prefix:
