@@ -293,4 +293,42 @@ def test_an_alternative_that_won_is_what_the_rule_says_to_do_instead():
     out = reflect_on(traj, env=env, roles=("actor",), acting_roles=("actor",), llm=llm, seed=0, tau=-1.0, at=1, stalled=True)
     (rule,) = out.edits[0].add
     assert rule.endswith("do not look; take coin was safe there"), rule
-    assert any("won here" in r for r in out.repaired)
+    # the model's "go south" was repaired (here already as not safe; rules.check's win repair is
+    # tested on its own below), and the repair is recorded
+    assert any("repaired" in r and "go south" in r for r in out.repaired), out.repaired
+
+
+def test_the_rule_check_holds_every_rule_to_what_won_the_episode_there():
+    """Every reflection style goes through rules.check, so a proven win is enforced there, not
+    only in the slots prompt: the edits style let "do not take coin" through where it won."""
+    room = "in a room with a coin"
+    common = dict(valid_actions=["go south", "look", "take coin"], situations=[room], failing_situation=room,
+                  failing_action="look", safe_actions=["take coin", "go south"], won_actions=["take coin"])
+    kept, why = rules.check(rules.write(room, "look", ["go south"]), **common)
+    assert kept == rules.write(room, "look", ["take coin"]) and "won the episode" in why
+    # (a rule that forbids only another action is rewritten to forbid the failing one first)
+    kept, why = rules.check(rules._compose(room, ["look", "take coin"], ["go south"]), **common)
+    assert kept is None and "forbids what won the episode from there (take coin)" in why
+    kept, why = rules.check(rules.write(room, "look", ["take coin"]), **common)
+    assert kept == rules.write(room, "look", ["take coin"]) and why == ""
+    # elsewhere than the failing situation a win proves nothing
+    other = "in a room with a key"
+    kept, _ = rules.check(rules.write(other, "look", ["go south"]), **{**common, "situations": [room, other]})
+    assert kept == rules.write(other, "look", ["go south"])
+
+
+def test_abstraction_leaves_the_rule_templates_own_words_alone():
+    """A TextWorld game with a safe in it made "safe" a container's name, and the repaired rule
+    read "do not go north; go east was a container there"."""
+    import re  # noqa: PLC0415
+
+    def abstract(text: str) -> str:
+        return re.sub(r"\b(?:a )?safe\b", "a container", text)
+
+    room = "in a room with a container"
+    kept, why = rules.check(
+        "when in a room with a safe, do not go north; go east was safe there",
+        valid_actions=["go north", "go east", "open safe"], situations=[room], failing_situation=room,
+        failing_action="go north", safe_actions=["go east"], abstract=abstract,
+    )
+    assert kept == "when in a room with a container, do not go north; go east was safe there", why

@@ -188,6 +188,7 @@ class Snapshot:
             failing_situation=self.situation,
             failing_action=self.failing_action,
             safe_actions=self.safe_actions,
+            won_actions=self.won_actions,
             abstract=self.abstract,
             instance_terms=self.instance_terms,
         )
@@ -501,11 +502,6 @@ def _ask_rule_slots(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: i
         return [], [], str(exc), []
     avoid, instead = data.get("avoid"), data.get("instead")
     repaired: list[str] = []
-    if snapshot.won_actions and instead not in snapshot.won_actions and avoid not in snapshot.won_actions:
-        # the replay proved what to do here; the model's guess does not overrule it (in a coin
-        # room the 1.5B wrote "do not look; go east was safe there" where "take coin" won)
-        repaired.append(f"{first}: instead {snapshot.won_actions[0]!r}, which won here, not {instead!r}")
-        instead = snapshot.won_actions[0]
     if avoid == instead:
         return [], [f"{first}: avoids and recommends the same action ({avoid!r})"], "", []
     checked, note = snapshot.check(rulebook.write(snapshot.situation, str(avoid), [str(instead)]))

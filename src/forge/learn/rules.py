@@ -218,6 +218,7 @@ def check(
     failing_situation: str,
     failing_action: str,
     safe_actions: Sequence[str] = (),
+    won_actions: Sequence[str] = (),
     abstract: Callable[[str], str] | None = None,
     instance_terms: Callable[[str], Sequence[str]] | None = None,
 ) -> tuple[str | None, str]:
@@ -236,14 +237,18 @@ def check(
       ``instance_terms`` still finds names in (a coordinate, a generated name) is refused;
     - a rule that forbids a move its own situation keys as the goal's way
       (:data:`forge.envs.situation.GOAL_WAY`) is refused: the env says that move is progress;
-      a narrowed rule drops the safe moves its "when" does not name.
+      a narrowed rule drops the safe moves its "when" does not name;
+    - in the failing situation, ``won_actions`` (safe actions that replaying the episode showed
+      to win it outright from there) overrule the reflector: a rule that forbids one is refused,
+      and a rule that recommends none of them is repaired to name the first. A 1.5B reflector
+      wrote "do not look; go east was safe there" in a coin room where "take coin" won.
     """
     original = text
     if abstract is not None:
         # rules name kinds, also of actions ("restore a User host" for restore User2): the
         # kinds of the valid actions are words a rule may use, matched back to concrete
         # actions when the rule is applied (forge.learn.prompt.Recollection)
-        text = abstract(text)
+        text = _abstracted(text, abstract)
         kinds = list(dict.fromkeys(abstract(a) for a in valid_actions))
         valid_actions = list(dict.fromkeys([*valid_actions, *kinds]))
         failing_action = abstract(failing_action)
@@ -252,6 +257,7 @@ def check(
         # rule keeps forbidding it and stops calling it safe: a CAGE-2 rule read "do not
         # restore a User host; restore a User host was safe there", a text at odds with itself.
         safe_actions = [k for k in dict.fromkeys(abstract(a) for a in safe_actions) if k != failing_action]
+        won_actions = [k for k in dict.fromkeys(abstract(a) for a in won_actions) if k != failing_action]
         text = _without_safe_forbidden(text, valid_actions)
     if instance_terms is not None and (why := instance_reason(text, instance_terms, original)):
         return None, why
@@ -262,8 +268,35 @@ def check(
     if against := [a for a in kept.avoid if normalize(a) in goal_ways(kept.when)]:
         return None, f"forbids the way the goal names ({', '.join(against)}): {original[:80]!r}"
     if (lean := _without_unkeyed_safe(kept)) is not None and normalize(lean) != normalize(rule):
-        return lean, f"repaired: drops the safe moves its narrowed 'when' does not name ({original[:60]!r})"
-    return rule, why
+        rule, why = lean, f"repaired: drops the safe moves its narrowed 'when' does not name ({original[:60]!r})"
+        kept = parse(rule, valid_actions) or kept
+    return _with_won(rule, why, kept, won_actions, failing_situation, original)
+
+
+def _with_won(rule: str, why: str, kept: ParsedRule, won: Sequence[str], failing_situation: str,
+              original: str) -> tuple[str | None, str]:
+    """``rule`` held against the actions that won the episode from the failing situation:
+    refused when it forbids one, repaired to recommend the first when it recommends none."""
+    won_here = [normalize(a) for a in won]
+    if not won_here or not kept.avoid or not applies(kept, failing_situation):
+        return rule, why
+    if against := [a for a in kept.avoid if normalize(a) in won_here]:
+        return None, f"forbids what won the episode from there ({', '.join(against)}): {original[:80]!r}"
+    if any(normalize(a) in won_here for a in kept.do):
+        return rule, why
+    repaired = _compose(kept.when, kept.avoid, [won[0]])
+    return repaired, f"repaired: recommends {won[0]!r}, which won the episode from there ({original[:60]!r})"
+
+
+_SAFE_TAIL = re.compile(r"\s+(?:was|were)\s+safe there\s*\.?\s*$", re.IGNORECASE)
+
+
+def _abstracted(text: str, abstract: Callable[[str], str]) -> str:
+    """``abstract`` applied to a rule but not to the template's own "was safe there": in a
+    TextWorld game that had a safe, "go east was safe there" became "go east was a container
+    there"."""
+    tail = _SAFE_TAIL.search(text)
+    return abstract(text) if tail is None else abstract(text[:tail.start()]) + tail.group(0)
 
 
 def _without_unkeyed_safe(rule: ParsedRule) -> str | None:
