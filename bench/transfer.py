@@ -15,6 +15,7 @@ success >= 1.5x zero-shot and above Reflexion, tokens per success <= 0.6x Reflex
     python bench/transfer.py --llm test --quick           # plumbing smoke run (a rule-obeying walker)
     python bench/transfer.py --envs frozenlake-random-4x4,textworld:coin-1 --run-seeds 0,1,2 --json
     python bench/transfer.py --llm openai:qwen2.5-7b-instruct --run-seeds 0,1,2
+    python bench/transfer.py --merge a.json b.json        # one table from cells run apart
 
 For scale (GiGPO, arXiv 2505.10978): Qwen2.5-1.5B-Instruct on ALFWorld's held-out games is
 reported at 4.1% (prompting), 12.8% (ReAct) and 21.8% (Reflexion).
@@ -95,10 +96,11 @@ def run_cell(env: str, condition: str, representation: str, args: argparse.Names
                 f"return {r['mean_return']:+.2f}, rule shown {r['rule_shown']}/{r['decisions']} ({r['seconds']}s)",
                 file=sys.stderr, flush=True,
             )
-    return summarise(env, condition, representation, runs, train=len(train), held_out=len(held_out))
+    return summarise(env, condition, representation, runs, train=len(train), held_out=len(held_out), instances=args.instances)
 
 
-def summarise(env: str, condition: str, representation: str, runs: list[dict[str, Any]], *, train: int, held_out: int) -> dict[str, Any]:
+def summarise(env: str, condition: str, representation: str, runs: list[dict[str, Any]], *, train: int, held_out: int,
+              instances: int | None = None) -> dict[str, Any]:
     succ, succ_sd = _mean_sd([r["success_rate"] for r in runs])
     ret, ret_sd = _mean_sd([r["mean_return"] for r in runs])
     wins = sum(r["successes"] for r in runs)
@@ -106,7 +108,7 @@ def summarise(env: str, condition: str, representation: str, runs: list[dict[str
     decided = sum(r["decisions"] for r in runs)
     shown = sum(r["rule_shown"] for r in runs)
     return {
-        "env": env, "condition": condition, "representation": representation,
+        "env": env, "condition": condition, "representation": representation, "instances": instances,
         "label": condition if condition == "zero-shot" else f"{condition}/{representation}",
         "train_seeds": train, "held_out_seeds": held_out, "run_seeds": [r["seed"] for r in runs],
         "success": succ, "success_sd": succ_sd, "return": ret, "return_sd": ret_sd,
@@ -146,13 +148,51 @@ def compare(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# settings every merged result must share: a ratio between cells run differently means nothing
+_MERGE_SAME = ("llm", "stages", "attempts", "eval_episodes", "graduate_after", "rule_guard", "max_steps")
+
+
+def merge(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One result from several ``--json`` results (cells run in separate processes, so a long
+    grid can run one env, condition or run seed at a time), with the ratios computed across
+    them. The same cell's run seeds from different results join into one cell."""
+    if not results:
+        raise ValueError("nothing to merge")
+    first = results[0]
+    for r in results[1:]:
+        if diff := [k for k in _MERGE_SAME if r.get(k) != first.get(k)]:
+            raise ValueError(f"results differ in {', '.join(diff)}: their cells cannot share a table")
+    joined: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in results:
+        for c in r["cells"]:
+            c = {**c, "instances": c.get("instances", r["instances"])}
+            key = (c["env"], c["label"])
+            if (had := joined.get(key)) is None:
+                joined[key] = c
+                continue
+            # the same cell run one run seed at a time: its runs join, re-summarised
+            if overlap := set(had["run_seeds"]) & set(c["run_seeds"]):
+                raise ValueError(f"{c['env']} {c['label']} run seed {sorted(overlap)} is in two results")
+            if (had["instances"], had["train_seeds"], had["held_out_seeds"]) != (c["instances"], c["train_seeds"], c["held_out_seeds"]):
+                raise ValueError(f"{c['env']} {c['label']} was run with other instances or seeds in another result")
+            joined[key] = summarise(c["env"], c["condition"], c["representation"], sorted([*had["runs"], *c["runs"]], key=lambda x: x["seed"]),
+                                    train=c["train_seeds"], held_out=c["held_out_seeds"], instances=c["instances"])
+    cells = list(joined.values())
+    return {
+        **{k: first.get(k) for k in _MERGE_SAME}, "instances": sorted({c["instances"] for c in cells}),
+        "run_seeds": sorted({s for c in cells for s in c["run_seeds"]}), "cells": cells,
+        "ratios": compare(cells), "seconds": sum(r["seconds"] for r in results),
+    }
+
+
 def _pct(mean: float, sd: float) -> str:
     return f"{mean:.0%} ± {sd:.0%}"
 
 
 def render(result: dict[str, Any]) -> str:
+    n = result["instances"]
     lines = [
-        f"Held-out transfer ({result['llm']}; N={result['instances']}, S={result['stages']}, k={result['attempts']}; "
+        f"Held-out transfer ({result['llm']}; N={'/'.join(map(str, n)) if isinstance(n, list) else n}, S={result['stages']}, k={result['attempts']}; "
         f"run seeds {result['run_seeds']}; {result['seconds']:.0f}s)",
         f"{'env':<24} {'condition':<17} {'held-out success':>17} {'return':>14} {'tok/success':>12} {'rule shown':>11} {'followed':>9} {'distinct':>9}",
     ]
@@ -193,7 +233,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="2 envs, N=2, S=2, k=2, 5 held-out seeds, run seeds 0,1")
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="render earlier --json results as one table (runs nothing)")
     args = ap.parse_args(argv)
+    if args.merge:
+        try:
+            merged = merge([json.loads(p.read_text(encoding="utf-8")) for p in args.merge])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(f"error: --merge: {exc}") from None
+        print(json.dumps(merged, indent=2) if args.json else render(merged))
+        return
     if args.quick:
         args.instances, args.stages, args.attempts, args.eval_episodes = 2, 2, 2, 5
         if args.run_seeds == "0,1,2":

@@ -389,3 +389,44 @@ def test_transfer_evaluates_only_on_held_out_seeds_and_counts_replayed_episodes_
     data["episodes"][0]["steps"][0]["action"] = "a move the other instance never made"
     inst.write_text(json.dumps(data))
     assert transfer.decisions(out / "frozenlake-random-4x4-zero-shot-rules-seed0")["distinct_episodes"] == 6
+
+
+def test_transfer_merges_cells_run_apart_into_one_table_with_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A TextWorld grid is hours of 2 cores, so its cells run one process each; --merge puts
+    them in one table and computes FORGE's ratios across them. Results run under different
+    settings are refused: their ratio would compare unlike runs."""
+    import transfer
+
+    common = ["--llm", "test", "--envs", "frozenlake-random-4x4", "-s", "1", "-k", "1", "--eval-episodes", "2",
+              "--max-steps", "6", "--run-seeds", "0", "--json"]
+    paths = []
+    for cond, n in (("zero-shot", "1"), ("forge/rules", "2"), ("reflexion/rules", "2")):
+        transfer.main([*common, "--conditions", cond, "-n", n])
+        paths.append(tmp_path / f"{cond.replace('/', '-')}.json")
+        paths[-1].write_text(capsys.readouterr().out)
+    transfer.main(["--merge", *map(str, paths), "--json"])
+    merged = json.loads(capsys.readouterr().out)
+    assert [c["label"] for c in merged["cells"]] == ["zero-shot", "forge/rules", "reflexion/rules"]
+    assert [c["instances"] for c in merged["cells"]] == [1, 2, 2] and merged["instances"] == [1, 2]
+    (ratio,) = merged["ratios"]
+    forge, zero = merged["cells"][1], merged["cells"][0]
+    assert ratio["success_above_reflexion"] == (forge["success"] > merged["cells"][2]["success"])
+    if zero["success"]:
+        assert ratio["success_vs_zero_shot"] == pytest.approx(forge["success"] / zero["success"])
+    transfer.main(["--merge", *map(str, paths)])
+    assert "N=1/2" in capsys.readouterr().out
+    other = json.loads(paths[0].read_text()) | {"stages": 3}
+    paths[0].write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="differ in stages"):
+        transfer.main(["--merge", *map(str, paths)])
+    with pytest.raises(SystemExit, match=r"run seed \[0\] is in two results"):
+        transfer.main(["--merge", str(paths[1]), str(paths[1])])
+    # the same cell run one run seed at a time joins into one cell over both seeds
+    transfer.main([*common[:-3], "--run-seeds", "1", "--json", "--conditions", "forge/rules", "-n", "2"])
+    seed1 = tmp_path / "forge-rules-seed1.json"
+    seed1.write_text(capsys.readouterr().out)
+    transfer.main(["--merge", str(paths[1]), str(seed1), "--json"])
+    (cell,) = json.loads(capsys.readouterr().out)["cells"]
+    rates = [r["success_rate"] for r in cell["runs"]]
+    assert cell["run_seeds"] == [0, 1] and cell["success"] == pytest.approx(sum(rates) / 2)
+    assert cell["episodes"] == sum(r["episodes"] for r in cell["runs"])
