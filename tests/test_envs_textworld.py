@@ -469,6 +469,33 @@ def test_the_goals_way_follows_the_route_and_leads_back_from_a_detour(cache: Pat
     env.close()
 
 
+def test_the_goals_object_is_named_where_it_lies_in_reach(cache: Path) -> None:
+    """The TextWorld team stream: a team with memory walked out of the room holding the goal's
+    object. The observation names the command that takes it there, and only there, and the
+    situation keys it in kinds, as the goal's way."""
+    env = env_for("treasure-1", cache)
+    obs = env.reset(seed=1003)  # a key lies in the room before the goal's keycard: taking it loses
+    walk = list(env.walkthrough)
+    take = walk[-1]
+    assert take.startswith("take ")
+    for command in walk[:-1]:
+        assert "Goal's object here" not in obs
+        assert "the goal's object" not in env.spec.situation(obs)  # type: ignore[misc]
+        obs = env.step(command).observation
+    assert f"Goal's object here: {take}" in obs.splitlines()
+    assert "take a key: the goal's object" in env.spec.situation(obs).split("; ")  # type: ignore[misc]
+    assert env.step(take).reward > 1  # it is the win
+    env.close()
+
+
+def test_the_goals_object_is_the_longest_whole_name_the_goal_says() -> None:
+    goal = "Go east. Then, lift the keycard from the floor of the workshop."
+    assert tw_env.goal_object(goal, ["go east", "take key", "take keycard"]) == "take keycard"
+    assert tw_env.goal_object(goal, ["go east", "take key"]) == ""  # "key" is not the keycard
+    assert tw_env.goal_object("Take the red apple from the table.", ["take apple from table", "take red apple from table"]) == "take red apple from table"
+    assert tw_env.goal_object("Recover the coin.", ["go north", "look"]) == ""
+
+
 def test_a_goal_without_directions_has_no_route() -> None:
     assert tw_env.goal_route("Find the coin and take it.") == ()
     assert tw_env.goal_route("First, head West. Then take a trip south, then lift the coin.") == ("west", "south")

@@ -89,7 +89,7 @@ def test_a_rule_that_forbids_the_goals_way_is_refused() -> None:
     bad = "when go north: the goal's way; go south: the way back, do not go north; go south was safe there"
     common = dict(valid_actions=acts, situations=[here], failing_situation=here, safe_actions=["go south"])
     kept, why = rules.check(bad, failing_action="go north", **common)
-    assert kept is None and "forbids the way the goal names (go north)" in why
+    assert kept is None and "forbids what the goal names next (go north)" in why
     # the same, after a detour: the goal's way is the way back, and is not to be forbidden either
     back = "in a room; exits south; go south: the goal's way, back; goal: take a coin"
     kept, why = rules.check("when go south: the goal's way, back, do not go south", valid_actions=acts,
@@ -100,6 +100,22 @@ def test_a_rule_that_forbids_the_goals_way_is_refused() -> None:
     kept, why = rules.check(good, failing_action="go south", valid_actions=acts, situations=[here],
                             failing_situation=here, safe_actions=["go north"])
     assert kept == good and why == ""
+
+
+def test_a_rule_that_forbids_taking_the_goals_object_is_refused() -> None:
+    """The TextWorld team stream: with moves in its memory the team walked out of the room
+    holding the goal's object. The env keys the take as the goal's object, and no rule may
+    forbid it there; elsewhere a rule against a take stands (a wrong object loses the game)."""
+    acts = ["go south", "take a key", "take coin"]
+    here = "in a room with a key; exits south; take a key: the goal's object; go south: the way back; goal: take a key"
+    kept, why = rules.check("when take a key: the goal's object, do not take a key; go south was safe there",
+                            valid_actions=acts, situations=[here], failing_situation=here,
+                            failing_action="take a key", safe_actions=["go south"])
+    assert kept is None and "forbids what the goal names next (take a key)" in why
+    other = "in a room with a key; exits south, west; go south: the way back; goal: take a key"
+    kept, why = rules.check(f"when {other}, do not take a key; go south was safe there", valid_actions=acts,
+                            situations=[other], failing_situation=other, failing_action="take a key", safe_actions=["go south"])
+    assert kept is not None and "take a key" in rules.parse(kept, acts).avoid
 
 
 def test_a_narrowed_rule_drops_the_safe_moves_its_when_does_not_name() -> None:

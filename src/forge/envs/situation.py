@@ -10,12 +10,15 @@ import re
 
 from forge.envs.base import EnvSpec
 
-__all__ = ["GOAL_WAY", "goal_ways", "situation_of", "summarize_observation"]
+__all__ = ["GOAL_OBJECT", "GOAL_WAY", "goal_ways", "situation_of", "summarize_observation"]
 
 #: What a situation's clause keyed by a move says when the env knows the move is the one its
 #: goal asks for next ("go west: the goal's way"). Reflection reads it as the env's own word
 #: that the move makes progress: never blamed for a stall, never forbidden by a rule.
 GOAL_WAY = "the goal's way"
+#: The same for the action that takes the thing the goal names, where it lies in reach
+#: ("take a key: the goal's object").
+GOAL_OBJECT = "the goal's object"
 
 _STEP_HEAD = re.compile(r"^\s*(?:Step|Move|Turn) \d+ of \d+\.(?: The (?:episode|game) is over\.)?\s*", re.IGNORECASE)
 _PARENS = re.compile(r"\s*\([^()]*\)")
@@ -46,10 +49,12 @@ def situation_of(observation: str, spec: EnvSpec | None = None) -> str:
 
 
 def goal_ways(situation: str) -> set[str]:
-    """The moves ``situation`` keys as :data:`GOAL_WAY` ("go west: the goal's way" -> {"go west"})."""
+    """The actions ``situation`` keys as the goal's own next step, its :data:`GOAL_WAY` or its
+    :data:`GOAL_OBJECT` ("go west: the goal's way; take a coin: the goal's object" ->
+    {"go west", "take a coin"})."""
     out = set()
     for clause in str(situation).split(";"):
         key, sep, said = clause.partition(":")
-        if sep and said.strip().lower().startswith(GOAL_WAY):
+        if sep and said.strip().lower().startswith((GOAL_WAY, GOAL_OBJECT)):
             out.add(" ".join(key.lower().split()))
     return out

@@ -43,7 +43,8 @@ Shaping, the same for every family (tau = -0.5, theta = 1.0, success >= 1.0, maj
 Observations are compact: the goal (TextWorld's objective without its welcome and sign-off
 lines), what the last command did, the room's description, the exit the agent came in through
 (once it has moved), the goal's way from here (when the goal spells out a route, as coin games
-do: the route's next leg, or the way back to it after a detour) and the inventory, each on its
+do: the route's next leg, or the way back to it after a detour), the goal's object (the command
+that takes the thing the goal names, when it lies in reach) and the inventory, each on its
 own labelled line, whitespace collapsed, no ASCII banner and no status line.
 
 Transfer (see :class:`~forge.envs.base.EnvSpec`): TextWorld names its rooms and things from a
@@ -76,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from forge.envs.base import EnvSpec, StepResult, check_action
-from forge.envs.situation import GOAL_WAY, summarize_observation
+from forge.envs.situation import GOAL_OBJECT, GOAL_WAY, summarize_observation
 from forge.errors import ConfigError, EnvError, UserError, ValidationError
 
 __all__ = [
@@ -486,6 +487,11 @@ class _Lexicon:
                 # west" is a rule for every game; worded so the way-back clause is not a
                 # substring of it when the two coincide (walking a detour back)
                 parts.append(f"go {ahead}: {GOAL_WAY}" + (", back" if ahead == back else ""))
+            if take := _section(observation, "Goal's object here"):
+                # keyed by its command in kinds ("take a key: the goal's object"), as the goal's
+                # way: a team with moves in its memory walked out of the room holding the
+                # goal's object, where the team without memory took it
+                parts.append(f"{self.abstract(take)}: {GOAL_OBJECT}")
             if back in exits and back != ahead:
                 # keyed by its move, so a rule against walking back narrows to this clause
                 # (forge.learn.rules.focus) and holds in any room of any game entered that
@@ -641,6 +647,18 @@ def goal_route(goal: str) -> tuple[str, ...]:
     """The directions a goal spells out, in its order: coin games write their whole route
     ("head west, then take a trip south, then ... lift the coin"); () when it names none."""
     return tuple(m.group(1).lower() for m in _WAY.finditer(goal))
+
+
+def goal_object(goal: str, actions: Sequence[str]) -> str:
+    """The command among ``actions`` that takes the thing ``goal`` names ("take keycard" for
+    "... lift the keycard from the floor"); "" when none does. The longest name wins, so a
+    "key" in reach is not taken for the goal's "keycard" (names match as whole words)."""
+    named = []
+    for command in actions:
+        m = re.fullmatch(r"take (.+?)(?: from .+)?", command)
+        if m and re.search(rf"(?<![\w-]){re.escape(m.group(1))}(?![\w-])", goal, re.IGNORECASE):
+            named.append((len(m.group(1)), command))
+    return max(named)[1] if named else ""
 
 
 @dataclass(slots=True)
@@ -851,6 +869,8 @@ class TextWorldEnv:
                 lines.append(f"Came in from: {self._back}")
             if not self._done and (way := self._route.next()):
                 lines.append(f"Goal's way from here: {way}")
+            if not self._done and (take := goal_object(self._goal, self._actions)):
+                lines.append(f"Goal's object here: {take}")
         inventory = self._state["inventory"] if self._state is not None else ""
         if inventory:
             lines.append(f"Carrying: {_compact_inventory(inventory)}")

@@ -235,8 +235,8 @@ def check(
     - a rule may name only what recurs in other tasks: ``abstract`` (the env's) first rewrites
       instance-only names into their kinds ("User2" -> "a User host"), and a rule that
       ``instance_terms`` still finds names in (a coordinate, a generated name) is refused;
-    - a rule that forbids a move its own situation keys as the goal's way
-      (:data:`forge.envs.situation.GOAL_WAY`) is refused: the env says that move is progress;
+    - a rule that forbids an action its own situation keys as the goal's way or object
+      (:func:`forge.envs.situation.goal_ways`) is refused: the env says that action is progress;
       a narrowed rule drops the safe moves its "when" does not name;
     - in the failing situation, ``won_actions`` (safe actions that replaying the episode showed
       to win it outright from there) overrule the reflector: a rule that forbids one is refused,
@@ -266,7 +266,7 @@ def check(
     if kept is None:
         return rule, why
     if against := [a for a in kept.avoid if normalize(a) in goal_ways(kept.when)]:
-        return None, f"forbids the way the goal names ({', '.join(against)}): {original[:80]!r}"
+        return None, f"forbids what the goal names next ({', '.join(against)}): {original[:80]!r}"
     if (lean := _without_unkeyed_safe(kept)) is not None and normalize(lean) != normalize(rule):
         rule, why = lean, f"repaired: drops the safe moves its narrowed 'when' does not name ({original[:60]!r})"
         kept = parse(rule, valid_actions) or kept

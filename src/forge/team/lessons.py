@@ -106,9 +106,9 @@ def _trigger(step: Decision) -> str:
     """The part of a step's situation that called for its action: the clause keyed by the
     action ("right: goal"), else the clause that names what the action acts on ("in a room
     with a coin"); "" when none does."""
-    narrow = focus(step.situation, step.action)
-    if narrow != step.situation:
-        return normalize(narrow)
+    for action in dict.fromkeys((step.action, step.act)):  # keyed as played, or in kinds ("take a key")
+        if (narrow := focus(step.situation, action)) != step.situation:
+            return normalize(narrow)
     content = set(_content(step.act))
     best, hits = "", 0
     for clause in clauses(step.situation):
