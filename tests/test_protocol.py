@@ -125,6 +125,38 @@ def test_stall_is_reflected_on(tmp_path):
     assert added and "do not left" in added[0]
 
 
+@pytest.mark.parametrize("reflect", [True, False])
+def test_a_failed_greedy_checkpoint_is_reflected_on_after_its_return_is_taken(tmp_path, reflect):
+    """TextWorld coin-1: a sampled attempt won, the greedy checkpoint paced between two rooms
+    to the step limit (the failure held-out games repeat), and nothing was reflected on: the
+    instance graduated with an empty memory."""
+    from forge.llm.testing import ScriptedLLM  # noqa: PLC0415
+
+    walk = iter(["down", "down", "right", "right", "down", "right"])  # the safe path to the goal
+
+    def answer(req):
+        if req.json_schema:
+            return json.dumps({"avoid": "left", "instead": "down"})
+        if req.choices:
+            return next(walk) if req.temperature > 0 else "left"  # greedy: bump into the edge
+        return "ok"
+
+    cfg = ForgeConfig(condition="reflexion", env="frozenlake-4x4", llm="test", instances=1, stages=1, attempts=1,
+                      eval_episodes=1, max_steps=8, temperature=0.7, reflect_on_checkpoint=reflect)
+    evolve(cfg, tmp_path / "run", llm_factory=lambda: ScriptedLLM(answer, capabilities=("choices", "json_schema")))
+    res = json.loads((tmp_path / "run/checkpoints/stage-00/inst-00.result.json").read_text())
+    (attempt,) = res["attempts"]
+    assert attempt["return"] >= 1 and "reflection" not in attempt  # the sampled attempt won
+    checkpoint = res["checkpoint"]
+    assert not checkpoint["success"] and checkpoint["return"] < 1  # taken before any reflection
+    added = [op["unit"]["content"] for op in res["ops"] if op["op"] == "add"]
+    if reflect:
+        assert checkpoint["stalled_step"] == 0 and "reflection" in checkpoint
+        assert added and "do not left" in added[0]
+    else:
+        assert added == [] and "reflection" not in checkpoint
+
+
 def test_caps_archive_oldest(tmp_path):
     cfg = ForgeConfig(condition="reflexion", **{**SLIPPERY, "instances": 1, "stages": 3, "attempts": 3}, rule_cap=1)
     evolve(cfg, tmp_path / "run", llm_factory=toy_factory)

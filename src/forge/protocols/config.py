@@ -67,7 +67,9 @@ class ForgeConfig:
 
     Beyond the paper: ``reflect_on_stall`` also reflects on an attempt that never fell below
     tau but ended unsuccessful (a small model looping against a wall learns nothing
-    otherwise; Reflexion reflects on every failed trial); ``probe_alternatives`` replays the
+    otherwise; Reflexion reflects on every failed trial); ``reflect_on_checkpoint`` reflects on
+    a failed greedy checkpoint too, after its return is taken (a sampled attempt can win where
+    the greedy policy, the one evaluation plays, fails); ``probe_alternatives`` replays the
     seeded episode to tell reflection which other actions were safe at the failing step;
     ``rule_guard`` makes the prompt's "Choose one of" binding: "when X, then do not A" rules
     become hard exclusions, and where they name what was safe the choice is among those (off:
@@ -122,6 +124,7 @@ class ForgeConfig:
     graduate_after: int = 1
     show_map: bool = False
     reflect_on_stall: bool = True
+    reflect_on_checkpoint: bool = True
     temperature: float = 0.0
     diversity: float = 0.6
     reflection: str = "slots"

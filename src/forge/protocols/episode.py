@@ -131,6 +131,33 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
         episodes: list[dict[str, Any]] = []
         attempts: list[dict[str, Any]] = []
         ops: list[dict[str, Any]] = []
+
+        def learn_from(traj: Any, policy: Any, episode_id: str, record: dict[str, Any], *, phase: str) -> tuple[int, bool] | None:
+            """Reflect on ``traj`` if it failed and write what reflection says into memory (its
+            ops into ``ops``, the reflection into ``record``); its failure point, else None."""
+            point = failure_point(traj, spec=env.spec, reflect_on_stall=config.reflect_on_stall)
+            if point is None:
+                return None
+            at, stalled = point
+            if stalled:
+                record["stalled_step"] = at
+            reflection = reflect_on(
+                traj, env=env, roles=policy.roles, acting_roles=policy.acting_roles, llm=metered.with_tags(phase=phase, role="reflector"),
+                seed=seed, tau=tau, at=at, stalled=stalled,
+                representation=config.representation, probe_alternatives=config.probe_alternatives,
+                style=config.reflection,
+            )
+            applied = remember_reflection(
+                memory, reflection, owner=agent, actor=agent, shown={r: rec.shown for r, rec in traj.recollections.items()},
+                active=memory.store.list(viewer=Viewer.of(agent), limit=100_000),
+                context=context, rule_cap=config.rule_cap, example_cap=config.example_cap,
+                episodes=[episode_id], stage=stage, valid_actions=env.valid_actions(),
+            )
+            ops.extend({"op": "add", "unit": u.to_dict()} for u in applied.added)
+            ops.extend({"op": "archive", "id": u.id, "reason": why} for u, why in applied.removed)
+            record["reflection"] = reflection.to_dict()
+            record["memory_size"] = len(applied.units)
+            return point
         used: list[str] = []
         base_seed = sampling.get("seed")
         if config.flags.learning:
@@ -148,27 +175,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                     "failing_step": traj.failing, "steps": len(traj.actions), "episode": ep.id,
                     "shown": len(traj.used), "now": len(traj.now),
                 }
-                point = failure_point(traj, spec=env.spec, reflect_on_stall=config.reflect_on_stall)
-                if point is not None:
-                    at, stalled = point
-                    if stalled:
-                        record["stalled_step"] = at
-                    reflection = reflect_on(
-                        traj, env=env, roles=policy.roles, acting_roles=policy.acting_roles, llm=metered.with_tags(phase="train", role="reflector"),
-                        seed=seed, tau=tau, at=at, stalled=stalled,
-                        representation=config.representation, probe_alternatives=config.probe_alternatives,
-                        style=config.reflection,
-                    )
-                    applied = remember_reflection(
-                        memory, reflection, owner=agent, actor=agent, shown={r: rec.shown for r, rec in traj.recollections.items()},
-                        active=memory.store.list(viewer=Viewer.of(agent), limit=100_000),
-                        context=context, rule_cap=config.rule_cap, example_cap=config.example_cap,
-                        episodes=[ep.id], stage=stage, valid_actions=env.valid_actions(),
-                    )
-                    ops += [{"op": "add", "unit": u.to_dict()} for u in applied.added]
-                    ops += [{"op": "archive", "id": u.id, "reason": why} for u, why in applied.removed]
-                    record["reflection"] = reflection.to_dict()
-                    record["memory_size"] = len(applied.units)
+                point = learn_from(traj, policy, ep.id, record, phase="train")
                 attempts.append(record)
                 if hook is not None:
                     hook("attempt_done", {"stage": stage, "instance": inst, **{k: v for k, v in record.items() if k != "reflection"}})
@@ -186,6 +193,12 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
             used += traj.used
         ops += _counts(memory, used)
         checkpoint = {"return": traj.total, "episode": ep.id, "rules": traj.rule_record, **{k: ep.outcome[k] for k in ("success", "major_failure", "steps")}}
+        if config.flags.learning and config.reflect_on_checkpoint:
+            # after its return is taken, so R_i still measures the memory it was played with. On
+            # TextWorld coin-1 a sampled attempt won, the greedy checkpoint paced between two
+            # rooms to the step limit, and that failure, the one held-out games repeat, was
+            # never reflected on: the instance graduated with an empty memory
+            learn_from(traj, policy, ep.id, checkpoint, phase="checkpoint")
         return {
             "instance": inst,
             "stage": stage,
