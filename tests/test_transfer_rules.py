@@ -332,3 +332,44 @@ def test_abstraction_leaves_the_rule_templates_own_words_alone():
         failing_action="go north", safe_actions=["go east"], abstract=abstract,
     )
     assert kept == "when in a room with a container, do not go north; go east was safe there", why
+
+
+TW = ["go north", "go south", "go east", "go west", "take coin"]
+
+
+def test_a_rule_binds_to_a_situation_whose_keyed_clauses_recur_under_other_actions():
+    """The coin-1 rule learned where the goal's way went east held on no held-out game whose
+    goal went north, where the same walk back paced the episode to its step limit."""
+    learned = rules.parse("when go east: the goal's way; go south: the way back, do not go south; go east was safe there", TW)
+    there = "in a room; exits north, east; go north: the goal's way; go east: the way back; goal: take a coin"
+    bound = rules.bind(learned, there)
+    assert bound == rules.ParsedRule("go north: the goal's way; go east: the way back", ("go east",), ("go north",))
+    assert rules.render(bound) == "when go north: the goal's way; go east: the way back, do not go east; go north was safe there"
+    assert rules.bind(learned, "in a room; go east: the goal's way; go south: the way back") is learned  # as it is
+    # FrozenLake's tiles are the same whichever way they lie
+    hole = rules.parse("when down: hole; right: frozen, do not down; right was safe there", GRID)
+    assert rules.bind(hole, "on a frozen tile; left: hole; down: frozen; right: frozen; up: edge") == rules.ParsedRule(
+        "left: hole; right: frozen", ("left",), ("right",))
+    # two clauses say "hole": which one the rule meant is not known, so it binds to neither
+    assert rules.bind(hole, "on a frozen tile; left: hole; down: frozen; right: hole; up: edge") is None
+    # a clause keyed by what the rule does not act on is never swapped (a host's state, the goal)
+    state = rules.parse("when compromised: an Enterprise host, do not sleep", ["sleep", "monitor"])
+    assert rules.bind(state, "scanned: an Enterprise host") is None
+    # an action the rule names unswapped that a swap lands on is dropped, not said twice
+    back = rules.parse("when go south: the way back, do not go south; go north was safe there", TW)
+    assert rules.bind(back, "in a room; go north: the way back") == rules.ParsedRule("go north: the way back", ("go north",), ())
+
+
+def test_a_bound_rule_is_shown_as_it_reads_here_and_offers_its_swapped_actions(tmp_path):
+    from forge.learn.prompt import recollect  # noqa: PLC0415
+
+    rule = Unit("when go east: the goal's way; go south: the way back, do not go south; go east was safe there",
+                kind=Kind.RULE, owner="a", scope="private")
+    here = "in a room; exits north, east; go north: the goal's way; go east: the way back; goal: take a coin"
+    with Memory.open(tmp_path / "m.db", embedder=HashingEmbedder(dim=64)) as mem:
+        mem.add([rule])
+        rec = recollect(mem, viewer=Viewer.of("a"), query=here, role="actor", valid_actions=TW[:3])
+        text, ids = rec.now_text(here)
+    assert ids == [rule.id]
+    assert "- when go north: the goal's way; go east: the way back, do not go east; go north was safe there" in text
+    assert rec.offered(here) == ["go north"] and rec.verdict(here, "go east") is False and rec.verdict(here, "go north") is True

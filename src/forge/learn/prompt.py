@@ -122,23 +122,31 @@ class Recollection:
         """The rules that name this situation, best recalled first."""
         if not situation:
             return []
-        return [u for u, _ in self._applying(situation)]
+        return [u for u, _, _ in self._applying(situation)]
 
-    def _applying(self, situation: str) -> list[tuple[Unit, rulebook.ParsedRule]]:
-        here = [(u, p) for u, p in self._parsed if rulebook.applies(p, situation)]
-        if self.lookup is None or not situation:
-            return here
-        if situation not in self._found:
-            known = {u.id for u, _ in self._parsed}
-            self._found[situation] = tuple(_rules_in(self.lookup(situation), _vocabulary(self.valid_actions, self.kind_of), skip=known))
-        return here + [(u, p) for u, p in self._found[situation] if rulebook.applies(p, situation)]
+    def _applying(self, situation: str) -> list[tuple[Unit, rulebook.ParsedRule, bool]]:
+        """The rules for ``situation`` as they read here (:func:`forge.learn.rules.bind`), and
+        whether each was bound to it with its actions swapped."""
+        pairs = list(self._parsed)
+        if self.lookup is not None and situation:
+            if situation not in self._found:
+                known = {u.id for u, _ in self._parsed}
+                self._found[situation] = tuple(_rules_in(self.lookup(situation), _vocabulary(self.valid_actions, self.kind_of), skip=known))
+            pairs += self._found[situation]
+        out = []
+        for u, p in pairs:
+            if (bound := rulebook.bind(p, situation)) is not None:
+                out.append((u, bound, bound is not p))
+        # a rule that names this situation as it is comes before one bound to it
+        return [hit for hit in out if not hit[2]] + [hit for hit in out if hit[2]]
 
     def now_text(self, situation: str, *, limit: int = 3) -> tuple[str, list[str]]:
-        """``("Memory for this situation: ...", ids)``, or ``("", [])`` when no rule applies."""
-        hits = self.now(situation)[:limit]
+        """``("Memory for this situation: ...", ids)``, or ``("", [])`` when no rule applies.
+        A rule bound to this situation is written as it reads here."""
+        hits = self._applying(situation)[:limit]
         if not hits:
             return "", []
-        lines = "\n".join(f"- {' '.join(u.content.split())}" for u in hits)
+        lines = "\n".join(f"- {rulebook.render(p) if rebound else ' '.join(u.content.split())}" for u, p, rebound in hits)
         text = f"Memory for this situation:\n{lines}"
         offer = self.offered(situation)
         if offer != list(self.valid_actions):
@@ -146,7 +154,7 @@ class Recollection:
             # kept taking the forbidden action when only told not to): say both.
             failed = ", ".join(a for a in self.valid_actions if a in self.forbidden(situation))
             text += f"\nFailed here before: {failed}. Choose one of: {', '.join(offer)}."
-        return text, [u.id for u in hits]
+        return text, [u.id for u, _, _ in hits]
 
     def offered(self, situation: str, actions: Sequence[str] | None = None) -> list[str]:
         """The actions to choose among here (``actions`` defaults to the valid ones).
@@ -177,11 +185,11 @@ class Recollection:
 
     def advised(self, situation: str) -> set[str]:
         """Actions that rules for this situation name as safe or recommended."""
-        return self._concrete({a for _, p in self._applying(situation) for a in p.do})
+        return self._concrete({a for _, p, _ in self._applying(situation) for a in p.do})
 
     def forbidden(self, situation: str) -> set[str]:
         """Actions that rules for this situation forbid (for the optional rule guard)."""
-        return self._concrete({a for _, p in self._applying(situation) for a in p.avoid})
+        return self._concrete({a for _, p, _ in self._applying(situation) for a in p.avoid})
 
     def _concrete(self, named: set[str]) -> set[str]:
         """The valid actions a rule's words name: each itself, or by its kind."""

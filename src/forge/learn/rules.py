@@ -18,6 +18,7 @@ __all__ = [
     "MAX_SAFE",
     "ParsedRule",
     "applies",
+    "bind",
     "check",
     "clauses",
     "contradicts",
@@ -27,6 +28,7 @@ __all__ = [
     "keyed",
     "normalize",
     "parse",
+    "render",
     "write",
 ]
 
@@ -127,6 +129,14 @@ def write(situation: str, avoid: str, safe: Sequence[str] = ()) -> str:
     return _compose(situation[:1].lower() + situation[1:], [avoid], list(dict.fromkeys(safe)))
 
 
+def render(rule: ParsedRule) -> str:
+    """A parsed rule written out again: :func:`write`'s form, or "when <when>, <do>" for one
+    that only advises."""
+    if not rule.avoid:
+        return f"when {rule.when}, {', '.join(rule.do)}"
+    return _compose(rule.when, rule.avoid, rule.do)
+
+
 def _compose(when: str, avoid: Sequence[str], safe: Sequence[str]) -> str:
     """"when <when>, do not <a>; ...; <s>, <t> were safe there" (at most :data:`MAX_SAFE` safe)."""
     rule = f"when {when}, " + "; ".join(f"do not {a}" for a in avoid)
@@ -188,6 +198,52 @@ def applies(rule: ParsedRule, situation: str) -> bool:
         return True
     parts = clauses(when)
     return len(parts) > 1 and set(parts) <= set(clauses(now))
+
+
+def bind(rule: ParsedRule, situation: str) -> ParsedRule | None:
+    """``rule`` as it reads in ``situation``: itself where it :func:`applies`; else, where each
+    of its clauses recurs here either as it is or keyed by another action that the rule itself
+    names, the rule with those actions swapped, one for one, throughout; None otherwise.
+
+    Situations key a clause by the action whose outcome it names, so a rule learned on one
+    map names directions: "when go east: the goal's way; go south: the way back, do not go
+    south; go east was safe there" held on no TextWorld game whose goal went north, where the
+    same walk back (south to north here) lost the game. Bound there it reads "... do not go
+    east; go north was safe there". A clause whose words match two of this situation's (two
+    holes) binds to neither, and only keys the rule acts on are swapped, so a state keyed by
+    something else never moves a rule to where it does not hold.
+    """
+    if applies(rule, situation):
+        return rule
+    mine, here = clauses(rule.when), clauses(situation)
+    if not mine:
+        return None
+    named = {normalize(a) for a in (*rule.avoid, *rule.do)}
+    swap: dict[str, str] = {}
+    for clause in mine:
+        if clause in here:
+            continue
+        key, said = _key(clause), clause.split(":", 1)[-1].strip()
+        if not key or key not in named:
+            return None
+        others = [c for c in here if _key(c) and c.split(":", 1)[1].strip() == said]
+        if len(others) != 1 or swap.get(key, _key(others[0])) != _key(others[0]):
+            return None
+        swap[key] = _key(others[0])
+    if not swap or len(set(swap.values())) != len(swap):
+        return None
+    taken = set(swap.values()) - set(swap)
+
+    def moved(actions: Sequence[str]) -> tuple[str, ...]:
+        # an action the rule names unswapped that a swap now lands on would say two things
+        out = [swap.get(normalize(a), a) for a in actions if normalize(a) in swap or normalize(a) not in taken]
+        return tuple(dict.fromkeys(out))
+
+    avoid = moved(rule.avoid)
+    if rule.avoid and not avoid:
+        return None
+    when = "; ".join(f"{swap[_key(c)]}:{c.split(':', 1)[1]}" if _key(c) in swap else c for c in mine)
+    return ParsedRule(when=when, avoid=avoid, do=tuple(a for a in moved(rule.do) if a not in avoid))
 
 
 def contradicts(a: ParsedRule, b: ParsedRule) -> bool:
