@@ -334,3 +334,12 @@ def test_two_prohibitions_never_contradict():
     assert det.detect(a, b, similarity=0.95) is None
     c = Unit("when you are at row 1, col 2 on a frozen tile, then go right", kind="rule")
     assert det.detect(b, c, similarity=0.95) is not None
+    # situations key their clauses with colons; the condition still ends at the comma. Read up
+    # to the first colon, "hole; down: frozen, ..." was taken for the action, and a champion's
+    # own rules for two different tiles were judged contradictory and dropped on the bus
+    d = Unit("when left: hole; down: frozen; right: hole, do not down; left, right were safe there", kind="rule")
+    e = Unit("when left: edge; right: frozen; up: frozen, do not right; left, up were safe there", kind="rule")
+    assert det.detect(d, e, similarity=0.9) is None
+    f = Unit("When the disk is full: delete old logs", kind="rule")  # a rule with a colon only
+    g = Unit("When the disk is full: keep old logs", kind="rule")
+    assert det.detect(f, g, similarity=0.9) is not None

@@ -90,10 +90,19 @@ _ANTONYMS = (
     ("wait", "act"), ("first", "last"), ("fast", "slow"), ("maximize", "minimize"),
     ("isolate", "reconnect"), ("valid", "invalid"), ("correct", "incorrect"),
 )
-_RULE = re.compile(
-    r"^\s*(?:when|whenever|if|once|while|on|after|before|in case)\s+(?P<cond>.+?)\s*(?:,|\bthen\b|:|->)\s*(?:then\s+)?(?P<act>.+)$",
-    re.IGNORECASE | re.DOTALL,
+_RULE_HEAD = r"^\s*(?:when|whenever|if|once|while|on|after|before|in case)\s+(?P<cond>.+?)\s*"
+_RULE_TAIL = r"\s*(?:then\s+)?(?P<act>.+)$"
+# A condition ends at a comma, "then" or an arrow; only a rule with none of them ends it at a
+# colon ("When X: do Y"). Situations key their clauses with colons ("when left: hole; down:
+# frozen, do not down"), and splitting there read "hole; down: frozen, ..." as the action.
+_RULES = (
+    re.compile(_RULE_HEAD + r"(?:,|\bthen\b|->)" + _RULE_TAIL, re.IGNORECASE | re.DOTALL),
+    re.compile(_RULE_HEAD + r":" + _RULE_TAIL, re.IGNORECASE | re.DOTALL),
 )
+
+
+def _rule(text: str) -> re.Match[str] | None:
+    return _RULES[0].match(text) or _RULES[1].match(text)
 
 
 def _words(text: str) -> list[str]:
@@ -151,7 +160,7 @@ class HeuristicDetector:
         if _polarity(wa) != _polarity(wb) and _jaccard(ca, cb) >= self.overlap:
             neg = "the second" if _polarity(wb) else "the first"
             return Conflict("negation", f"same statement, {neg} negated", 0.9)
-        ra, rb = _RULE.match(a.content), _RULE.match(b.content)
+        ra, rb = _rule(a.content), _rule(b.content)
         if ra and rb and _prohibits(ra["act"]) and _prohibits(rb["act"]):
             # "then do not left" and "then do not right" can both hold (holes on both
             # sides): two prohibitions never contradict each other.
