@@ -269,10 +269,23 @@ def _rules_in(recalled: Iterable[Recalled], valid_actions: Sequence[str], *, ski
     for r in recalled:
         if r.unit.kind in (Kind.RULE, Kind.LESSON) and r.unit.id not in skip:
             p = rulebook.parse(r.unit.content, valid_actions)
+            if p is not None and (own := _keyed_elsewhere(p, valid_actions)):
+                # the actions its "when" keys, read even where they are not valid, so the
+                # rule can be bound here (TextWorld: "go south: the way back" read in a room
+                # whose way back is north, where "go south" is no command)
+                p = rulebook.parse(r.unit.content, [*valid_actions, *own]) or p
             if p is not None:
                 out.append((r.unit, p))
                 skip.add(r.unit.id)
     return out
+
+
+def _keyed_elsewhere(rule: rulebook.ParsedRule, valid_actions: Sequence[str]) -> list[str]:
+    """The keys of ``rule``'s clauses that are actions of a kind valid here ("go south" where
+    "go north" is valid) but not valid here themselves."""
+    verbs = {a.split()[0] for a in valid_actions if a.split()}
+    keys = (c.split(":", 1)[0].strip() for c in rulebook.clauses(rule.when) if ":" in c)
+    return [k for k in dict.fromkeys(keys) if k and k not in valid_actions and k.split()[0] in verbs]
 
 
 def empty(role: str = "") -> Recollection:
