@@ -158,6 +158,9 @@ def merge(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     them. The same cell's run seeds from different results join into one cell."""
     if not results:
         raise ValueError("nothing to merge")
+    for r in results:
+        if not isinstance(r, dict) or not isinstance(r.get("cells"), list) or not all(isinstance(c, dict) for c in r["cells"]):
+            raise ValueError("not a bench/transfer.py --json result (an object with a list of cells)")
     first = results[0]
     for r in results[1:]:
         if diff := [k for k in _MERGE_SAME if r.get(k) != first.get(k)]:
@@ -237,9 +240,17 @@ def main(argv: list[str] | None = None) -> None:
                     help="render earlier --json results as one table (runs nothing)")
     args = ap.parse_args(argv)
     if args.merge:
+        results = []
+        for path in args.merge:
+            try:
+                results.append(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError) as exc:
+                raise SystemExit(f"error: --merge: {path}: {exc}") from None
         try:
-            merged = merge([json.loads(p.read_text(encoding="utf-8")) for p in args.merge])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            merged = merge(results)
+        except KeyError as exc:
+            raise SystemExit(f"error: --merge: a result or cell lacks {exc}") from None
+        except (ValueError, TypeError) as exc:
             raise SystemExit(f"error: --merge: {exc}") from None
         print(json.dumps(merged, indent=2) if args.json else render(merged))
         return

@@ -421,6 +421,13 @@ def test_transfer_merges_cells_run_apart_into_one_table_with_ratios(tmp_path: Pa
         transfer.main(["--merge", *map(str, paths)])
     with pytest.raises(SystemExit, match=r"run seed \[0\] is in two results"):
         transfer.main(["--merge", str(paths[1]), str(paths[1])])
+    # hostile files: one line, no traceback
+    bad = tmp_path / "bad.json"
+    for text, says in (("[1, 2]", "not a bench/transfer.py --json result"), ("nope", "bad.json"),
+                       ('{"cells": [{"env": 1}]}', "lacks")):
+        bad.write_text(text)
+        with pytest.raises(SystemExit, match=says):
+            transfer.main(["--merge", str(bad)])
     # the same cell run one run seed at a time joins into one cell over both seeds
     transfer.main([*common[:-3], "--run-seeds", "1", "--json", "--conditions", "forge/rules", "-n", "2"])
     seed1 = tmp_path / "forge-rules-seed1.json"
