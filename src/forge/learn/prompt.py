@@ -95,6 +95,9 @@ class Recollection:
     kind_of: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
     _found: dict[str, tuple[tuple[Unit, rulebook.ParsedRule], ...]] = field(default_factory=dict, compare=False, repr=False)
     _views: dict[tuple[str, ...], Recollection] = field(default_factory=dict, compare=False, repr=False)
+    #: :meth:`_applying` per situation: a step asks it for the text, the offer, the verdict
+    #: (not an init field, so every copy, a view or one with a lookup, starts its own)
+    _hits: dict[str, list[tuple[Unit, rulebook.ParsedRule, bool]]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def ids(self) -> list[str]:
@@ -127,6 +130,10 @@ class Recollection:
     def _applying(self, situation: str) -> list[tuple[Unit, rulebook.ParsedRule, bool]]:
         """The rules for ``situation`` as they read here (:func:`forge.learn.rules.bind`), and
         whether each was bound to it with its actions swapped."""
+        if (hits := self._hits.get(situation)) is not None:
+            return hits
+        if len(self._hits) >= 256:  # an episode meets few situations; bound it anyway
+            self._hits.clear()
         pairs = list(self._parsed)
         if self.lookup is not None and situation:
             if situation not in self._found:
@@ -138,7 +145,8 @@ class Recollection:
             if (bound := rulebook.bind(p, situation)) is not None:
                 out.append((u, bound, bound is not p))
         # a rule that names this situation as it is comes before one bound to it
-        return [hit for hit in out if not hit[2]] + [hit for hit in out if hit[2]]
+        hits = self._hits[situation] = [hit for hit in out if not hit[2]] + [hit for hit in out if hit[2]]
+        return hits
 
     def now_text(self, situation: str, *, limit: int = 3) -> tuple[str, list[str]]:
         """``("Memory for this situation: ...", ids)``, or ``("", [])`` when no rule applies.
@@ -284,8 +292,7 @@ def _keyed_elsewhere(rule: rulebook.ParsedRule, valid_actions: Sequence[str]) ->
     """The keys of ``rule``'s clauses that are actions of a kind valid here ("go south" where
     "go north" is valid) but not valid here themselves."""
     verbs = {a.split()[0] for a in valid_actions if a.split()}
-    keys = (c.split(":", 1)[0].strip() for c in rulebook.clauses(rule.when) if ":" in c)
-    return [k for k in dict.fromkeys(keys) if k and k not in valid_actions and k.split()[0] in verbs]
+    return [k for k in rulebook.keyed(rule.when) if k not in valid_actions and k.split()[0] in verbs]
 
 
 def empty(role: str = "") -> Recollection:
