@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import pytest
 
@@ -179,6 +181,73 @@ def test_examples_valid_and_fallback():
     ex = out.examples[0]
     assert ex.steps[-1]["answer"] == "right"  # the env-checked safe action
     assert [s["answer"] for s in ex.steps[:-1]] == ["down", "down"]
+
+
+def _named_snapshot() -> Snapshot:
+    """A game whose objects have kinds (keycard is a key) and whose rooms have names no kind
+    replaces (the Zorkmid room): what an example may and may not carry to another game."""
+    obs = "You are in the Zorkmid room. A keycard lies here. Exits: east, west."
+    steps = tuple(Step(observation=obs, action="go west", reward=0.0, role="actor") for _ in range(3))
+    return dataclasses.replace(
+        snapshot(safe=("take keycard",)),
+        valid_actions=("go east", "go west", "take keycard"),
+        steps=steps,
+        failing_action="go west",
+        failing_reward=0.0,
+        failing_observation=obs,
+        reason="stall",
+        describe=lambda o: "Zorkmid room, a keycard here" if "Zorkmid" in o else "a key here",
+        abstract=lambda t: re.sub(r"\bkeycard\b", "key", t),
+        instance_terms=lambda t: re.findall(r"Zorkmid", t),
+    )
+
+
+def test_examples_are_held_to_the_envs_terms():
+    """An example is shown on other games: the object it names reads as its kind, a step that
+    still names this game's room is dropped with why, and so is a title naming it."""
+    written = json.dumps(
+        {
+            "name": "Zorkmid escape",
+            "description": "take the keycard in the Zorkmid room",
+            "steps": [
+                {"observation": "You are in the Zorkmid room", "thought": "the room", "answer": "go east"},
+                {"observation": "a keycard lies here", "thought": "the keycard is the goal", "answer": "take keycard"},
+            ],
+        }
+    )
+    out = reflect(ScriptedLLM([written]), _named_snapshot(), representation="examples")
+    assert not out.fallback
+    (ex,) = out.examples
+    assert [dict(s) for s in ex.steps] == [{"thought": "the key is the goal", "tool": "", "observation": "a key lies here", "answer": "take key"}]
+    assert "Zorkmid" not in ex.name + ex.description and "keycard" not in ex.content()
+    assert any("example step names what holds in this task only (Zorkmid)" in d for d in out.dropped)
+    assert any(d.startswith("example title names what holds in this task only") for d in out.dropped)
+
+
+def test_fallback_example_leaves_out_what_names_the_game():
+    """The trajectory's own situations name the room: the lead-in goes, the correction stays
+    (in kinds), and the title names no step number of this attempt."""
+    out = reflect(ScriptedLLM(["not json"], repeat_last=True), _named_snapshot(), representation="examples", retries=0)
+    assert out.fallback
+    snap = _named_snapshot()
+    only_kinds = dataclasses.replace(snap, describe=lambda o: "a keycard here")
+    (ex,) = reflect(ScriptedLLM(["not json"], repeat_last=True), only_kinds, representation="examples", retries=0).examples
+    assert out.examples == ()  # the failing situation itself names the room: nothing transfers
+    assert [s["answer"] for s in ex.steps] == ["go west", "go west", "take key"]
+    assert {s["observation"] for s in ex.steps} == {"a key here"}
+    assert ex.name == "avoid-go-west" and "step" not in ex.description
+
+
+def test_the_same_demonstration_is_not_added_twice():
+    """A second reflection on the same failure writes the same steps under another title: the
+    memory keeps one, so it does not take two places in the prompt."""
+    first = json.dumps({"name": "go-right", "description": "avoid the hole", "steps": [{"observation": "a hole below", "thought": "hole", "answer": "right"}]})
+    again = json.dumps({"name": "Right, not down", "description": "again", "steps": [{"observation": "A hole  below", "thought": "careful", "answer": "right"}]})
+    mem = list(apply_reflection([], reflect(ScriptedLLM([first]), snapshot(), representation="examples"), owner="a").units)
+    applied = apply_reflection(mem, reflect(ScriptedLLM([again]), snapshot(), representation="examples"), owner="a")
+    assert applied.added == () and [u.kind for u in applied.units] == [Kind.EXAMPLE]
+    other_role = reflect(ScriptedLLM([again]), dataclasses.replace(snapshot(), acting_roles=("scout",), roles=("scout",)), representation="examples")
+    assert len(apply_reflection(mem, other_role, owner="a").added) == 1  # another role's memory is its own
 
 
 def test_mixed_gives_both_kinds():

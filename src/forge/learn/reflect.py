@@ -5,7 +5,8 @@ The reflection agent is the acting agents' own LLM (no stronger teacher): it rea
 with JSON. Small models answer badly, so everything it says is parsed tolerantly, retried a
 bounded number of times (:func:`forge.llm.structured.complete_json`) and validated: rules that
 mention no valid action or invent names are dropped, example steps must answer with valid
-actions. When nothing usable is left, a fallback artifact is derived from the trajectory
+actions and, like rules, are written in the env's terms (an object by its kind, no room
+name), since they are shown on other tasks. When nothing usable is left, a fallback artifact is derived from the trajectory
 itself ("when <situation>, then do not <failing action>"), marked ``fallback=True`` so runs
 can report how much of their memory the model really wrote.
 
@@ -551,7 +552,7 @@ def _ask_example(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int)
     except LLMError as exc:
         return None, [], str(exc)
     dropped: list[str] = []
-    failing_situation = snapshot.situation.lower()
+    failing_situation = _general(snapshot, snapshot.situation)[0].lower()
     known = {n.lower() for n in snapshot.known_names}
     steps: list[dict[str, str]] = []
     for s in (data.get("steps") or [])[:8]:
@@ -566,16 +567,47 @@ def _ask_example(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int)
         if tool and tool.lower() not in known:
             dropped.append(f"example invents the tool {tool!r}")
             tool = ""
-        obs = " ".join(str(s.get("observation", "")).split())
-        if answer == snapshot.failing_action and obs.lower() == failing_situation:
+        raw = {"thought": str(s.get("thought", "")), "tool": tool, "observation": str(s.get("observation", "")), "answer": answer}
+        step, why = _general_step(snapshot, raw)
+        if why:
+            dropped.append(f"example step {why}")
+            continue
+        if answer == snapshot.failing_action and step["observation"].lower() == failing_situation:
             dropped.append("example repeats the failing action in the failing situation")
             continue
-        steps.append({"thought": " ".join(str(s.get("thought", "")).split())[:200], "tool": tool[:60], "observation": obs[:300], "answer": answer})
-    name = " ".join(str(data.get("name", "")).split())[:60]
+        steps.append(step)
+    name, why_name = _general(snapshot, " ".join(str(data.get("name", "")).split())[:60])
+    description, why_description = _general(snapshot, " ".join(str(data.get("description", "")).split())[:200])
+    if why_name or why_description:  # the demonstration itself may still transfer: only its title goes
+        dropped.append(f"example title {why_name or why_description}")
+        name, description = f"instead of {_general(snapshot, snapshot.failing_action)[0]}", ""
     if not steps or not name:
         dropped.append("example has no usable steps" if not steps else "example has no name")
         return None, dropped, ""
-    return Example(role, name, " ".join(str(data.get("description", "")).split())[:200], tuple(steps)), dropped, ""
+    return Example(role, name, description, tuple(steps)), dropped, ""
+
+
+def _general(snapshot: Snapshot, text: str) -> tuple[str, str]:
+    """``text`` in the env's terms (``abstract``), and why it still cannot leave its task
+    ("" when it can): an example is shown on other tasks, so it is held to what a rule is."""
+    text = " ".join(text.split())
+    if snapshot.abstract is not None and text:
+        text = snapshot.abstract(text)
+    why = rulebook.instance_reason(text, snapshot.instance_terms) if snapshot.instance_terms is not None and text else ""
+    return text, why
+
+
+def _general_step(snapshot: Snapshot, step: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """One demonstration step with every field in the env's terms ("take keycard" reads "take
+    a key", as a rule would), or why a field still names this task only."""
+    limits = {"thought": 200, "tool": 60, "observation": 300, "answer": 200}
+    out: dict[str, str] = {}
+    for key, limit in limits.items():
+        text, why = _general(snapshot, step.get(key, ""))
+        if why:
+            return {}, why
+        out[key] = text[:limit]
+    return out, ""
 
 
 # -- fallbacks ---------------------------------------------------------------------------------
@@ -606,10 +638,9 @@ def _fallback_examples(snapshot: Snapshot) -> list[Example]:
     acting = [s for s in snapshot.steps if s.role == snapshot.acting_roles[0] or not s.role]
     start = max(0, snapshot.failing - 4)
     steps: list[dict[str, str]] = []
-    for s in acting[start : snapshot.failing]:
-        steps.append({"thought": "", "tool": "", "observation": snapshot.situation_of(s.observation), "answer": s.action})
+    raw = [{"thought": "", "tool": "", "observation": snapshot.situation_of(s.observation), "answer": s.action} for s in acting[start : snapshot.failing]]
     alt = _alternative(snapshot)
-    steps.append(
+    raw.append(
         {
             "thought": f"{snapshot.failing_action} failed here" + (" (it went in circles)" if snapshot.reason == "stall" else f" (reward {snapshot.failing_reward:g})"),
             "tool": "",
@@ -617,8 +648,13 @@ def _fallback_examples(snapshot: Snapshot) -> list[Example]:
             "answer": alt,
         }
     )
-    name = f"avoid-{snapshot.failing_action}-at-step-{snapshot.failing}"
-    description = f"{snapshot.env}: the same start, with {alt} instead of {snapshot.failing_action} at step {snapshot.failing}"
+    general = [_general_step(snapshot, s) for s in raw]
+    if general[-1][1]:  # the correction itself names this task only: nothing transfers
+        return []
+    steps = [s for s, why in general if not why]  # a lead-in step naming this task is left out
+    bad, good = _general(snapshot, snapshot.failing_action)[0], steps[-1]["answer"]
+    name = f"avoid-{bad.replace(' ', '-')}"
+    description = f"the same start, with {good} instead of {bad}"
     return [Example(role, name, description, tuple(steps)) for role in snapshot.acting_roles]
 
 
@@ -663,7 +699,8 @@ def apply_reflection(
     Caps keep the newest units per (role, kind); the deleted and the evicted come back in
     ``removed`` with a reason so the caller archives them rather than losing them. With
     ``valid_actions``, an active rule of the same role that a new rule contradicts (the same
-    situation, one advising what the other forbids) is removed too.
+    situation, one advising what the other forbids) is removed too. An example whose steps
+    the role already holds is not added again.
     """
     items = list(units)
     added: list[Unit] = []
@@ -710,13 +747,24 @@ def apply_reflection(
             items = [u for u in items if u.id not in {o.id for o in clash}]
             items.append(new)
             added.append(new)
+    demos = {(u.context.role, _demo_key(u.meta.get("steps") or ())) for u in items if u.kind is Kind.EXAMPLE}
     for ex in reflection.examples:
+        key = (ex.role, _demo_key(ex.steps))
+        if key in demos:  # the same steps again teach nothing and take a second place in the prompt
+            continue
+        demos.add(key)
         new = make(Kind.EXAMPLE, ex.role, ex.content(), {"name": ex.name, "description": ex.description, "steps": [dict(s) for s in ex.steps]})
         items.append(new)
         added.append(new)
     items, evicted = enforce_caps(items, rule_cap=rule_cap, example_cap=example_cap)
     removed += [(u, "evicted by the memory cap (newest kept)") for u in evicted]
     return Applied(tuple(items), tuple(added), tuple(removed))
+
+
+def _demo_key(steps: Iterable[Mapping[str, str]]) -> tuple[tuple[str, str], ...]:
+    """What makes two demonstrations the same: their (observation, answer) steps, in order,
+    case and spacing aside (thoughts and titles vary between reflections on one failure)."""
+    return tuple((" ".join(str(s.get("observation", "")).lower().split()), " ".join(str(s.get("answer", "")).lower().split())) for s in steps if isinstance(s, Mapping))
 
 
 def _contradicted(units: Sequence[Unit], text: str, *, role: str, valid_actions: Sequence[str]) -> list[Unit]:
