@@ -212,13 +212,17 @@ def test_examples_are_held_to_the_envs_terms():
             "steps": [
                 {"observation": "You are in the Zorkmid room", "thought": "the room", "answer": "go east"},
                 {"observation": "a keycard lies here", "thought": "the keycard is the goal", "answer": "take keycard"},
+                {"observation": "a keycard lies here", "thought": "as in the Zorkmid room", "answer": "take keycard"},
             ],
         }
     )
     out = reflect(ScriptedLLM([written]), _named_snapshot(), representation="examples")
     assert not out.fallback
     (ex,) = out.examples
-    assert [dict(s) for s in ex.steps] == [{"thought": "the key is the goal", "tool": "", "observation": "a key lies here", "answer": "take key"}]
+    assert [dict(s) for s in ex.steps] == [
+        {"thought": "the key is the goal", "tool": "", "observation": "a key lies here", "answer": "take key"},
+        {"thought": "", "tool": "", "observation": "a key lies here", "answer": "take key"},  # the thought named the room
+    ]
     assert "Zorkmid" not in ex.name + ex.description and "keycard" not in ex.content()
     assert any("example step names what holds in this task only (Zorkmid)" in d for d in out.dropped)
     assert any(d.startswith("example title names what holds in this task only") for d in out.dropped)

@@ -6,9 +6,9 @@ with JSON. Small models answer badly, so everything it says is parsed tolerantly
 bounded number of times (:func:`forge.llm.structured.complete_json`) and validated: rules that
 mention no valid action or invent names are dropped, example steps must answer with valid
 actions and, like rules, are written in the env's terms (an object by its kind, no room
-name), since they are shown on other tasks. When nothing usable is left, a fallback artifact is derived from the trajectory
-itself ("when <situation>, then do not <failing action>"), marked ``fallback=True`` so runs
-can report how much of their memory the model really wrote.
+name), since they are shown on other tasks. When nothing usable is left, a fallback artifact
+is derived from the trajectory itself ("when <situation>, then do not <failing action>"),
+marked ``fallback=True`` so runs can report how much of their memory the model really wrote.
 
 :func:`apply_reflection` turns artifacts into engine units (rules, examples) for the agent's
 own scope: rule deletions (by shown index) first, then additions, then per-role caps that keep
@@ -599,12 +599,15 @@ def _general(snapshot: Snapshot, text: str) -> tuple[str, str]:
 
 def _general_step(snapshot: Snapshot, step: Mapping[str, str]) -> tuple[dict[str, str], str]:
     """One demonstration step with every field in the env's terms ("take keycard" reads "take
-    a key", as a rule would), or why a field still names this task only."""
+    a key", as a rule would), or why its observation or answer still names this task only (a
+    thought that does is left out: it is commentary)."""
     limits = {"thought": 200, "tool": 60, "observation": 300, "answer": 200}
     out: dict[str, str] = {}
     for key, limit in limits.items():
         text, why = _general(snapshot, step.get(key, ""))
-        if why:
+        if why and key == "thought":
+            text = ""
+        elif why:
             return {}, why
         out[key] = text[:limit]
     return out, ""
@@ -637,7 +640,6 @@ def _fallback_rules(snapshot: Snapshot) -> list[RuleEdit]:
 def _fallback_examples(snapshot: Snapshot) -> list[Example]:
     acting = [s for s in snapshot.steps if s.role == snapshot.acting_roles[0] or not s.role]
     start = max(0, snapshot.failing - 4)
-    steps: list[dict[str, str]] = []
     raw = [{"thought": "", "tool": "", "observation": snapshot.situation_of(s.observation), "answer": s.action} for s in acting[start : snapshot.failing]]
     alt = _alternative(snapshot)
     raw.append(
