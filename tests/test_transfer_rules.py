@@ -319,19 +319,30 @@ def test_the_rule_check_holds_every_rule_to_what_won_the_episode_there():
 
 def test_abstraction_leaves_the_rule_templates_own_words_alone():
     """A TextWorld game with a safe in it made "safe" a container's name, and the repaired rule
-    read "do not go north; go east was a container there"."""
-    import re  # noqa: PLC0415
+    read "do not go north; go east was a container there". Its instance-name check then found
+    the game's "safe" in the template's words and refused every rule of that game (treasure-2,
+    run seed 0: three reflections in a row)."""
 
     def abstract(text: str) -> str:
         return re.sub(r"\b(?:a )?safe\b", "a container", text)
 
+    def instance_terms(text: str) -> list[str]:
+        return re.findall(r"\bsafe\b", text)
+
     room = "in a room with a container"
+    for names in (None, instance_terms):
+        kept, why = rules.check(
+            "when in a room with a safe, do not go north; go east was safe there",
+            valid_actions=["go north", "go east", "open safe"], situations=[room], failing_situation=room,
+            failing_action="go north", safe_actions=["go east"], abstract=abstract, instance_terms=names,
+        )
+        assert kept == "when in a room with a container, do not go north; go east was safe there", why
     kept, why = rules.check(
-        "when in a room with a safe, do not go north; go east was safe there",
+        "when in a room with a container, do not open safe; go east was safe there",
         valid_actions=["go north", "go east", "open safe"], situations=[room], failing_situation=room,
-        failing_action="go north", safe_actions=["go east"], abstract=abstract,
+        failing_action="open safe", safe_actions=["go east"], instance_terms=instance_terms,
     )
-    assert kept == "when in a room with a container, do not go north; go east was safe there", why
+    assert kept is None and "names what holds in this task only (safe)" in why  # the game's safe, not the template's
 
 
 TW = ["go north", "go south", "go east", "go west", "take coin"]

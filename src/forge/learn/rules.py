@@ -315,7 +315,8 @@ def check(
         safe_actions = [k for k in dict.fromkeys(abstract(a) for a in safe_actions) if k != failing_action]
         won_actions = [k for k in dict.fromkeys(abstract(a) for a in won_actions) if k != failing_action]
         text = _without_safe_forbidden(text, valid_actions)
-    if instance_terms is not None and (why := instance_reason(text, instance_terms, original)):
+    # the template's own "was safe there" is no name, even in a game with a safe in it
+    if instance_terms is not None and (why := instance_reason(_SAFE_TAIL.sub("", text), instance_terms, original)):
         return None, why
     rule, why = _checked(text, original, valid_actions, situations, failing_situation, failing_action, safe_actions)
     kept = parse(rule, valid_actions) if rule is not None else None
