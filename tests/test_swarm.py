@@ -310,3 +310,54 @@ def test_the_table_shows_every_agent_and_the_totals():
     total = next(line for line in text.splitlines() if "total" in line)
     cells = [c.strip() for c in total.split("│")][1:-1]
     assert cells == ["total", "", "3/6", "+0.00", "0", "4", "9", "2", "0", "2", "0", "0", "0/0", "0"]
+
+
+class _Peers:
+    """A board whose one peer works for ``busy_s`` (publishing as it goes), then sends a rule
+    and finishes: what a slow peer on a loaded machine looks like to a lingering agent."""
+
+    def __init__(self, busy_s: float) -> None:
+        self.start, self.busy_s = time.monotonic(), busy_s
+
+    def read(self, agents):
+        t = time.monotonic() - self.start
+        done = t >= self.busy_s
+        return {a: {"state": "done" if done else "running", "outbox": 0, "at": round(t, 1)} for a in agents}
+
+
+class _Listener:
+    """The lingering agent: counts what it receives once the peer has sent it."""
+
+    def __init__(self, peers: _Peers) -> None:
+        self.id, self.peers, self.received = "agent-1", peers, 0
+        self.broadcaster = type("B", (), {"outbox": []})()
+
+    def flush(self) -> None:
+        pass
+
+    def pump(self, block_ms: int) -> int:
+        time.sleep(block_ms / 1000)
+        if self.received == 0 and time.monotonic() - self.peers.start >= self.peers.busy_s:
+            self.received = 1
+            return 1
+        return 0
+
+
+def test_a_lingering_agent_waits_for_a_peer_that_is_still_working():
+    """``linger_s`` is patience with silence, not a cap on the wait: a peer that keeps
+    publishing progress is waited for however long it works (the Ray swarm beside a heavy job:
+    its agent-1 left before its peers had sent anything, received 0 against 6), and one that
+    falls silent is given up on after ``linger_s``."""
+    peers = _Peers(busy_s=1.5)
+    agent = _Listener(peers)
+    spec = {"linger_s": 0.6, "agents": ["agent-1", "agent-2"]}
+    member._linger(agent, peers, spec, lambda **_: None)
+    assert agent.received == 1 and time.monotonic() - peers.start >= 1.5
+
+    class Silent(_Peers):  # started, then never heard from again (killed -9)
+        def read(self, agents):
+            return {a: {"state": "running", "outbox": 0, "at": 0.0} for a in agents}
+
+    silent = Silent(busy_s=1e9)
+    member._linger(_Listener(silent), silent, spec, lambda **_: None)
+    assert 0.6 <= time.monotonic() - silent.start < 5

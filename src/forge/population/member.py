@@ -234,12 +234,18 @@ def exposure_of(spec: Mapping[str, Any]) -> Any:
 
 
 def _linger(agent: Any, board: Board, spec: Mapping[str, Any], publish: Callable[..., None], stop: threading.Event | None = None) -> None:
-    """Keep listening until every peer has finished and sent everything, or ``linger_s`` passes.
+    """Keep listening until every peer has finished and sent everything, or until no peer has
+    been heard from for ``linger_s``.
 
-    Without this the fastest agent would leave before its slower peers' last rules arrive.
+    Without this the fastest agent would leave before its slower peers' last rules arrive. The
+    wait runs from the last sign of a peer's progress, not from this agent's last episode: on
+    a loaded machine Ray started one actor's peers more than a minute after it, and it left
+    before they had sent anything.
     """
     publish(state="lingering")
-    deadline = time.monotonic() + float(spec.get("linger_s", 60.0))
+    patience = float(spec.get("linger_s", 60.0))
+    deadline = time.monotonic() + patience
+    heard: dict[str, Any] = {}
     quiet = 0
     while time.monotonic() < deadline:
         _check_parent(spec, stop)
@@ -247,7 +253,11 @@ def _linger(agent: Any, board: Board, spec: Mapping[str, Any], publish: Callable
         got = agent.pump(block_ms=200)
         publish()
         peers = board.read([a for a in spec["agents"] if a != agent.id])
-        settled = all(p.get("state") in DONE and not p.get("outbox") for p in peers.values())
+        busy = {a: p for a, p in peers.items() if not (p.get("state") in DONE and not p.get("outbox"))}
+        now = {a: (p.get("at"), p.get("state"), p.get("outbox")) for a, p in busy.items()}
+        if now != heard:  # a peer still at work published: it is alive (lingering ones publish always)
+            heard, deadline = now, time.monotonic() + patience
+        settled = not busy
         quiet = quiet + 1 if settled and not got and not len(agent.broadcaster.outbox) else 0
         if quiet >= 3:
             return

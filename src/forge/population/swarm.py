@@ -86,7 +86,7 @@ class SwarmConfig:
     seed: int = 0
     max_steps: int | None = None
     rule_guard: bool = False
-    linger_s: float = 60.0  # at most: an agent leaves as soon as its peers have settled
+    linger_s: float = 60.0  # patience with a silent peer: an agent leaves as soon as its peers have settled
     sync_interval_s: float = 30.0  # the periodic batch of what the importance trigger did not send
     keep: bool = False
     warmup_episodes: int = 0

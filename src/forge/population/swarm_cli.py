@@ -103,7 +103,7 @@ def _line(stats: Mapping[str, Mapping[str, Any]], elapsed: float) -> str:
 @click.option("--seed", type=int, default=0, show_default=True, help="Run seed; every agent's episode seeds derive from it.")
 @click.option("--max-steps", type=int, default=None, help="Cap on steps per episode (default: the env's).")
 @click.option("--rule-guard/--no-rule-guard", default=False, show_default=True, help="Enforce 'when X, then do not A' rules as hard exclusions, choosing among the actions they name as safe (for models too small to follow them).")
-@click.option("--linger", "linger_s", type=float, default=60.0, show_default=True, help="At most this many seconds an agent keeps listening after its last episode, until its peers have finished and sent everything (on a loaded machine a slow peer needed more than 10).")
+@click.option("--linger", "linger_s", type=float, default=60.0, show_default=True, help="After its last episode an agent keeps listening until its peers have finished and sent everything, giving up on a peer not heard from for this many seconds (on a loaded machine a slow peer needed more than 10).")
 @click.option("--sync-interval", "sync_interval_s", type=float, default=30.0, show_default=True, help="Seconds between an agent's periodic batches of the units its importance trigger did not send at once.")
 @click.option("--warmup-episodes", type=int, default=0, show_default=True, help="Warm-up: received memory stays out of an agent's prompts until it has played this many episodes.")
 @click.option("--warmup-validation", type=float, default=0.0, show_default=True, help="Warm-up: then show received units only if validated at least this well (0-1).")
