@@ -139,10 +139,11 @@ def compare(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "success_vs_zero_shot": vs_zero,
             "success_above_reflexion": (forge["success"] > refl["success"]) if refl else None,
             "tokens_per_success_vs_reflexion": tps,
+            # None where the baseline did not run: no verdict, not a miss
             "meets": {
-                "success_vs_zero_shot": (forge["success"] > 0 and zero is not None and zero["success"] == 0) or (vs_zero is not None and vs_zero >= TARGETS["success_vs_zero_shot"]),
-                "above_reflexion": bool(refl) and forge["success"] > refl["success"],
-                "tokens_per_success": tps is not None and tps <= TARGETS["tokens_per_success_vs_reflexion"],
+                "success_vs_zero_shot": None if zero is None else (forge["success"] > 0 and zero["success"] == 0) or (vs_zero is not None and vs_zero >= TARGETS["success_vs_zero_shot"]),
+                "above_reflexion": None if refl is None else forge["success"] > refl["success"],
+                "tokens_per_success": None if refl is None else tps is not None and tps <= TARGETS["tokens_per_success_vs_reflexion"],
             },
         })
     return out
@@ -213,8 +214,9 @@ def render(result: dict[str, Any]) -> str:
             def x(v: float | None) -> str:
                 return f"{v:.2f}x" if v is not None else "n/a"
 
-            marks = " ".join(f"{k}={'met' if v else 'missed'}" for k, v in r["meets"].items())
-            lines.append(f"  {r['env']:<24} success {x(r['success_vs_zero_shot'])} zero-shot, above Reflexion: {r['success_above_reflexion']}, tokens/success {x(r['tokens_per_success_vs_reflexion'])} Reflexion  [{marks}]")
+            marks = " ".join(f"{k}={'not run' if v is None else 'met' if v else 'missed'}" for k, v in r["meets"].items())
+            above = "not run" if r["success_above_reflexion"] is None else r["success_above_reflexion"]
+            lines.append(f"  {r['env']:<24} success {x(r['success_vs_zero_shot'])} zero-shot, above Reflexion: {above}, tokens/success {x(r['tokens_per_success_vs_reflexion'])} Reflexion  [{marks}]")
     return "\n".join(lines)
 
 

@@ -415,6 +415,12 @@ def test_transfer_merges_cells_run_apart_into_one_table_with_ratios(tmp_path: Pa
         assert ratio["success_vs_zero_shot"] == pytest.approx(forge["success"] / zero["success"])
     transfer.main(["--merge", *map(str, paths)])
     assert "N=1/2" in capsys.readouterr().out
+    # without Reflexion its two targets have no verdict: "not run", never "missed"
+    transfer.main(["--merge", *map(str, paths[:2]), "--json"])
+    (alone,) = json.loads(capsys.readouterr().out)["ratios"]
+    assert alone["meets"]["above_reflexion"] is None and alone["meets"]["tokens_per_success"] is None
+    transfer.main(["--merge", *map(str, paths[:2])])
+    assert "above_reflexion=not run tokens_per_success=not run" in capsys.readouterr().out
     other = json.loads(paths[0].read_text()) | {"stages": 3}
     paths[0].write_text(json.dumps(other))
     with pytest.raises(SystemExit, match="differ in stages"):
