@@ -386,3 +386,26 @@ def test_a_bound_rule_is_shown_as_it_reads_here_and_offers_its_swapped_actions(t
     assert ids == [rule.id]
     assert "- when go north: the goal's way; go east: the way back, do not go east; go north was safe there" in text
     assert rec.offered(here) == ["go north"] and rec.verdict(here, "go east") is False and rec.verdict(here, "go north") is True
+
+
+ROOM = ("in a room with a key, a supporter; exits north, south, west; go north: the goal's way; go south: the way back; "
+        "take a key from a supporter: the goal's object; carrying nothing; goal: take a key from a supporter")
+
+
+def test_a_rule_against_an_unkeyed_action_keeps_the_goals_clause_that_made_the_alternative_safe():
+    """A detour through a plain exit, or a keycard examined in reach, has no clause of its own;
+    the rule narrows to the clause that names the safe action as the goal's way or object, so
+    it holds in every room where that recurs (TextWorld level 2: two of coin-2's three rules
+    named a whole room and never applied on a held-out game)."""
+    assert rules.focus(ROOM, "go west", ["go north"]) == "go north: the goal's way"
+    assert rules.focus(ROOM, "examine a key", ["take a key from a supporter"]) == "take a key from a supporter: the goal's object"
+    assert rules.focus(ROOM, "go west", ["go south"]) == ROOM  # the way back is no reason a move was safe
+    assert rules.focus(ROOM, "go west") == ROOM  # no safe action: nothing says why
+    acts = ["go north", "go south", "go west", "examine a key", "take a key from a supporter"]
+    kept, why = rules.check(f"when {ROOM}, do not go west; go north was safe there", valid_actions=acts, situations=[ROOM],
+                            failing_situation=ROOM, failing_action="go west", safe_actions=["go north"])
+    assert kept == "when go north: the goal's way, do not go west; go north was safe there", why
+    # and it binds in another game's room whose goal's way is east
+    there = "in a room; exits east, north, west; go east: the goal's way; go west: the way back; goal: take a coin"
+    bound = rules.bind(rules.parse(kept, acts + ["go east"]), there)
+    assert bound is not None and bound.avoid == ("go west",) and bound.do == ("go east",)

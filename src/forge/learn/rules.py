@@ -178,13 +178,19 @@ def focus(situation: str, action: str, safe: Sequence[str] = ()) -> str:
 
     With clauses keyed by action ("left: hole; down: frozen; ..."), the clauses of the failing
     action and of the safe ones: "when down: hole; right: frozen, do not down; right was safe
-    there" holds on every map where those two tiles lie so. Otherwise the whole situation.
+    there" holds on every map where those two tiles lie so. Where the failing action has no
+    clause of its own (a detour through a plain exit, examining a thing) but a safe one is
+    what the env names as the goal's way or object, that clause is why it was safe: "when go
+    north: the goal's way, do not go west; go north was safe there". TextWorld level 2 lost
+    to detours and to a keycard examined in reach, and a rule naming the whole room never
+    applied elsewhere. Otherwise the whole situation.
     """
     parts = [p.strip() for p in str(situation).split(";") if p.strip()]
     wanted = {normalize(action), *(normalize(a) for a in list(safe)[:MAX_SAFE])}
     keyed = [p for p in parts if _key(normalize(p)) in wanted]
     if not any(_key(normalize(p)) == normalize(action) for p in keyed):
-        return str(situation)
+        goal = [p for p in keyed if _key(normalize(p)) in goal_ways(situation)]
+        return "; ".join(goal) if goal and normalize(action) not in goal_ways(situation) else str(situation)
     return "; ".join(keyed)
 
 
