@@ -189,8 +189,9 @@ def focus(situation: str, action: str, safe: Sequence[str] = ()) -> str:
     wanted = {normalize(action), *(normalize(a) for a in list(safe)[:MAX_SAFE])}
     keyed = [p for p in parts if _key(normalize(p)) in wanted]
     if not any(_key(normalize(p)) == normalize(action) for p in keyed):
-        goal = [p for p in keyed if _key(normalize(p)) in goal_ways(situation)]
-        return "; ".join(goal) if goal and normalize(action) not in goal_ways(situation) else str(situation)
+        ways = goal_ways(situation)
+        goal = [p for p in keyed if _key(normalize(p)) in ways]
+        return "; ".join(goal) if goal and normalize(action) not in ways else str(situation)
     return "; ".join(keyed)
 
 
