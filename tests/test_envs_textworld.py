@@ -499,3 +499,25 @@ def test_the_goals_object_is_the_longest_whole_name_the_goal_says() -> None:
 def test_a_goal_without_directions_has_no_route() -> None:
     assert tw_env.goal_route("Find the coin and take it.") == ()
     assert tw_env.goal_route("First, head West. Then take a trip south, then lift the coin.") == ("west", "south")
+
+
+def test_the_place_is_the_room_and_what_is_carried_not_the_turn(cache: Path) -> None:
+    """A policy tells a return from a new room by ``place``: an examine leaves it as it was,
+    a move or a take does not, and the step counter and last command never count."""
+    env = env_for("simple-1", cache)
+    obs = env.reset(seed=0)
+    here = env.spec.place(obs)  # type: ignore[misc]
+    assert here.startswith(obs.split("Room: ", 1)[1].splitlines()[0]) and " | " in here
+    look = next(a for a in env.valid_actions() if a.startswith("examine "))
+    again = env.step(look).observation
+    assert again != obs and env.spec.place(again) == here  # type: ignore[misc]
+    places = [here]
+    for command in env.walkthrough:
+        result = env.step(command)
+        if result.done:
+            break
+        places.append(env.spec.place(result.observation))  # type: ignore[misc]
+        if command.startswith(("go ", "take ")):
+            assert places[-1] != places[-2], command
+    assert env.spec.place("Goal: a goal.\nStep 1 of 9.") == ""  # type: ignore[misc]
+    env.close()

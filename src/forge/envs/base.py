@@ -51,6 +51,12 @@ class EnvSpec:
     (a coordinate, a generated object name, a seed). The rule check repairs a learned rule with
     the first and refuses it, saying why, when the second still finds something. None means
     the env has no such names.
+
+    ``place`` maps an observation to where the agent stands as the env knows it (FrozenLake's
+    row and column; TextWorld's room and what is carried), instance names and all: it is never
+    shown to a model or stored, only compared within one episode, so a policy can tell a
+    return to where it stood from a new place that reads alike. None means returns are not
+    tracked.
     """
 
     name: str
@@ -64,6 +70,7 @@ class EnvSpec:
     actions_in_description: bool = False
     abstract: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
     instance_terms: Callable[[str], Sequence[str]] | None = field(default=None, compare=False, repr=False)
+    place: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
 
     def succeeded(self, total: float, *, aborted: bool = False) -> bool:
         """Whether an episode with return ``total`` is a success: FORGE's one rule. At or

@@ -60,6 +60,7 @@ __all__ = [
     "TaxiEnv",
     "frozenlake_abstract",
     "frozenlake_instance_terms",
+    "frozenlake_place",
     "frozenlake_situation",
     "held_out_seeds",
     "oracle_action",
@@ -208,6 +209,12 @@ def frozenlake_situation(observation: str) -> str:
     (r, c), (gr, gc) = (map(int, at.groups())), (map(int, goal.groups()))
     parts.append(f"goal: {_goal_words(gr - r, gc - c)}")
     return "; ".join(parts)
+
+
+def frozenlake_place(observation: str) -> str:
+    """Where on this map the agent stands ("row 2, col 0"; "" for text that does not say)."""
+    at = _AT.search(observation)
+    return f"row {at.group(1)}, col {at.group(2)}" if at else ""
 
 
 def frozenlake_instance_terms(text: str) -> list[str]:
@@ -443,6 +450,7 @@ class FrozenLakeEnv(_GridEnv):
             situation=frozenlake_situation,
             abstract=frozenlake_abstract,
             instance_terms=frozenlake_instance_terms,
+            place=frozenlake_place,
         )
         self.size = size
         self.slippery = slippery

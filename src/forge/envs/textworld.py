@@ -89,6 +89,7 @@ __all__ = [
     "make_textworld",
     "textworld_cache_dir",
     "textworld_games",
+    "textworld_place",
     "train_seeds",
 ]
 
@@ -573,6 +574,14 @@ def _vocabulary(family: str) -> list[tuple[str, str]]:
     return names
 
 
+def textworld_place(observation: str) -> str:
+    """Where the agent stands and what it holds: the room as described (open or closed things
+    included) and the inventory. An examine, or a command that changes nothing, leaves it as it
+    was; a move or a take does not ("" for text that names no room)."""
+    room = _section(observation, "Room")
+    return f"{room} | {_section(observation, 'Carrying')}" if room else ""
+
+
 def _section(observation: str, label: str) -> str:
     m = re.search(rf"^{label}: (.*)$", observation, re.MULTILINE)
     return m.group(1).strip() if m else ""
@@ -732,6 +741,7 @@ class TextWorldEnv:
             situation=self._lexicon.situation,
             abstract=self._lexicon.abstract,
             instance_terms=self._lexicon.instance_terms,
+            place=textworld_place,
         )
         self._env: Any = None
         self._state: Any = None

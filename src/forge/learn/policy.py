@@ -33,6 +33,7 @@ __all__ = [
     "FlatPolicy",
     "HierarchicalPolicy",
     "Policy",
+    "Visits",
     "make_policy",
     "strip_map",
 ]
@@ -162,6 +163,38 @@ class _Sampling:
         return None if self.seed is None else (self.seed * 1_000_003 + self.calls) % (2**31 - 1)
 
 
+@dataclass(slots=True)
+class Visits:
+    """Where this episode has stood (the env's ``place``) and what it did there, so that a
+    return can be told from a new place that reads alike (:meth:`Recollection.offered`).
+
+    It follows the loop's own record: ``history`` is the episode's actions so far, so a
+    new episode (or one joined midway) starts a new trail. An env without ``place`` tracks
+    nothing, and every step is a first visit.
+    """
+
+    place: Callable[[str], str] | None
+    _trail: list[tuple[str, str]] = field(default_factory=list)
+    _here: str = ""
+
+    def tried(self, observation: str, history: Sequence[str]) -> tuple[str, ...]:
+        """What this episode already did where ``observation`` stands, oldest first."""
+        if self.place is None:
+            return ()
+        if [a for _, a in self._trail] != list(history):
+            # another episode, or steps this policy did not choose: their places are unknown
+            self._trail = [("", a) for a in history]
+        self._here = self.place(observation)
+        if not self._here:
+            return ()
+        return tuple(dict.fromkeys(a for p, a in self._trail if p == self._here))
+
+    def took(self, action: str) -> None:
+        """Record the action chosen where the last :meth:`tried` stood."""
+        if self.place is not None:
+            self._trail.append((self._here, action))
+
+
 def _recollection(memory: Memory, role: str, valid_actions: Sequence[str]) -> Recollection:
     """``role``'s memory read against the actions valid at this step (:meth:`Recollection.here`)."""
     return (memory.get(role) or empty(role)).here(valid_actions)
@@ -196,6 +229,7 @@ class FlatPolicy:
         self.show_map = show_map
         self.sampling = _Sampling(temperature, seed)
         self._listing = _Listing()
+        self.visits = Visits(spec.place)
 
     def act(
         self,
@@ -208,10 +242,11 @@ class FlatPolicy:
         llm = self._llm("actor")
         rec = _recollection(memory, "actor", valid_actions)
         situation = situation_of(observation, self.spec)
+        tried = self.visits.tried(observation, history)
         self._listing.see(valid_actions)
         system = _system("You are an agent acting in an environment.", self.spec, rec.block, self._listing.system(valid_actions))
         shown = observation if self.show_map else strip_map(observation)
-        now_text, now_ids = rec.now_text(situation)
+        now_text, now_ids = rec.now_text(situation, tried=tried)
         user = f"{shown}{_history_line(history)}" + (f"\n\n{now_text}" if now_text else "") + self._listing.user(self.spec, valid_actions)
         thought = ""
         if self.think:
@@ -221,11 +256,12 @@ class FlatPolicy:
             user += f"\nThought: {thought}"
         options = list(valid_actions)
         if self.rule_guard:
-            options = rec.offered(situation, options)
+            options = rec.offered(situation, options, tried=tried)
         action = _choose(
             llm, system, user + "\nWhich action next?", options, listed=options == list(valid_actions),
             temperature=self.sampling.temperature, seed=self.sampling.next_seed(),
         )
+        self.visits.took(action)
         step = Step(observation=observation, thought=thought, action=action, role="actor")
         return ActionChoice(action, (step,), tuple(rec.ids), tuple(now_ids), rec.verdict(situation, action))
 
@@ -261,6 +297,7 @@ class HierarchicalPolicy:
         self.show_map = show_map
         self.sampling = _Sampling(temperature, seed)
         self._listing = _Listing()
+        self.visits = Visits(spec.place)
 
     def act(
         self,
@@ -271,6 +308,7 @@ class HierarchicalPolicy:
         memory: Memory,
     ) -> ActionChoice:
         situation = situation_of(observation, self.spec)
+        tried = self.visits.tried(observation, history)
         self._listing.see(valid_actions)
         full, observation = observation, (observation if self.show_map else strip_map(observation))
         steps: list[Step] = []
@@ -280,7 +318,7 @@ class HierarchicalPolicy:
         def prompt(role: str, text: str, actions: Sequence[str] = ()) -> tuple[str, str]:
             rec = _recollection(memory, role, valid_actions)
             shown.extend(rec.ids)
-            now_text, ids = rec.now_text(situation)
+            now_text, ids = rec.now_text(situation, tried=tried)
             now.extend(ids)
             return _system(text, self.spec, rec.block, actions), (f"\n\n{now_text}" if now_text else "")
 
@@ -310,7 +348,7 @@ class HierarchicalPolicy:
         options = list(valid_actions)
         if self.rule_guard:
             for role in ("action_chooser", "planner"):
-                options = _recollection(memory, role, valid_actions).offered(situation, options)
+                options = _recollection(memory, role, valid_actions).offered(situation, options, tried=tried)
         proposed: list[str] = []
         for _ in range(min(self.proposals, len(options))):
             left = [o for o in options if o not in proposed]
@@ -327,6 +365,7 @@ class HierarchicalPolicy:
         user = f"{observation}{_history_line(history)}\nAnalyst: {note}{p_now}\nProposed actions: {', '.join(proposed)}. Pick one."
         action = choose(planner, [Message("system", p_sys), Message("user", user)], proposed, fallback=proposed[0], temperature=self.sampling.temperature, seed=self.sampling.next_seed())
         steps.append(Step(observation=full, thought=note, action=action, role="planner"))
+        self.visits.took(action)
         followed = _recollection(memory, "planner", valid_actions).verdict(situation, action)
         return ActionChoice(action, tuple(steps), tuple(dict.fromkeys(shown)), tuple(dict.fromkeys(now)), followed)
 

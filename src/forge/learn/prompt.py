@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge.engine.recall import Packed, Recalled, Weights, approx_tokens, pack
+from forge.envs.situation import goal_ways
 from forge.learn import rules as rulebook
 from forge.model import Kind, Unit, Viewer
 from forge.store.base import Filter
@@ -148,23 +149,26 @@ class Recollection:
         hits = self._hits[situation] = [hit for hit in out if not hit[2]] + [hit for hit in out if hit[2]]
         return hits
 
-    def now_text(self, situation: str, *, limit: int = 3) -> tuple[str, list[str]]:
+    def now_text(self, situation: str, *, limit: int = 3, tried: Sequence[str] = ()) -> tuple[str, list[str]]:
         """``("Memory for this situation: ...", ids)``, or ``("", [])`` when no rule applies.
-        A rule bound to this situation is written as it reads here."""
+        A rule bound to this situation is written as it reads here. ``tried``: what this
+        episode already did where the agent now stands again (:meth:`offered`)."""
         hits = self._applying(situation)[:limit]
         if not hits:
             return "", []
         lines = "\n".join(f"- {rulebook.render(p) if rebound else ' '.join(u.content.split())}" for u, p, rebound in hits)
         text = f"Memory for this situation:\n{lines}"
-        offer = self.offered(situation)
+        offer = self.offered(situation, tried=tried)
         if offer != list(self.valid_actions):
             # Small models follow "choose one of X" far better than "do not A" (a 1.5B model
             # kept taking the forbidden action when only told not to): say both.
             failed = ", ".join(a for a in self.valid_actions if a in self.forbidden(situation))
-            text += f"\nFailed here before: {failed}. Choose one of: {', '.join(offer)}."
+            again = ", ".join(a for a in self.valid_actions if a in self._stale(situation, tried) and a not in offer)
+            text += f"\nFailed here before: {failed}." + (f" Already done here this time: {again}." if again else "")
+            text += f" Choose one of: {', '.join(offer)}."
         return text, [u.id for u, _, _ in hits]
 
-    def offered(self, situation: str, actions: Sequence[str] | None = None) -> list[str]:
+    def offered(self, situation: str, actions: Sequence[str] | None = None, *, tried: Sequence[str] = ()) -> list[str]:
         """The actions to choose among here (``actions`` defaults to the valid ones).
 
         When the situation's rules forbid some, the rest; and when they also name what was
@@ -173,6 +177,16 @@ class Recollection:
         taking the "right" its rule named. All of ``actions`` when no rule forbids any, or
         when the rules would forbid them all. The prompt's "Choose one of" line and the
         rule guard both use this.
+
+        ``tried`` is what this episode already did where the agent stands again (the
+        policy's :class:`~forge.learn.policy.Visits`). Advice that was taken here and led
+        back gives way to the untried actions that the situation says the same of ("right:
+        frozen" was safe, so is "up: frozen"): bound to two tiles of a held-out FrozenLake
+        map, "right was safe there" and its mirror "left was safe there" offered one move
+        each, and the 1.5B walked between them to the step limit on 3 of 8 episodes, never
+        offered the "up" that led on. Widened to every untried action instead, the offer at
+        the second tile was two holes. A move the situation keys as the goal's way stays
+        offered however often it was taken.
         """
         actions = list(self.valid_actions if actions is None else actions)
         banned = self.forbidden(situation)
@@ -180,7 +194,20 @@ class Recollection:
         if not left or len(left) == len(actions):
             return actions
         advised = self.advised(situation)
-        return [a for a in left if a in advised] or left
+        stale = self._stale(situation, tried)
+        named = [a for a in left if a in advised]
+        if fresh := [a for a in named if a not in stale]:
+            return fresh
+        if named:
+            said = rulebook.keyed(situation)
+            like = {said[k] for a in named if (k := rulebook.normalize(a)) in said}
+            return [a for a in left if a not in stale and said.get(rulebook.normalize(a)) in like] or named
+        return [a for a in left if a not in stale] or left
+
+    def _stale(self, situation: str, tried: Sequence[str]) -> set[str]:
+        """The actions of ``tried`` that are not the goal's way here."""
+        ahead = goal_ways(situation)
+        return {a for a in tried if " ".join(a.lower().split()) not in ahead}
 
     def verdict(self, situation: str, action: str) -> bool | None:
         """Whether ``action`` follows the rules for ``situation``: None when none applies, else

@@ -26,7 +26,7 @@ from typing import Any
 from forge.envs.base import EnvSpec, StepResult
 from forge.envs.situation import situation_of
 from forge.errors import StructuredOutputError
-from forge.learn.policy import ActionChoice
+from forge.learn.policy import ActionChoice, Visits
 from forge.learn.prompt import Recollection, empty
 from forge.llm import LLM, Message, MeteredLLM, TokenLedger, choose
 from forge.model import Step
@@ -78,6 +78,7 @@ class TeamPolicy:
     now_ids: list[list[str]] = field(default_factory=list)  # per step: the rules repeated for it
     messages: int = 0
     _fallback: bool = False
+    _visits: Visits | None = None
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -94,7 +95,11 @@ class TeamPolicy:
         agent = sub.agent
         rec = (memory.get(agent) or empty(ACTOR_ROLE)).here(valid_actions)
         situation = situation_of(observation, self.spec)
-        action, now = self._choose(agent, observation, situation, rec, valid_actions)
+        if self._visits is None:
+            self._visits = Visits(self.spec.place)
+        tried = self._visits.tried(observation, history)
+        action, now = self._choose(agent, observation, situation, rec, valid_actions, tried)
+        self._visits.took(action)
         self.now_ids.append(now)
         step = Step(observation=observation, thought="", action=action, role=ACTOR_ROLE, info={"agent": agent})
         followed = rec.verdict(situation, action)
@@ -142,12 +147,12 @@ class TeamPolicy:
         ]
         return choose(MeteredLLM(self.llm, self.ledger, role="planner"), prompt, options, retries=1, fallback=options[0])
 
-    def _choose(self, agent: str, observation: str, situation: str, rec: Recollection, valid: Sequence[str]) -> tuple[str, list[str]]:
+    def _choose(self, agent: str, observation: str, situation: str, rec: Recollection, valid: Sequence[str], tried: Sequence[str] = ()) -> tuple[str, list[str]]:
         """One constrained choice: the memory block stays in the system prompt for the whole
         task, the rules for this exact situation come right before the question."""
         system = f"You are {agent}, the {self.role_of(agent)} of a team of agents. {self.spec.description}" + (f"\n\n{rec.block}" if rec.block else "")
-        now, now_ids = rec.now_text(situation)
-        options = rec.offered(situation, list(valid)) if self.rule_guard else list(valid)
+        now, now_ids = rec.now_text(situation, tried=tried)
+        options = rec.offered(situation, list(valid), tried=tried) if self.rule_guard else list(valid)
         recent = self.transcript
         user = (
             observation
