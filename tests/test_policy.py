@@ -8,7 +8,7 @@ from forge.engine.memory import Memory
 from forge.envs import make_env
 from forge.envs.situation import summarize_observation
 from forge.errors import ConfigError
-from forge.learn.policy import FlatPolicy, make_policy, strip_map
+from forge.learn.policy import ANALYST_TOOLS, FlatPolicy, make_policy, strip_map
 from forge.learn.prompt import recollect
 from forge.llm.testing import ScriptedLLM
 from forge.model import Kind, Unit, Viewer
@@ -202,3 +202,29 @@ def test_the_goals_way_stays_offered_however_often_it_was_taken():
         assert rec.offered(situation, tried=["look"]) == ["go east"]
         # with no rule forbidding anything here, returns change nothing: memory narrowed nothing
         assert rec.offered("in a room; go north: an exit", ["go north", "look"], tried=["go north"]) == ["go north", "look"]
+
+
+def test_the_hierarchical_policy_and_the_guard_see_returns_too():
+    """The same map with the paper's analyst, chooser and planner behind the rule guard: the
+    guard's offer is where the pair of tiles would hold it, and it lets go on the return."""
+    from forge.learn.policy import HierarchicalPolicy
+
+    def stand_in(request) -> str:
+        if not request.choices:
+            return "Mind the hole below."
+        return _heeds_choose_one_of(request) if request.choices != list(ANALYST_TOOLS) else request.choices[0]
+
+    rule = Unit(SHUTTLE_RULE, kind=Kind.RULE, owner="a", scope="private")
+    env = make_env("frozenlake-random-4x4")
+    with _memory(rule) as mem:
+        obs, places, history = env.reset(seed=10002), [], []
+        recs = {role: recollect(mem, viewer=Viewer.of("a"), query=obs, role=role, valid_actions=env.valid_actions())
+                for role in ("planner", "action_chooser", "analyst")}
+        llm = ScriptedLLM(stand_in, capabilities=("choices",))
+        policy = HierarchicalPolicy(llm=lambda role: llm, spec=env.spec, proposals=1, rule_guard=True)
+        for _ in range(6):
+            places.append(env.spec.place(obs))
+            d = policy.act(observation=obs, valid_actions=env.valid_actions(), history=history, memory=recs)
+            history.append(d.action)
+            obs = env.step(d.action).observation
+        assert places == ["row 0, col 0", "row 1, col 0", "row 2, col 0", "row 2, col 1", "row 2, col 0", "row 1, col 0"]
