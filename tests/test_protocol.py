@@ -487,9 +487,18 @@ def test_quick_demo_runs_zero_shot_and_forge_on_the_same_seeds_into_one_report(t
     train, held = (set(configs[1]["train_seeds"]), set(configs[1]["eval_seeds"]))
     assert train and held and not train & held and configs[0]["eval_seeds"] == configs[1]["eval_seeds"]
     assert {c["llm"] for c in configs} == {"test:walker"}  # the stand-in that obeys its rules
+    # greedy with no memory, a second zero-shot instance would replay the first move for move
+    assert [c["instances"] for c in configs] == [1, 2]
     summary = json.loads((tmp_path / "qd/report/summary.json").read_text())
     assert f"on {len(held)} held-out tasks" in summary["verdict"]
     assert (tmp_path / "qd/report/report.html").is_file()
+
+
+def test_quick_demo_instances_given_hold_for_both_conditions(tmp_path):
+    res = CliRunner().invoke(evolve_command, ["--quick-demo", "--llm", "test", "--instances", "3", "--stages", "1", "--run-dir", str(tmp_path / "qd"), "--json"])
+    assert res.exit_code == 0, res.output
+    configs = [json.loads((tmp_path / "qd" / c / "config.json").read_text()) for c in ("zero-shot", "forge")]
+    assert [c["instances"] for c in configs] == [3, 3]
 
 
 def test_cli_unknown_reflection_style_exits_2_with_one_line(tmp_path):
