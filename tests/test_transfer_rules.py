@@ -409,3 +409,24 @@ def test_a_rule_against_an_unkeyed_action_keeps_the_goals_clause_that_made_the_a
     there = "in a room; exits east, north, west; go east: the goal's way; go west: the way back; goal: take a coin"
     bound = rules.bind(rules.parse(kept, acts + ["go east"]), there)
     assert bound is not None and bound.avoid == ("go west",) and bound.do == ("go east",)
+
+
+def test_a_rule_repaired_to_recommend_the_win_narrows_to_the_goals_object():
+    """treasure-2 at ae24b15: the reflector forbade examining a door in the room where the
+    goal's object lay, naming no safe action; the win repair added the take but kept the whole
+    room, so the rule applied in no other game. Narrowed to the take's own clause (the goal's
+    object), it holds wherever the goal's object is in reach."""
+    room = ("in a room with a food, a supporter; exits south, east (an open door), west; take a food from a "
+            "supporter: the goal's object; go west: the way back; carrying nothing; goal: take a food from a supporter")
+    valid = ["examine door", "go south", "go west", "take a food from a supporter"]
+    kept, why = rules.check(rules.write(room, "examine door", []), valid_actions=valid, situations=[room],
+                            failing_situation=room, failing_action="examine door",
+                            won_actions=["take a food from a supporter"])
+    assert kept == ("when take a food from a supporter: the goal's object, do not examine door; "
+                    "take a food from a supporter was safe there"), kept
+    assert "won the episode" in why
+    # and it reads in another game's room where a key is the goal's object, its take swapped in
+    other = "in a room with a key, a box; take a key from a box: the goal's object; go east: the way back; carrying nothing"
+    parsed = rules.parse(kept, valid)
+    bound = rules.bind(parsed, other)
+    assert bound is not None and bound.do == ("take a key from a box",) and rules.applies(bound, other)

@@ -348,7 +348,12 @@ def _with_won(rule: str, why: str, kept: ParsedRule, won: Sequence[str], failing
         return None, f"forbids what won the episode from there ({', '.join(against)}): {original[:80]!r}"
     if any(normalize(a) in won_here for a in kept.do):
         return rule, why
-    repaired = _compose(kept.when, kept.avoid, [won[0]])
+    # the win is why the rule holds, so it may narrow the "when" the reflector left whole: on
+    # treasure-2 "when <the whole room>, do not examine a door; take a food from a supporter
+    # was safe there" applied in no other room, where "when take a food from a supporter: the
+    # goal's object, ..." holds wherever the goal's object lies in reach
+    when = focus(kept.when, kept.avoid[0], [won[0]]) if len(kept.avoid) == 1 else kept.when
+    repaired = _compose(when, kept.avoid, [won[0]])
     return repaired, f"repaired: recommends {won[0]!r}, which won the episode from there ({original[:60]!r})"
 
 
