@@ -133,3 +133,15 @@ def test_a_setting_a_run_predates_counts_as_its_default():
     two = {"label": "two", "config": {"env": "frozenlake-4x4", "graduate_after": 2}}
     assert differences([old, same]) == []
     assert differences([old, two]) == ["graduate_after differs (old: 1, two: 2)"]
+
+
+def test_zero_shots_instances_are_no_difference_but_a_learners_are():
+    """The quick demo plays one zero-shot instance (its instances would replay one another);
+    the verdict must not warn of it, and must still warn when two learners differ."""
+    from forge.protocols.report import differences
+
+    zero = {"label": "zero-shot", "config": {"condition": "zero-shot", "instances": 1}}
+    forge = {"label": "forge", "config": {"condition": "forge", "instances": 2}}
+    three = {"label": "reflexion", "config": {"condition": "reflexion", "instances": 3}}
+    assert differences([zero, forge]) == []
+    assert differences([zero, forge, three]) == ["instances differs (forge: 2, reflexion: 3)"]

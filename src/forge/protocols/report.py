@@ -129,7 +129,11 @@ _COMPARED = ("env", "llm", "instances", "stages", "attempts", "eval_episodes", "
 
 
 def differences(runs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The settings (beyond condition and representation) in which compared runs differ."""
+    """The settings (beyond condition and representation) in which compared runs differ.
+
+    Zero-shot's number of instances is no difference: with no memory and greedy evaluation
+    its instances replay one another, so the quick demo plays one.
+    """
     from dataclasses import fields
 
     from forge.protocols.config import ForgeConfig
@@ -138,9 +142,10 @@ def differences(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     defaults = {f.name: f.default for f in fields(ForgeConfig)}
     out = []
     for key in _COMPARED:
-        values = [r["config"].get(key, defaults.get(key)) for r in runs]
+        among = [r for r in runs if not (key == "instances" and r["config"].get("condition") == "zero-shot")]
+        values = [r["config"].get(key, defaults.get(key)) for r in among]
         if any(v != values[0] for v in values[1:]):
-            shown = ", ".join(f"{r['label']}: {v!r}" for r, v in zip(runs, values, strict=True))
+            shown = ", ".join(f"{r['label']}: {v!r}" for r, v in zip(among, values, strict=True))
             out.append(f"{key} differs ({shown})")
     return out
 
