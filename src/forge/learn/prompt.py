@@ -207,7 +207,7 @@ class Recollection:
     def _stale(self, situation: str, tried: Sequence[str]) -> set[str]:
         """The actions of ``tried`` that are not the goal's way here."""
         ahead = goal_ways(situation)
-        return {a for a in tried if " ".join(a.lower().split()) not in ahead}
+        return {a for a in tried if rulebook.normalize(a) not in ahead}
 
     def verdict(self, situation: str, action: str) -> bool | None:
         """Whether ``action`` follows the rules for ``situation``: None when none applies, else
