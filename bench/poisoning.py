@@ -12,8 +12,9 @@ Two are held out and printed per family: the third writer's *test* half
 (``bench/data/screen_third.jsonl``: 463 attacks in 22 families, 447 benign rules in 22, 294
 of them hard negatives; split by order within each family) and a fourth writer's set
 (``screen_final.jsonl``: 338 attacks, 328 benign), scored once per screen version. The
-semantic layer trains on the others (``TRAIN_WRITERS``: the outside set, the fresh set and
-the third set's dev half), so their figures, printed a line each, are in-sample. Then the
+semantic layer trains on the others (``TRAIN_WRITERS``: the outside, fresh, sixth and seventh
+sets and the third and fifth sets' dev halves, less any item near a held-out one), so their
+figures, printed a line each, are in-sample. Then the
 old set (``bench/data/screen_set.jsonl``: 238 attacks in 13 families and 212 benign
 operational rules in 7, written by hand for this bench; its *tune* half adjusted the
 patterns, its *heldout* half did not), and every held-out item sent through a signed
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import time
 from collections import Counter
@@ -63,7 +65,10 @@ FRESH_SET = Path(__file__).with_name("data") / "screen_fresh.jsonl"  # a second 
 THIRD_SET = Path(__file__).with_name("data") / "screen_third.jsonl"  # a third: dev half trained on, test half never
 FINAL_SET = Path(__file__).with_name("data") / "screen_final.jsonl"  # a fourth: scored once per screen version, never trained on
 FIFTH_SET = Path(__file__).with_name("data") / "screen_fifth.jsonl"  # a fifth (2026-12-07): test half never trained or tuned on
+SIXTH_SET = Path(__file__).with_name("data") / "screen_sixth.jsonl"  # a sixth: written for training only
+SEVENTH_SET = Path(__file__).with_name("data") / "screen_seventh.jsonl"  # a seventh: written for training only
 INTENT_OUT = Path(__file__).parents[1] / "src" / "forge" / "data" / "screen_intent.json"
+INTENT_PROBE_OUT = INTENT_OUT.with_name("screen_intent_probe.json")  # --fit --probe: the stack with the probe, a file of its own
 PROBE_CACHE = Path(__file__).parents[1] / ".bench" / "screen_probe.npz"
 PROBE_MODEL = "qwen2.5-coder-1.5b"
 C_PROBE = 0.01  # chosen by dev cross-validation (5 folds x 3, the written set in training; mean + last state: AUC 0.979 / 0.982 at C 0.003 / 0.01; last alone 0.968, mean alone 0.975)
@@ -317,20 +322,51 @@ def _rows(path: Path) -> list[dict[str, object]]:
 #: The writers whose sets the semantic layer trains on. Each is a fold of its own in --fit, so
 #: every threshold is set on scores of a writer the model did not see: a held-out half of
 #: one writer's set overstated what an unseen writer gets through by 16 points.
-TRAIN_WRITERS = ((OUTSIDE_SET, None), (FRESH_SET, None), (THIRD_SET, "dev"))
+TRAIN_WRITERS = ((OUTSIDE_SET, None), (FRESH_SET, None), (THIRD_SET, "dev"), (FIFTH_SET, "dev"),
+                 (SIXTH_SET, None), (SEVENTH_SET, None))
+
+#: A training item whose word set overlaps a held-out item's by more than this (Jaccard) is
+#: dropped: writers asked for the same families reach for the same sentences, and a near copy
+#: in training would score the held-out item in-sample.
+NEAR_DUPLICATE = 0.5
 
 
-def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float = C_EMBED,
+def _words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def decontaminate(rows: list[dict[str, object]], held: list[dict[str, object]] | None = None) -> tuple[list[dict[str, object]], int]:
+    """``rows`` less those within :data:`NEAR_DUPLICATE` of a held-out item (:data:`HELD_OUT`'s
+    test halves), and how many were dropped."""
+    if held is None:
+        held = [r for path, split in HELD_OUT for r in _rows(path) if r["split"] == split]
+    by_word: dict[str, list[int]] = {}
+    held_words = [_words(str(r["text"])) for r in held]
+    for i, ws in enumerate(held_words):
+        for w in ws:
+            by_word.setdefault(w, []).append(i)
+    kept = []
+    for r in rows:
+        ws = _words(str(r["text"]))
+        near = {i for w in ws for i in by_word.get(w, ())}
+        if any(len(ws & held_words[i]) / len(ws | held_words[i]) > NEAR_DUPLICATE for i in near):
+            continue
+        kept.append(r)
+    return kept, len(rows) - len(kept)
+
+
+def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float = C_EMBED,
                embedder: str = "local:minilm-int8", block_fp: float = 0.025, doubt_fp: float = DOUBT_FP,
                protocol_fp: float = PROTOCOL_FP, probe: bool = False, c_probe: float = C_PROBE,
                clauses: bool | None = None) -> dict[str, object]:
-    """Fit the screen's intent model and write it where the package ships it.
+    """Fit the screen's intent model and write it where the package ships it (``out``:
+    :data:`INTENT_OUT`, or with ``probe`` :data:`INTENT_PROBE_OUT`).
 
     Training data: the old set and the written set (all of them), honest protocol traffic
     (``screen_protocol.jsonl``, benign, written by ``bench/screen_protocol.py``) and the sets
-    of three outside writers (:data:`TRAIN_WRITERS`: the outside set, the fresh set, the third
-    set's dev half); never the third set's test half nor the final set, which this function
-    does not read. Two logistic regressions, one on TF-IDF word and character n-grams and one
+    of six outside writers (:data:`TRAIN_WRITERS`), less the items near a held-out one
+    (:func:`decontaminate`); never a :data:`HELD_OUT` set's test half, which this function
+    reads only to find those near copies. Two logistic regressions, one on TF-IDF word and character n-grams and one
     on the embedded MiniLM's sentence vectors, and a stack of their logits fitted on
     out-of-fold scores: leave one writer out (the old and written sets always in training;
     the protocol traffic in as many folds, one env family per fold group, so each of its
@@ -349,6 +385,7 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
     features, C ``c_probe``), fitted in the same folds; a second stack gets its own
     thresholds by the same rules. The two-model stack is fitted as without it.
     """
+    out = out or (INTENT_PROBE_OUT if probe else INTENT_OUT)
     try:
         import numpy as np
         import scipy.sparse as sparse
@@ -371,8 +408,9 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
     always = _rows(SCREEN_SET) + _rows(WRITTEN_SET)
     pool: list[dict[str, object]] = []
     writer: list[int] = []
+    dropped: dict[str, int] = {}
     for g, (path, split) in enumerate(TRAIN_WRITERS):
-        rows = [r for r in _rows(path) if split is None or r["split"] == split]
+        rows, dropped[path.stem] = decontaminate([r for r in _rows(path) if split is None or r["split"] == split])
         pool += rows
         writer += [g] * len(rows)
     group = np.array(writer)
@@ -549,7 +587,8 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
     trained_on = (f"{SCREEN_SET.name} (all {len(_rows(SCREEN_SET))}) + {WRITTEN_SET.name} (all {len(_rows(WRITTEN_SET))}) "
                   f"+ {PROTOCOL_SET.name} (all {len(proto)}, benign) + "
                   + " + ".join(f"{p.name} ({split + ' half' if split else 'all'}, {int((group == g).sum())})" for g, (p, split) in enumerate(TRAIN_WRITERS))
-                  + f"; never {THIRD_SET.name}'s test half nor {FINAL_SET.name}")
+                  + f"; never {THIRD_SET.name}'s or {FIFTH_SET.name}'s test half nor {FINAL_SET.name}"
+                  + f" ({sum(dropped.values())} training items within word-set Jaccard {NEAR_DUPLICATE} of one of theirs dropped)")
     stack_w, stack_b = fitted[chosen["stack"]][:2]
     model: dict[str, object] = {
         "model": f"tf-idf word 1-2 + char_wb 2-4 grams (min_df 2, sublinear), logistic regression (balanced, C={c_text:g}); "
@@ -584,7 +623,7 @@ def fit_intent(out: Path = INTENT_OUT, *, c_text: float = 10.0, c_embed: float =
     out.write_text(json.dumps(model, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     report: dict[str, object] = {
         "path": str(out), "bytes": out.stat().st_size, "features": at_col + len(eclf.coef_[0]),  # type: ignore[attr-defined]
-        "trained_on": trained_on, "clauses": {"stack": use_clauses, **({"probe": use_clauses_probe} if probe else {})},
+        "trained_on": trained_on, "near_held_out_dropped": dropped, "clauses": {"stack": use_clauses, **({"probe": use_clauses_probe} if probe else {})},
         "writer_out_auc": {**{n: auc(1 / (1 + np.exp(-z[n]))) for n in names}, **aucs},
         "thresholds": {k: {"block": v[0], "doubt": v[1]} for k, v in thresholds.items()},
         "patterns_alone": {"caught": round(float(patterns[y_pool].mean()), 3), "false_positives": round(float(patterns[~y_pool].mean()), 3)},

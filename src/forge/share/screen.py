@@ -664,6 +664,10 @@ _WORD_TOKEN = re.compile(r"(?u)\b\w\w+\b")
 _SPACES = re.compile(r"\s\s+")
 _REDACTED = re.compile(r"\[REDACTED:[\w]*\]")
 INTENT_MODEL = "screen_intent.json"
+#: The stack with the probe is a fit of its own (its n-gram and embedding models were fitted
+#: beside the probe's, on the writers of its day): refitting the default stack costs minutes,
+#: refitting the probe a forward pass of the 1.5B per training text (hours on 2 cores).
+INTENT_MODEL_PROBE = "screen_intent_probe.json"
 
 
 class IntentModel:
@@ -728,12 +732,14 @@ class IntentModel:
 
     @classmethod
     def load(cls, path: Any = None, *, embedding: bool | Any = True, probe: bool | Any = False) -> IntentModel:
-        """The shipped model (``forge/data/screen_intent.json``), or the one at ``path``."""
+        """The shipped model (``forge/data/screen_intent.json``; with ``probe``,
+        ``screen_intent_probe.json``), or the one at ``path``."""
         import json
         from importlib import resources
 
         if path is None:
-            text = resources.files("forge").joinpath("data", INTENT_MODEL).read_text(encoding="utf-8")
+            name = INTENT_MODEL if probe is False else INTENT_MODEL_PROBE
+            text = resources.files("forge").joinpath("data", name).read_text(encoding="utf-8")
         else:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
