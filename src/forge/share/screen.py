@@ -28,10 +28,11 @@ It works in layers, cheapest first:
    character n-grams (TF-IDF, pure Python here), one over the embedded all-MiniLM-L6-v2's
    sentence vector (``local:minilm-int8``, ~12 ms of one core a text), stacked; trained by
    ``bench/poisoning.py --fit`` on the old labelled set, a set written for it by hand and the
-   dev half of an outside set written by someone who never saw this module
-   (``bench/data/screen_outside.jsonl``; its test half is never trained or tuned on), with
-   FORGE's own protocol traffic as benign text (``bench/data/screen_protocol.jsonl``), and
-   shipped as ``forge/data/screen_intent.json``. Without the ``local`` extra the n-gram model
+   sets of six writers who never saw this module, leave one writer out (held-out sets and
+   near copies of their items are never trained on), with FORGE's own protocol traffic as
+   benign text (``bench/data/screen_protocol.jsonl``), and shipped as
+   ``forge/data/screen_intent.json``: on a writer it never trained on, 62.7% of attacks
+   caught and 3.0% of benign rules flagged (commit ``eb48950``). Without the ``local`` extra the n-gram model
    decides alone, at its own thresholds. It asks only about text the patterns passed. Above
    its ``threshold`` a text is blocked (``injection:intent``); between ``doubt`` and
    ``threshold`` it is *doubtful* (:meth:`Screen.doubtful`): the exchange holds such a unit
@@ -40,9 +41,9 @@ It works in layers, cheapest first:
    benign rules flagged, 15% held for review. With ``Screen(probe=True)`` (or
    ``$FORGE_SCREEN_PROBE=1``) a third logit joins the stack: a :class:`Probe` on the embedded
    Qwen2.5-Coder-1.5B's hidden states after a fixed question about the text (about a second
-   of two cores a text, so off by default): 93.6% caught, 5.9% flagged, 8% held (commit
-   ``db3ab94``); on a second writer's fresh set 78.0% caught, 6.3% flagged (58.8% and 4.8%
-   without it);
+   of two cores a text, so off by default; a fit of its own, ``screen_intent_probe.json``,
+   on three writers): on the same unseen writer 69.2% caught, 3.7% flagged (commit
+   ``52b4453``);
 5. an optional **LLM judge** (:class:`LLMJudge`, off by default) with a fixed rubric, asked
    only about text the other layers passed (doubtful text included): it is slower and less
    predictable than a regex (Qwen2.5-Coder-1.5B with the rubric below, on 40 dev items the
