@@ -76,6 +76,7 @@ def run_cell(env: str, condition: str, representation: str, args: argparse.Names
             instances=args.instances, stages=args.stages, attempts=args.attempts, seed=seed,
             train_seeds=tuple(train), eval_seeds=tuple(held_out), max_steps=args.max_steps,
             workers=args.workers, rule_guard=args.rule_guard, graduate_after=args.graduate_after,
+            graduate_first_try=args.graduate_first_try,
         )
         run_dir = root / f"{env.replace(':', '_')}-{condition}-{representation}-seed{seed}"
         started = time.perf_counter()
@@ -150,7 +151,8 @@ def compare(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # settings every merged result must share: a ratio between cells run differently means nothing
-_MERGE_SAME = ("llm", "stages", "attempts", "eval_episodes", "graduate_after", "rule_guard", "max_steps")
+_MERGE_SAME = ("llm", "stages", "attempts", "eval_episodes", "graduate_after", "graduate_first_try", "rule_guard", "max_steps")
+_MERGE_DEFAULTS = {"graduate_first_try": False}  # what a file written before the setting existed ran with
 
 
 def merge(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -164,7 +166,7 @@ def merge(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             raise ValueError("not a bench/transfer.py --json result (an object with a list of cells)")
     first = results[0]
     for r in results[1:]:
-        if diff := [k for k in _MERGE_SAME if r.get(k) != first.get(k)]:
+        if diff := [k for k in _MERGE_SAME if r.get(k, _MERGE_DEFAULTS.get(k)) != first.get(k, _MERGE_DEFAULTS.get(k))]:
             raise ValueError(f"results differ in {', '.join(diff)}: their cells cannot share a table")
     joined: dict[tuple[str, str], dict[str, Any]] = {}
     for r in results:
@@ -183,7 +185,7 @@ def merge(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
                                     train=c["train_seeds"], held_out=c["held_out_seeds"], instances=c["instances"])
     cells = list(joined.values())
     return {
-        **{k: first.get(k) for k in _MERGE_SAME}, "instances": sorted({c["instances"] for c in cells}),
+        **{k: first.get(k, _MERGE_DEFAULTS.get(k)) for k in _MERGE_SAME}, "instances": sorted({c["instances"] for c in cells}),
         "run_seeds": sorted({s for c in cells for s in c["run_seeds"]}), "cells": cells,
         "ratios": compare(cells), "seconds": sum(r["seconds"] for r in results),
     }
@@ -234,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--rule-guard", action="store_true")
+    ap.add_argument("--graduate-first-try", action="store_true", help="count a checkpoint toward --graduate-after only when the stage's first attempt won")
     ap.add_argument("--graduate-after", type=int, default=1, help="checkpoints at or above theta an instance needs to graduate (1: the paper)")
     ap.add_argument("--quick", action="store_true", help="2 envs, N=2, S=2, k=2, 5 held-out seeds, run seeds 0,1")
     ap.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
@@ -277,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {exc}") from None
     result = {
         "llm": args.llm, "instances": args.instances, "stages": args.stages, "attempts": args.attempts,
-        "run_seeds": args.run_seeds, "eval_episodes": args.eval_episodes, "graduate_after": args.graduate_after,
+        "run_seeds": args.run_seeds, "eval_episodes": args.eval_episodes, "graduate_after": args.graduate_after, "graduate_first_try": args.graduate_first_try,
         "rule_guard": args.rule_guard, "cells": cells,
         "ratios": compare(cells), "seconds": time.perf_counter() - started,
     }

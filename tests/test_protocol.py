@@ -277,6 +277,23 @@ def test_graduate_after_asks_for_more_wins_and_survives_a_resume(tmp_path):
         ForgeConfig(condition="forge", llm="test", graduate_after=0)
 
 
+def test_graduate_first_try_does_not_count_a_stage_won_only_after_a_reflection(tmp_path):
+    """The toy model falls in the hole on stage 0's first attempt and wins its second (after a
+    reflection), then wins stages 1 and 2 at once. The paper's count graduates it after
+    stage 1; counting only first-try wins, stage 0 does not count and it plays stage 2."""
+    base = {"condition": "forge", "env": "frozenlake-4x4", "llm": "test", "instances": 2, "stages": 3, "attempts": 2,
+            "eval_episodes": 1, "graduate_after": 2}
+    paper = evolve(ForgeConfig(**base), tmp_path / "paper", llm_factory=toy_factory).final
+    strict = evolve(ForgeConfig(**base, graduate_first_try=True), tmp_path / "strict", llm_factory=toy_factory).final
+    first = json.loads((tmp_path / "strict/checkpoints/stage-00/inst-00.result.json").read_text())
+    assert [a["return"] for a in first["attempts"]] == [-1.0, 1.0]  # the premise: stage 0 was won on the second attempt
+    assert [i["graduated_stage"] for i in paper["instances"]] == [1, 1]
+    assert [i["graduated_stage"] for i in strict["instances"]] == [2, 2]
+    assert strict["stages"][2]["played"] == [0, 1] and paper["stages"][2]["played"] == []
+    with pytest.raises(ConfigError, match="graduate_first_try"):
+        ForgeConfig(condition="forge", llm="test", graduate_first_try="yes")
+
+
 # -- resume ------------------------------------------------------------------------------------
 
 

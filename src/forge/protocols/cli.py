@@ -118,6 +118,7 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--reflection", default=None, help="How rules are reflected: slots (the model fills in the failing situation's rule; default) or free (free-text edits, the paper's way).")
 @click.option("--rule-guard/--no-rule-guard", default=None, help="Enforce 'when X, then do not A' rules as hard exclusions, choosing among the actions they name as safe (off: paper).")
 @click.option("--graduate-after", type=int, default=None, help="Checkpoints at or above theta an instance needs to graduate (default 1: the paper's rule).")
+@click.option("--graduate-first-try/--no-graduate-first-try", default=None, help="Count a checkpoint toward --graduate-after only when the stage's first attempt won (off: the paper's count).")
 @click.option("--warmup-episodes", type=int, default=None, help="Warm-up: received memory stays out of an instance's prompts until it has played this many episodes (default 0).")
 @click.option("--warmup-validation", type=float, default=None, help="Warm-up: then show received units only if validated at least this well (0-1; default 0).")
 @click.option("--ramp-episodes", type=int, default=None, help="Gradual enablement: prompt sections shown grow from one to all over this many episodes (default 0: all).")

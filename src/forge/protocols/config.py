@@ -81,7 +81,11 @@ class ForgeConfig:
     graduates (1: the paper's rule). On random FrozenLake maps and TextWorld games a small
     model often wins its first training episode by luck and graduated there with an empty
     memory, so nothing was learned to carry to held-out tasks; 2 asks for a second,
-    differently seeded win. Checkpoints and final evaluations are always greedy. ``reflection`` is how rules are asked for:
+    differently seeded win. ``graduate_first_try`` counts a checkpoint toward it only when
+    the stage's first training attempt already reached theta: a stage won only after a
+    reflection shows the memory was still missing something (coin-2, run seed 1: both
+    instances graduated after a stage won on its second attempt and never met the failure that
+    held-out games turn on). Off: the paper's count. Checkpoints and final evaluations are always greedy. ``reflection`` is how rules are asked for:
     ``slots`` (the model fills in the failing situation's rule under a grammar; small models
     manage it) or ``free`` (free-text rule edits, the paper's way; see :func:`forge.learn.reflect.reflect`).
 
@@ -122,6 +126,7 @@ class ForgeConfig:
     probe_alternatives: bool = True
     rule_guard: bool = False
     graduate_after: int = 1
+    graduate_first_try: bool = False
     show_map: bool = False
     reflect_on_stall: bool = True
     reflect_on_checkpoint: bool = True
@@ -167,6 +172,8 @@ class ForgeConfig:
 
         if self.reflection not in REFLECTION_STYLES:
             raise ConfigError(f"unknown reflection style {self.reflection!r}; expected one of: {', '.join(REFLECTION_STYLES)}")
+        if not isinstance(self.graduate_first_try, bool):
+            raise ConfigError(f"graduate_first_try must be true or false, got {self.graduate_first_try!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         for name in ("warmup_episodes", "ramp_episodes"):

@@ -565,7 +565,9 @@ class _Protocol:
         graduated_now = []
         for idx, score in sorted(scores.items()):
             inst = self.instances[idx]
-            inst.passes += score >= self.theta
+            first = results[idx]["attempts"][:1]
+            first_try = not first or float(first[0]["return"]) >= self.theta
+            inst.passes += score >= self.theta and (first_try or not self.config.graduate_first_try)
             if flags.graduation and score >= self.theta and inst.passes >= self.config.graduate_after:
                 inst.graduated_stage = stage
                 graduated_now.append(idx)
