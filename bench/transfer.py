@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,8 @@ def compare(cells: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # settings every merged result must share: a ratio between cells run differently means nothing
 _MERGE_SAME = ("llm", "stages", "attempts", "eval_episodes", "graduate_after", "graduate_first_try", "rule_guard", "max_steps")
-_MERGE_DEFAULTS = {"graduate_first_try": False}  # what a file written before the setting existed ran with
+# a file written before a setting existed ran with its default, as report.differences reads old runs
+_MERGE_DEFAULTS = {f.name: f.default for f in fields(ForgeConfig)}
 
 
 def merge(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
