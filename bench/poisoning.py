@@ -1120,6 +1120,8 @@ def main() -> None:
     parser.add_argument("--probe", action="store_true", help="with the semantic layer's probe (the embedded 1.5B reads each text; ~1 s a text, "
                         "states cached in .bench/); with --fit, fit the probe too")
     parser.add_argument("--no-intent", action="store_true", help="the screen without its semantic layer (patterns only)")
+    parser.add_argument("--no-encoder", action="store_true", help="the semantic layer without its tuned encoder (n-grams + MiniLM "
+                        "vector, the two-model stack fitted beside it): the encoder's gain, side by side")
     parser.add_argument("--held-out-only", action="store_true", help="only the held-out sets and their signed Exchange: what a new "
                         "screen version is judged on (with --probe, ~1,100 forward passes instead of ~2,000)")
     parser.add_argument("--dev-only", action="store_true", help="score the third set's dev half instead of the held-out sets (while developing: they are not read)")
@@ -1131,8 +1133,11 @@ def main() -> None:
         return
     if args.probe and (args.no_intent or args.judge):
         raise SystemExit("error: --probe is part of the semantic layer; it goes with neither --no-intent nor --judge")
+    if args.no_encoder and (args.no_intent or args.probe):
+        raise SystemExit("error: --no-encoder drops a part of the default semantic layer; it goes with neither --no-intent nor --probe")
     states = CachedStates() if args.probe else None
-    screen = Screen(intent=None) if args.no_intent else Screen(intent=IntentModel.load(probe=states)) if states else Screen()
+    screen = (Screen(intent=None) if args.no_intent else Screen(intent=IntentModel.load(probe=states)) if states
+              else Screen(intent=IntentModel.load(encoder=False)) if args.no_encoder else Screen())
     if args.judge:
         from forge.llm import open_llm
         from forge.share.screen import LLMJudge
