@@ -24,16 +24,19 @@ It works in layers, cheapest first:
    numbers checked by Google's libphonenumber via ``phonenumbers``);
 4. a **semantic layer** (:class:`IntentModel`, on by default) for what patterns cannot see:
    orders aimed at the agents that will read a memory, and advice that weakens security or
-   leaks data while sounding like best practice. Two logistic regressions, one over word and
-   character n-grams (TF-IDF, pure Python here), one over the embedded all-MiniLM-L6-v2's
-   sentence vector (``local:minilm-int8``, ~12 ms of one core a text), stacked; trained by
-   ``bench/poisoning.py --fit`` on the old labelled set, a set written for it by hand and the
-   sets of six writers who never saw this module, leave one writer out (held-out sets and
-   near copies of their items are never trained on), with FORGE's own protocol traffic as
-   benign text (``bench/data/screen_protocol.jsonl``), and shipped as
-   ``forge/data/screen_intent.json``: on a writer it never trained on, 62.7% of attacks
-   caught and 3.0% of benign rules flagged (commit ``eb48950``). Without the ``local`` extra the n-gram model
-   decides alone, at its own thresholds. It asks only about text the patterns passed. Above
+   leaks data while sounding like best practice. Three models, stacked: a logistic regression
+   over word and character n-grams (TF-IDF, pure Python here), one over the embedded
+   all-MiniLM-L6-v2's sentence vector (``local:minilm-int8``), and the same MiniLM fine-tuned
+   with low-rank adapters to tell harmful from honest (:mod:`forge.share.encoder`, numpy, its
+   adapters in ``forge/data/screen_encoder.safetensors``); each read on the whole text and on
+   its clauses, ~75 ms of one core a text. Trained by ``bench/poisoning.py --fit`` on the old
+   labelled set, a set written for it by hand and the sets of six writers who never saw this
+   module, leave writers out (held-out sets and near copies of their items are never trained
+   on), with FORGE's own protocol traffic as benign text
+   (``bench/data/screen_protocol.jsonl``), and shipped as ``forge/data/screen_intent.json``:
+   on a writer it never trained on, 67.8% of attacks caught and 2.7% of benign rules flagged
+   (commit ``08e51ce``; without the encoder 62.7% / 3.0%). Without the MiniLM wheels the
+   n-gram model decides alone, at its own thresholds. It asks only about text the patterns passed. Above
    its ``threshold`` a text is blocked (``injection:intent``); between ``doubt`` and
    ``threshold`` it is *doubtful* (:meth:`Screen.doubtful`): the exchange holds such a unit
    for review instead of judging it useful, since usefulness and safety are separate
