@@ -80,9 +80,9 @@ DOUBT_FP = 0.15  # hold for review: at most 15 in 100 dev benign rules. 0.20 hel
 #: The screen encoder's adapters (forge.share.encoder.TunedEncoder): rank and scale of the
 #: low-rank updates, and the fine-tune's schedule. Chosen on one writer held out (the seventh,
 #: trained on the rest): full fine-tuning caught 58% of its attacks at 3% of its benign rules
-#: flagged, LoRA at rank 8 the same within a point, at 0.7 MB shipped instead of 90 MB.
+#: flagged, LoRA at rank 8 the same within a point, at 1.3 MB shipped instead of 90 MB.
 ENCODER = {"rank": 8, "alpha": 16, "epochs": 3, "lr": 5e-4, "batch": 32, "max_length": 128, "seed": 0}
-ENCODER_OUT = INTENT_OUT.with_name("screen_encoder.safetensors")
+ENCODER_OUT = INTENT_OUT.with_name("screen_encoder.safetensors")  # beside whatever model file --fit writes
 ENCODER_FOLDS = 3
 ENCODER_CACHE = PROBE_CACHE.with_name("screen_encoder")
 
@@ -169,9 +169,11 @@ def tune_encoder(texts: list[str], labels: object, *, cache: Path | None = ENCOD
             sched.step()
     out: dict[str, object] = {f"{k}.{ab.upper()}": getattr(lo, ab).detach().numpy().copy() for k, lo in adapters.items() for ab in ("a", "b")}
     out["head.weight"], out["head.bias"] = head.weight.detach().numpy().reshape(-1).copy(), head.bias.detach().numpy().copy()
-    if cache is not None:
+    if cache is not None:  # whole or not at all: a fit killed mid-write must not be read back
         cache.mkdir(parents=True, exist_ok=True)
-        np.savez(cache / f"{key}.npz", **out)  # type: ignore[arg-type]
+        with open(cache / f"{key}.npz.part", "wb") as fh:
+            np.savez(fh, **out)  # type: ignore[arg-type]
+        (cache / f"{key}.npz.part").replace(cache / f"{key}.npz")
     return out
 
 
@@ -487,7 +489,8 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
     With ``encoder`` (the default without ``probe``), a third model: MiniLM fine-tuned with
     low-rank adapters (:func:`tune_encoder`, once per fold and once on everything; torch at
     fit time, numpy at run time, :class:`forge.share.encoder.TunedEncoder`), stacked with the
-    other two the same way; its adapters go to :data:`ENCODER_OUT`.
+    other two the same way; its adapters go beside ``out`` (named as :data:`ENCODER_OUT`), and
+    both files are moved into place only once the scorers agree with the fit.
     """
     if encoder is None:
         encoder = not probe
@@ -748,17 +751,19 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
                           "weights": [float(f"{v:.7g}") for v in w]}
         model["stack_probe"] = {**probe_w, "bias": probe_b, "threshold": thresholds["probe"][0], "doubt": thresholds["probe"][1]}
     drift_encoder = 0.0
+    adapters_out = out.with_name(ENCODER_OUT.name)
+    adapters_part = adapters_out.with_name(adapters_out.name + ".part")  # moved beside the model file only once both are checked
     if encoder:
         from safetensors.numpy import save_file
 
         final_encoder, final_adapters = fit_encoder(np.ones(len(pool), dtype=bool), np.ones(len(proto), dtype=bool))
-        save_file({k: np.asarray(v, dtype=np.float32) for k, v in final_adapters.items()}, str(ENCODER_OUT))
+        save_file({k: np.asarray(v, dtype=np.float32) for k, v in final_adapters.items()}, str(adapters_part))
         enc_w, enc_b = fitted[chosen["encoder"]][:2]
         model["model"] += (f"; with the encoder, {embedder.split(':')[-1]} fine-tuned with low-rank adapters (rank {ENCODER['rank']}, "
                            f"{ENCODER['epochs']} epochs, tanh GELU), its logit stacked the same way")
-        model["encoder"] = {"adapters": ENCODER_OUT.name, "scale": enc_scale, "max_length": ENCODER["max_length"], "fit": ENCODER}
+        model["encoder"] = {"adapters": adapters_out.name, "scale": enc_scale, "max_length": ENCODER["max_length"], "fit": ENCODER}
         model["stack_encoder"] = {**enc_w, "bias": enc_b, "threshold": thresholds["encoder"][0], "doubt": thresholds["encoder"][1]}
-        reloaded = TunedEncoder.load(ENCODER_OUT, scale=enc_scale, max_length=int(ENCODER["max_length"]))  # type: ignore[arg-type]
+        reloaded = TunedEncoder.load(adapters_part, scale=enc_scale, max_length=int(ENCODER["max_length"]))  # type: ignore[arg-type]
         drift_encoder = float(np.max(np.abs(reloaded.logits(t_pool[:40]) - final_encoder.logits(t_pool[:40]))))
     mine = IntentModel(model, embedding=emb)
     drift_text = max(abs(mine.text_logit(t) - float(v)) for t, v in zip(t_pool, text_logit(final["text"], t_pool), strict=True))  # type: ignore[arg-type]
@@ -768,8 +773,13 @@ def fit_intent(out: Path | None = None, *, c_text: float = 10.0, c_embed: float 
         shipped = Probe(model["probe"], reader=states)  # type: ignore[arg-type]
         drift_probe = max(abs(shipped.logit(t) - float(v)) for t, v in zip(t_pool[:50], probe_logit(final["probe"], x_pool[:50]), strict=True))  # type: ignore[arg-type]
     if max(drift_text, drift_embed, drift_probe, drift_encoder) > 1e-3:
+        adapters_part.unlink(missing_ok=True)
         raise SystemExit(f"the shipped scorer disagrees with scikit-learn by {drift_text:.2g} / {drift_embed:.2g} / {drift_probe:.2g} / {drift_encoder:.2g} (logits); not written")
-    out.write_text(json.dumps(model, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+    model_part = out.with_name(out.name + ".part")
+    model_part.write_text(json.dumps(model, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
+    if encoder:
+        adapters_part.replace(adapters_out)
+    model_part.replace(out)
     report: dict[str, object] = {
         "path": str(out), "bytes": out.stat().st_size, "features": at_col + len(eclf.coef_[0]),  # type: ignore[attr-defined]
         "trained_on": trained_on, "near_held_out_dropped": dropped, "clauses": {"stack": use_clauses, **({"probe": use_clauses_probe} if probe else {}),
@@ -1133,8 +1143,8 @@ def main() -> None:
         return
     if args.probe and (args.no_intent or args.judge):
         raise SystemExit("error: --probe is part of the semantic layer; it goes with neither --no-intent nor --judge")
-    if args.no_encoder and (args.no_intent or args.probe):
-        raise SystemExit("error: --no-encoder drops a part of the default semantic layer; it goes with neither --no-intent nor --probe")
+    if args.no_encoder and (args.no_intent or args.probe or args.judge):
+        raise SystemExit("error: --no-encoder drops a part of the default semantic layer; it goes with none of --no-intent, --probe, --judge")
     states = CachedStates() if args.probe else None
     screen = (Screen(intent=None) if args.no_intent else Screen(intent=IntentModel.load(probe=states)) if states
               else Screen(intent=IntentModel.load(encoder=False)) if args.no_encoder else Screen())

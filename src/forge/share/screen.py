@@ -768,14 +768,12 @@ class IntentModel:
         if path is None:
             name = INTENT_MODEL if probe is False else INTENT_MODEL_PROBE
             text = resources.files("forge").joinpath("data", name).read_text(encoding="utf-8")
-            folder: Any = resources.files("forge").joinpath("data")
         else:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
-            folder = Path(path).parent
         spec = json.loads(text)
-        if encoder is True and isinstance(spec, dict) and isinstance(spec.get("encoder"), dict):
-            encoder = str(folder.joinpath(str(spec["encoder"].get("adapters", ""))))
+        if path is not None and encoder is True and isinstance(spec, dict) and isinstance(spec.get("encoder"), dict):
+            encoder = str(Path(path).parent / str(spec["encoder"].get("adapters", "")))
         return cls(spec, embedding=embedding, probe=probe, encoder=encoder)
 
     @staticmethod
@@ -886,11 +884,9 @@ class IntentModel:
 
     def _encoder_logits(self, texts: list[str]) -> Any:
         if self._encoder is None:
-            from forge.share.encoder import TunedEncoder
-
             spec = self.encoder_spec or {}
             try:
-                self._encoder = TunedEncoder.load(str(self._encoder_path), scale=spec["scale"], max_length=spec["max_length"])
+                self._encoder = _shared_encoder(str(self._encoder_path), spec["scale"], spec["max_length"])
             except (ConfigError, ValidationError, OSError) as exc:
                 # Said once, loudly; the two-model stack decides, at its own thresholds.
                 _log.warning("screen: the intent model's encoder is unavailable (%s); n-grams + embedding only", exc)
@@ -1049,6 +1045,17 @@ def _embedder_installed() -> bool:
 
 
 _EMBEDDERS: dict[str, Any] = {}
+_ENCODERS: dict[tuple[str, float, int], Any] = {}
+
+
+def _shared_encoder(path: str, scale: float, max_length: int) -> Any:
+    """One tuned encoder per process and adapters file (its base weights take ~76 MB)."""
+    key = (path, scale, max_length)
+    if key not in _ENCODERS:
+        from forge.share.encoder import TunedEncoder
+
+        _ENCODERS[key] = TunedEncoder.load(path, scale=scale, max_length=max_length)
+    return _ENCODERS[key]
 
 
 def _shared_embedder(spec: str) -> Any:
