@@ -1,6 +1,8 @@
 """forge.integrations.langchain with the real langchain-core: the retriever over a Memory, a
 Client and an AsyncClient, and the tools inside a minimal LangGraph ReAct agent whose chat
-model is LangChain's own fake (it calls remember, then recall_memory, then answers)."""
+model is LangChain's own fake (it calls remember, then recall_memory, then answers); and the
+learning callback recording such a run (its tool calls, a tool's error, the answer) and
+reporting it with its outcome, to a Memory reflecting with the scripted test LLM."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
 
 from forge.engine.embed import HashingEmbedder  # noqa: E402
 from forge.engine.memory import Memory  # noqa: E402
-from forge.integrations.langchain import ForgeRetriever, forge_tools  # noqa: E402
+from forge.integrations.langchain import ForgeRetriever, ForgeTraceHandler, forge_tools  # noqa: E402
+from forge.llm.testing import ScriptedLLM  # noqa: E402
 from forge.model import Unit, Viewer  # noqa: E402
 from forge.store import SQLiteStore  # noqa: E402
 
@@ -89,3 +92,50 @@ def test_the_tools_inside_a_react_agent(mem) -> None:
     assert "stalls when the queue exceeds 10k" in tools["c2"] and "score" in tools["c2"]
     assert out["messages"][-1].content.startswith("Restart the worker")
     assert mem.count(viewer=Viewer.admin()) == len(FACTS)
+
+
+RULE = ('{"rules": [{"when": "the worker is stuck and the cache tool fails", "avoid": "clearing the cache first", '
+        '"prefer": "restart the worker before clearing the cache"}]}')
+
+
+@pytest.mark.filterwarnings("ignore:create_react_agent has been moved")
+def test_the_trace_handler_records_a_run_and_reports_its_outcome(mem) -> None:
+    from langchain_core.tools import ToolException, tool
+    from langgraph.prebuilt import create_react_agent
+
+    @tool
+    def clear_cache(worker: str) -> str:
+        """Clear a worker's cache."""
+        raise ToolException("CacheLocked: the worker holds the cache")
+
+    model = _ToolCaller(messages=iter([
+        AIMessage("", tool_calls=[{"name": "recall_memory", "args": {"query": "worker stuck"}, "id": "c1"}]),
+        AIMessage("", tool_calls=[{"name": "clear_cache", "args": {"worker": "w-7"}, "id": "c2"}]),
+        AIMessage("The cache is locked; restart the worker first."),
+    ]))
+    clear_cache.handle_tool_error = True  # the agent sees the error as the tool's answer
+    agent = create_react_agent(model, [*forge_tools(mem, k=3), clear_cache])
+    handler = ForgeTraceHandler(kind="ops")
+    agent.invoke({"messages": [("user", "The worker is stuck, fix it.")]}, config={"callbacks": [handler]})
+
+    trace = handler.trace()
+    assert trace["task"] == "The worker is stuck, fix it." and trace["kind"] == "ops"
+    tools = [s for s in trace["steps"] if s["type"] == "tool"]
+    assert [(s["tool"], s["args"]) for s in tools] == [("recall_memory", {"query": "worker stuck"}), ("clear_cache", {"worker": "w-7"})]
+    assert "CacheLocked" in tools[1]["error"] and not tools[0]["error"]
+    assert any(s["type"] == "observation" and "Restart the worker" in s["content"] for s in trace["steps"])
+    assert trace["answer"] == "The cache is locked; restart the worker first."
+
+    mem.llm = ScriptedLLM([RULE])
+    ctx = mem.context("worker stuck", viewer=Viewer.of("ops-bot"))
+    handler.recalled(ctx.recall_id)
+    got = handler.report(mem, success=False, feedback="restart first", agent="ops-bot")
+    asked = mem.llm.last_request.messages[-1].content
+    assert "clear_cache" in asked and "CacheLocked" in asked and "FAILED" in asked  # the run reached reflection
+    [rule] = [u for u in got["learned"] if u["kind"] == "rule"]
+    assert rule["rule"]["prefer"] == ["restart the worker before clearing the cache"]
+    assert set(got["credited"]) == {u.id for u in ctx.units} and ctx.units
+    assert mem.get(rule["id"], viewer=Viewer.of("ops-bot")).owner == "ops-bot"
+
+    handler.reset()
+    assert handler.trace()["steps"] == [] and handler.trace()["recall_ids"] == []
