@@ -1,4 +1,5 @@
-"""``ForgeStore``: FORGE memory as a LangGraph ``BaseStore`` (long-term memory for graphs).
+"""``ForgeStore``: FORGE memory as a LangGraph ``BaseStore`` (long-term memory for graphs), and
+``learn_node``: a node that learns from the run that reached it.
 
     from forge import Memory
     from forge.integrations.langgraph import ForgeStore
@@ -31,6 +32,15 @@ and shared like any other. Over a client the key decides the agent and its group
 
 Search with ``query`` is FORGE's hybrid recall (``SearchItem.score`` is its fused score);
 ``filter`` matches value fields exactly or with ``$eq $ne $gt $gte $lt $lte``.
+
+Learning: ``learn_node(memory, outcome=judge)`` is a node to put at the end of a graph. It
+reads the state's messages (the user's, the model's replies and tool calls, the tools'
+answers and errors) as a trace, asks ``judge(state)`` how the task went (a dict of
+``success``, ``score``, ``feedback``, or a :class:`forge.learn.trace.Outcome`), and sends both
+to FORGE's learning entry (``POST /v1/learn`` over a client, :meth:`forge.Memory.learn` over a
+memory, as ``agent``). Recall ids the state holds under ``recall_ids`` are credited with the
+outcome. :class:`forge.integrations.langchain.ForgeTraceHandler` records a graph's run as a
+callback instead (``config={"callbacks": [handler]}``), for graphs whose state has no messages.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,10 +67,12 @@ from langgraph.store.base import (
 
 from forge.curate.admission import ADD, NOOP, Admitted
 from forge.errors import AccessError, ConfigError, ValidationError
+from forge.integrations._learn import TraceRecorder, areport, report
+from forge.learn.trace import Outcome
 from forge.model import Context, Provenance, Status, Unit, Viewer, derived_id
 from forge.store import Filter
 
-__all__ = ["ForgeStore"]
+__all__ = ["ForgeStore", "learn_node"]
 
 _MARK = "langgraph"  # tag on every unit this store writes
 _TEXT_FIELDS = ("content", "text", "memory", "description", "body")
@@ -451,3 +463,46 @@ def _field(have: Any, want: Any) -> bool:
             return True
         return isinstance(have, Mapping) and all(_field(have.get(k), v) for k, v in want.items())
     return have == want
+
+
+# -- learning -------------------------------------------------------------------------------
+
+
+def _field_of(state: Any, key: str) -> Any:
+    """A state's field: a dict state's key, or a dataclass or pydantic state's attribute."""
+    return state.get(key) if isinstance(state, Mapping) else getattr(state, key, None)
+
+
+def learn_node(memory: Any, *, outcome: Callable[[Any], Mapping[str, Any] | Outcome], kind: str = "", agent: str = "",
+               wait: bool = False, messages_key: str = "messages", recall_ids_key: str = "recall_ids",
+               result_key: str | None = None) -> Callable[[Any], Any]:
+    """A graph node that reports the run in the state to ``memory``'s learning entry (see the
+    module docstring). It changes no state, unless ``result_key`` names the state field that
+    receives what came back (the queued job over a client, what was learned over a memory).
+    Over an :class:`~forge.client.AsyncClient` the node is async (run the graph with ``ainvoke``)."""
+    from forge.client import AsyncClient
+    from forge.integrations.langchain import record_messages
+
+    def judged(state: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        rec = record_messages(TraceRecorder(kind=kind), list(_field_of(state, messages_key) or []))
+        for rid in _field_of(state, recall_ids_key) or []:
+            rec.recalled(rid)
+        said = outcome(state)
+        verdict = said.to_dict() if isinstance(said, Outcome) else Outcome.from_dict(said).to_dict()
+        return rec.trace(), verdict
+
+    def done(got: dict[str, Any]) -> dict[str, Any]:
+        return {result_key: got} if result_key else {}
+
+    if isinstance(memory, AsyncClient):
+        async def alearn(state: Any) -> dict[str, Any]:
+            trace, verdict = judged(state)
+            return done(await areport(memory, trace, **verdict, agent=agent, wait=wait))
+
+        return alearn
+
+    def learn(state: Any) -> dict[str, Any]:
+        trace, verdict = judged(state)
+        return done(report(memory, trace, **verdict, agent=agent, wait=wait))
+
+    return learn
