@@ -1,9 +1,11 @@
-"""FORGE memory for the OpenAI Agents SDK: function tools and a session, over a Memory or a Client.
+"""FORGE memory for the OpenAI Agents SDK: function tools, a session and learning run hooks, over a Memory or a Client.
 
     from agents import Agent, Runner
-    from forge.integrations.openai_agents import ForgeSession, forge_function_tools
+    from forge.integrations.openai_agents import ForgeRunHooks, ForgeSession, forge_function_tools
     agent = Agent(name="ops", instructions="...", tools=forge_function_tools(mem))
-    result = Runner.run_sync(agent, "The worker is stuck", session=ForgeSession("chat-42", mem))
+    hooks = ForgeRunHooks(kind="ops")
+    result = Runner.run_sync(agent, "The worker is stuck", session=ForgeSession("chat-42", mem), hooks=hooks)
+    hooks.report(mem, success=False, feedback="the restart did not help", agent="ops")   # learn from the run
 
 - ``forge_function_tools(memory)``: ``recall_memory(query)`` (hybrid recall, 0-1 scores, the
   reasons) and ``remember(content, kind)`` (through admission: its answer says added /
@@ -11,6 +13,13 @@
 - ``ForgeSession(session_id, memory)``: the SDK's conversation history kept as FORGE units
   (kind ``episode``, tagged ``session:<id>``, stored as given: a history keeps repeats), so a
   conversation is audited, exported and erasable like any memory.
+- ``ForgeRunHooks()``: the SDK's ``RunHooks``, recording a run as a learning trace (the task,
+  the model's replies, each local tool call with its arguments and its answer, the final
+  output); ``report(memory, success=..., score=..., feedback=...)`` sends it with its outcome
+  to FORGE's learning entry (``POST /v1/learn`` over a client, as a job; :meth:`forge.Memory.learn`
+  over a memory, as ``agent``). The SDK tells the model only "An error occurred while running
+  the tool." when a tool raises; give the tool ``failure_error_function=hooks.tool_failed`` and
+  the trace keeps the exception (the model is told the same as before).
 
 The Agents SDK sends traces to OpenAI unless told not to (``agents.set_tracing_disabled(True)``
 or ``OPENAI_AGENTS_DISABLE_TRACING=1``); FORGE sends nothing.
@@ -22,13 +31,25 @@ import asyncio
 import json
 from typing import Any
 
-from agents import FunctionTool, function_tool
+from agents import (
+    Agent,
+    FunctionTool,
+    ModelResponse,
+    RunContextWrapper,
+    RunHooks,
+    Tool,
+    function_tool,
+)
 from agents.memory import SessionABC
+from agents.tool import default_tool_error_function
+from agents.tool_context import ToolContext
+from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
+from forge.integrations._learn import TraceRecorder, areport, report
 from forge.model import Context, Status, Unit, Viewer
 from forge.store import Filter
 
-__all__ = ["ForgeSession", "forge_function_tools"]
+__all__ = ["ForgeRunHooks", "ForgeSession", "forge_function_tools"]
 
 
 def _remote(memory: Any) -> bool:
@@ -151,3 +172,86 @@ def _text(item: Any) -> str:
             if isinstance(item.get(key), str) and item[key].strip():
                 return f"{item.get('type', 'item')}: {item[key]}"[:16_000]
     return json.dumps(item, default=str)[:16_000] or "item"
+
+
+# -- learning -------------------------------------------------------------------------------
+
+
+def _said(item: Any) -> tuple[str, str]:
+    """(role, text) of an input item that is a message; ("", "") for any other item."""
+    if not isinstance(item, dict) or item.get("type", "message") != "message":
+        return "", ""
+    content = item.get("content")
+    if isinstance(content, list):
+        content = " ".join(c.get("text", "") for c in content if isinstance(c, dict) and c.get("text"))
+    return str(item.get("role", "")), content if isinstance(content, str) else ""
+
+
+class ForgeRunHooks(RunHooks):
+    """The Agents SDK's run hooks recording a run as a learning trace (see the module
+    docstring); one hooks object is one run: ``reset()`` it, or make a new one, for the next."""
+
+    def __init__(self, *, task: str = "", kind: str = "") -> None:
+        self.recorder = TraceRecorder(task=task, kind=kind)
+        self._failed: dict[str, str] = {}  # tool call id -> the exception, from tool_failed
+        self._seen_input = False
+
+    def recalled(self, recall_id: str) -> None:
+        """A recall that fed this run (``Client.context(...).recall_id``): the outcome credits what it showed."""
+        self.recorder.recalled(recall_id)
+
+    def reset(self, task: str = "") -> None:
+        self.recorder.reset(task)
+        self._failed.clear()
+        self._seen_input = False
+
+    def trace(self) -> dict[str, Any]:
+        return self.recorder.trace()
+
+    def tool_failed(self, ctx: RunContextWrapper[Any], error: Exception) -> str:
+        """A ``failure_error_function`` for function tools: keeps the exception for the trace,
+        and tells the model what the SDK's default does."""
+        if isinstance(ctx, ToolContext):
+            self._failed[ctx.tool_call_id] = f"{type(error).__name__}: {error}"
+        return default_tool_error_function(ctx, error)
+
+    async def on_llm_start(self, context: RunContextWrapper[Any], agent: Agent[Any], system_prompt: str | None,
+                           input_items: list[Any]) -> None:
+        if self._seen_input:
+            return
+        self._seen_input = True  # the first call's input ends with this run's task (a session puts history before it)
+        asked = [text for role, text in map(_said, input_items) if role == "user" and text.strip()]
+        if asked:
+            self.recorder.message("user", asked[-1])
+
+    async def on_llm_end(self, context: RunContextWrapper[Any], agent: Agent[Any], response: ModelResponse) -> None:
+        for item in response.output:
+            if isinstance(item, ResponseOutputMessage):
+                text = " ".join(c.text for c in item.content if isinstance(c, ResponseOutputText))
+                self.recorder.message("assistant", text)
+
+    async def on_tool_start(self, context: RunContextWrapper[Any], agent: Agent[Any], tool: Tool) -> None:
+        if isinstance(context, ToolContext):
+            self.recorder.tool(context.tool_name, context.tool_arguments)
+        else:
+            self.recorder.tool(tool.name)
+
+    async def on_tool_end(self, context: RunContextWrapper[Any], agent: Agent[Any], tool: Tool, result: Any) -> None:
+        error = self._failed.pop(context.tool_call_id, "") if isinstance(context, ToolContext) else ""
+        if not error and result == default_tool_error_function(context, RuntimeError()):
+            error = str(result)  # the SDK's default failure message: the tool raised
+        name = context.tool_name if isinstance(context, ToolContext) else tool.name
+        self.recorder.observation(result if isinstance(result, str) else json.dumps(result, default=str), tool=name, error=error)
+
+    async def on_agent_end(self, context: RunContextWrapper[Any], agent: Agent[Any], output: Any) -> None:
+        self.recorder.finish(output if isinstance(output, str) else json.dumps(output, default=str))
+
+    def report(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
+               wait: bool = False) -> dict[str, Any]:
+        """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
+        or what a Memory learned, as ``agent``)."""
+        return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
+
+    async def areport(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "",
+                      agent: str = "", wait: bool = False) -> dict[str, Any]:
+        return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
