@@ -280,3 +280,23 @@ class Vocabulary:
             ws.append(str(self.words[self._zipf(rng, 1)[0]]))
             out.append(" ".join(ws))
         return out
+
+
+# -- intervals ----------------------------------------------------------------------------
+
+
+def bootstrap_mean(table: Sequence[Sequence[float]], *, resamples: int = 2000, level: float = 0.95,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """The mean of a runs x items table (run seeds x games) with a percentile bootstrap
+    interval that resamples both ways: run seeds with replacement, then items with
+    replacement, so the interval holds the spread between runs and between games.
+    A single row resamples items only."""
+    m = np.asarray(table, dtype=np.float64)
+    if m.ndim != 2 or m.size == 0:
+        raise ValueError("bootstrap_mean needs a non-empty runs x items table")
+    g = np.random.default_rng(seed)
+    rows = g.integers(0, m.shape[0], (resamples, m.shape[0]))
+    cols = g.integers(0, m.shape[1], (resamples, m.shape[1]))
+    means = np.array([m[np.ix_(r, c)].mean() for r, c in zip(rows, cols, strict=True)])
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(m.mean()), float(lo), float(hi)
