@@ -201,7 +201,9 @@ class Player:
             policy = make_policy(self.cfg.policy, llm=lambda role: metered.with_tags(role=role), spec=env.spec,
                                  rule_guard=self.cfg.rule_guard, show_map=self.cfg.show_map)
             traj = play_episode(env, policy, text_memory(block, heading=heading), seed=seed, tau=env.spec.tau, abort=False)
-            return traj, env.spec.succeeded(traj.total, aborted=traj.aborted), env.spec
+            won = env.spec.succeeded(traj.total, aborted=traj.aborted)
+            print(f"    {phase} game {seed}: {'won' if won else 'lost'} in {len(traj.actions)} steps", file=sys.stderr, flush=True)
+            return traj, won, env.spec
         finally:
             env.close()
 
@@ -281,6 +283,14 @@ def learn_gepa(cfg: ForgeConfig, llm: LLM, settings: Settings) -> Learned:
         def evaluate(self, batch: list[int], candidate: dict[str, str], capture_traces: bool = False) -> Any:
             outputs, scores, trajectories = [], [], []
             for seed in batch:
+                if played["episodes"] >= budget:
+                    # GEPA checks its budget between iterations, so its last iteration could
+                    # overrun it; a rollout past the budget is not played and scores 0, which
+                    # no candidate can be accepted on
+                    outputs.append({"seed": seed, "return": None, "success": False, "played": False})
+                    scores.append(0.0)
+                    trajectories.append({"seed": seed, "won": False, "played": False, "text": ""})
+                    continue
                 text = cap_tokens(candidate["memory"], settings.memory_tokens)
                 traj, won, spec = player.play(int(seed), text, heading="Advice", phase="train")
                 played["episodes"] += 1
@@ -293,7 +303,7 @@ def learn_gepa(cfg: ForgeConfig, llm: LLM, settings: Settings) -> Learned:
             records = [
                 {"Inputs": {"game": f"{cfg.env} seed {t['seed']}"}, "Generated Outputs": t["text"],
                  "Feedback": "The agent solved this game." if t["won"] else "The agent failed this game: say what it should do instead."}
-                for t in eval_batch.trajectories or []
+                for t in eval_batch.trajectories or [] if t.get("played", True)
             ]
             return {name: records for name in components_to_update}
 
