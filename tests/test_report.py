@@ -96,11 +96,11 @@ def test_compared_runs_that_differ_in_settings_are_flagged(runs, tmp_path):
     assert "Beware: stages differs" in summary["verdict"]
 
 
-def _verdict_rows(forge_success: float, forge_return: float) -> tuple[list[dict], list[dict]]:
+def _verdict_rows(forge_success: float, forge_return: float, *, forge_episodes: int = 8, base_success: float = 0.25, base_episodes: int = 8) -> tuple[list[dict], list[dict]]:
     rows = [
-        {"label": "zero-shot", "condition": "zero-shot", "success_rate": 0.25, "mean_return": -0.5, "eval_episodes": 8},
+        {"label": "zero-shot", "condition": "zero-shot", "success_rate": base_success, "mean_return": -0.5, "eval_episodes": base_episodes},
         {"label": "forge/rules", "condition": "forge", "success_rate": forge_success, "mean_return": forge_return,
-         "eval_episodes": 8, "rule_shown_rate": 0.4, "rule_followed_rate": 0.5},
+         "eval_episodes": forge_episodes, "rule_shown_rate": 0.4, "rule_followed_rate": 0.5},
     ]
     memory = [{"kind": "rule", "content": "when down: hole, do not down"}]
     runs = [{"config": {"eval_seeds": [1, 2, 3, 4]}, "champion": {"memory": []}}, {"config": {"eval_seeds": [1, 2, 3, 4]}, "champion": {"memory": memory}}]
@@ -110,17 +110,56 @@ def _verdict_rows(forge_success: float, forge_return: float) -> tuple[list[dict]
 @pytest.mark.parametrize(
     ("success", "ret", "says", "why"),
     [
-        (0.5, 0.1, "it transferred", False),
+        (1.0, 0.9, "it transferred (one-sided Fisher exact p = 0.0035)", False),  # 8/8 vs 2/8
+        (0.5, 0.1, "success rose, but chance could give as much (one-sided Fisher exact p = 0.3", True),  # 4/8 vs 2/8
         (0.25, -0.1, "success did not improve, the return did", True),  # equal success is not a transfer
         (0.125, 0.0, "it did not beat zero-shot", True),
     ],
 )
-def test_the_verdict_calls_a_transfer_only_when_held_out_success_rose(success, ret, says, why):
+def test_the_verdict_calls_a_transfer_only_when_held_out_success_rose_beyond_chance(success, ret, says, why):
     from forge.protocols.report import verdict
 
     line = verdict(*_verdict_rows(success, ret))
-    assert f"on 4 held-out tasks (8 episodes) {says}:" in line
+    assert f"on 4 held-out tasks (8 episodes) {says}" in line
     assert ("in front of the model in 40% of decisions, followed in 50%" in line) is why
+
+
+def test_three_of_eight_against_one_of_four_is_no_transfer():
+    """The quick demo's line that claimed a transfer from 3 of 8 held-out episodes against
+    zero-shot's 1 of 4: chance deals 3 or more of the 4 successes to the 8 in 59% of deals."""
+    from forge.protocols.report import verdict
+
+    line = verdict(*_verdict_rows(0.375, -0.25, forge_episodes=8, base_success=0.25, base_episodes=4))
+    assert "transferred" not in line
+    assert "success rose, but chance could give as much (one-sided Fisher exact p = 0.59; a transfer needs p < 0.05): no transfer shown" in line
+    assert "success 3/8 (38%) vs zero-shot 1/4 (25%)" in line
+
+
+def test_a_clear_win_on_the_same_episodes_is_a_transfer():
+    from forge.protocols.report import verdict
+
+    line = verdict(*_verdict_rows(1.0, 1.0, forge_episodes=8, base_success=0.0, base_episodes=4))
+    assert "it transferred (one-sided Fisher exact p = 0.002): success 8/8 (100%) vs zero-shot 0/4 (0%)" in line
+
+
+@pytest.mark.parametrize(("k1", "n1", "k0", "n0"), [(3, 8, 1, 4), (8, 8, 0, 4), (7, 8, 1, 4), (0, 3, 2, 5), (2, 2, 2, 2), (0, 1, 0, 1)])
+def test_fisher_p_is_the_share_of_deals_that_give_the_first_arm_as_many_successes(k1, n1, k0, n0):
+    """Against brute force: every way of dealing the pooled outcomes to the two arms."""
+    from itertools import combinations
+
+    from forge.protocols.report import fisher_greater
+
+    outcomes = [1] * (k1 + k0) + [0] * (n1 + n0 - k1 - k0)
+    deals = list(combinations(range(n1 + n0), n1))
+    share = sum(1 for d in deals if sum(outcomes[i] for i in d) >= k1) / len(deals)
+    assert fisher_greater(k1, n1, k0, n0) == pytest.approx(share)
+
+
+def test_fisher_p_refuses_impossible_counts():
+    from forge.protocols.report import fisher_greater
+
+    with pytest.raises(ConfigError, match="successes must lie between 0 and their episodes"):
+        fisher_greater(5, 4, 0, 4)
 
 
 def test_a_setting_a_run_predates_counts_as_its_default():

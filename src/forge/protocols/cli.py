@@ -206,6 +206,9 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
         out.update(seconds=seconds, report=report_paths)
         click.echo(json.dumps(out, indent=2))
         return
+    verdict = json.loads(Path(report_paths["json"]).read_text(encoding="utf-8")).get("verdict") if report_paths else None
+    if verdict:  # the result's first line: what was learned, and whether it could be chance
+        click.echo(verdict)
     for summary in summaries:
         click.echo(
             f"{summary['condition']}: mean return {summary['mean_return']:.3f}, success {summary['success_rate']:.0%}, "
@@ -217,9 +220,6 @@ def evolve_command(resume_dir: Path | None, run_dir: Path | None, quick_demo: bo
         click.echo(f"{best['condition']} vs {base['condition']}: mean return {best['mean_return']:+.3f} vs {base['mean_return']:+.3f}, success {best['success_rate']:.0%} vs {base['success_rate']:.0%}")
     click.echo(f"run: {run_path} ({seconds}s)")
     if report_paths:
-        verdict = json.loads(Path(report_paths["json"]).read_text(encoding="utf-8")).get("verdict")
-        if verdict:
-            click.echo(verdict)
         click.echo(f"report: {report_paths.get('html')}")
 
 

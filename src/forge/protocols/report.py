@@ -16,6 +16,7 @@ import base64
 import html
 import io
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 
 from forge.errors import ConfigError, NotFoundError, StoreError
 
-__all__ = ["REPORT_CSS", "build_report", "figure_png", "load_run", "memory_markdown"]
+__all__ = ["ALPHA", "REPORT_CSS", "build_report", "figure_png", "fisher_greater", "load_run", "memory_markdown", "verdict"]
 
 
 def load_run(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -150,9 +151,35 @@ def differences(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+#: The one-sided p-value under which a rise in success is called a transfer.
+ALPHA = 0.05
+
+
+def fisher_greater(k1: int, n1: int, k0: int, n0: int) -> float:
+    """One-sided p-value of Fisher's exact test that ``k1`` successes of ``n1`` beat ``k0`` of
+    ``n0``: the chance, with the successes of both arms pooled and dealt at random, that the
+    first arm gets ``k1`` or more of them (3/8 vs 1/4: 0.59; 8/8 vs 0/4: 0.002)."""
+    if not (0 <= k1 <= n1 and 0 <= k0 <= n0) or n1 + n0 == 0:
+        raise ConfigError(f"successes must lie between 0 and their episodes, got {k1}/{n1} and {k0}/{n0}")
+    total, hits = n1 + n0, k1 + k0
+    ways = math.comb(total, n1)
+    return sum(math.comb(hits, x) * math.comb(total - hits, n1 - x) for x in range(k1, min(n1, hits) + 1)) / ways
+
+
+def _successes(row: Mapping[str, Any]) -> tuple[int, int]:
+    n = int(row["eval_episodes"])
+    return round(row["success_rate"] * n), n
+
+
 def verdict(rows: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]) -> str:
     """One line: what was learned, and whether it beat the baseline on the evaluation tasks
-    (held out when the runs named eval seeds no instance trained on)."""
+    (held out when the runs named eval seeds no instance trained on).
+
+    "It transferred" is said only when the rise in success could hardly be chance: one-sided
+    Fisher's exact test on the episodes' successes, p < :data:`ALPHA`. The test takes episodes
+    as independent; a population's instances replay the same held-out tasks, so it is, if
+    anything, generous, and a handful of episodes can show no transfer at all (4 zero-shot
+    episodes against 8: even 7/8 vs 1/4 gives p = 0.07)."""
     learners = [(r, run) for r, run in zip(rows, runs, strict=True) if r["condition"] != "zero-shot"]
     base = next((r for r in rows if r["condition"] == "zero-shot"), None)
     if not learners:
@@ -168,23 +195,32 @@ def verdict(rows: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]]
     learned = f"{best['label']} learned {len(rules)} rule(s)/example(s)" + (f", e.g. \"{_clip(rules[0]['content'], 90)}\"" if rules else "")
     if base is None:
         return f"{learned}; success {best['success_rate']:.0%} on {where}."
+    (k1, n1), (k0, n0) = _successes(best), _successes(base)
     gain = best["success_rate"] - base["success_rate"]
+    p = fisher_greater(k1, n1, k0, n0)
+    test = f"one-sided Fisher exact p = {p:.2g}"
     # Success is what the user asked for: a better return at equal success (fewer holes, a
-    # later fall) is said as such, not called a transfer.
-    if gain > 0:
-        outcome = "it transferred"
+    # later fall) is said as such, not called a transfer; nor is a rise chance could give.
+    transferred = gain > 0 and p < ALPHA
+    if transferred:
+        outcome = f"it transferred ({test})"
+    elif gain > 0:
+        outcome = f"success rose, but chance could give as much ({test}; a transfer needs p < {ALPHA:g}): no transfer shown"
     elif gain == 0 and best["mean_return"] > base["mean_return"]:
         outcome = "success did not improve, the return did"
     else:
         outcome = "it did not beat zero-shot"
     why = ""
-    if best.get("rule_shown_rate") is not None and gain <= 0:
+    if best.get("rule_shown_rate") is not None and not transferred:
         why = f" (a rule for the situation was in front of the model in {best['rule_shown_rate']:.0%} of decisions"
         why += f", followed in {best['rule_followed_rate']:.0%} of those)" if best.get("rule_followed_rate") is not None else ")"
     diff = differences(runs)
     caveat = f" Beware: {'; '.join(diff)}." if diff else ""
+    stopped = run.get("budget")
+    if stopped:  # a training ceiling skipped stages: say so, the figures are of a shorter run
+        caveat += f" Training stopped before stage {int(stopped['stopped_before_stage']) + 1} at its ceiling on {' and '.join(stopped['over'])}."
     return (
-        f"{learned}; on {where} {outcome}: success {best['success_rate']:.0%} vs zero-shot {base['success_rate']:.0%}, "
+        f"{learned}; on {where} {outcome}: success {k1}/{n1} ({best['success_rate']:.0%}) vs zero-shot {k0}/{n0} ({base['success_rate']:.0%}), "
         f"mean return {best['mean_return']:+.2f} vs {base['mean_return']:+.2f}{why}.{caveat}"
     )
 
