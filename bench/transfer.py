@@ -81,7 +81,7 @@ def run_cell(env: str, condition: str, representation: str, args: argparse.Names
         )
         run_dir = root / f"{env.replace(':', '_')}-{condition}-{representation}-seed{seed}"
         started = time.perf_counter()
-        final = evolve(cfg, run_dir).final
+        final = evolve(cfg, run_dir, progress=True).final  # a panel on a terminal, else lines on stderr
         ev = final["evaluation"]
         successes = round(ev["success_rate"] * ev["episodes"])
         rec = decisions(run_dir)

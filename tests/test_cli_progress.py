@@ -1,5 +1,6 @@
-"""Long CLI work shows a rich progress bar on a terminal, and nothing when output is not one:
-forge import (1,500 units ran 19.5 s silently), export, curate and seed packs."""
+"""Long CLI work shows a rich progress bar on a terminal: forge import (1,500 units ran 19.5 s
+silently), export, curate and seed packs. Off a terminal, work that lasts prints lines instead
+(tests/test_progress_lines.py) and short work prints nothing."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_import_export_curate_and_seed_show_progress_on_a_terminal_only(tmp_path
     code, shown = _on_a_terminal([*db, "curate", "--dry-run"], tmp_path)
     assert code == 0 and "curation pass" in shown, shown[-500:]
 
-    # Not a terminal: the output is the data and the report, with no progress in it.
+    # Not a terminal and short work: the output is the data and the report, with no progress in it.
     done = _plain([*db, "export", "-"], tmp_path)
     assert done.returncode == 0 and "exporting" not in done.stderr and done.stderr == ""
     assert all(json.loads(line) for line in done.stdout.splitlines())

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -349,13 +350,59 @@ class _Bar(_Quiet):
         self.task = self.progress.add_task(description, total=total)
 
 
+class _Logged(_Quiet):
+    """Progress as lines on standard error where no bar can be drawn (a log, a pipe, CI): what
+    was done, the time elapsed and left, at most one line per :data:`~forge.protocols.progress.QUIET_S`
+    seconds and none through work shorter than that. A heartbeat thread speaks for a phase that
+    counts nothing (a curation pass), so a long silent step still shows it is alive."""
+
+    def __init__(self, description: str, total: int | None, then: str | None) -> None:
+        from forge.protocols.progress import Lines
+
+        self.lines = Lines()
+        self.description, self.total, self.then, self.done = description, total, then, 0
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="forge-progress", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(1.0):
+            if self.lines.due():
+                self._line()
+
+    def _line(self, *, force: bool = False) -> None:
+        self.lines.count(self.description, self.done, self.total, force=force)
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        self._line()
+        if self.then and self.total is not None and self.done >= self.total:  # e.g. embedded everything: now writing
+            self.phase(self.then)
+            self.then = None
+
+    def phase(self, description: str, total: int | None = None) -> None:
+        self.description, self.total, self.done = description, total, 0
+        self.lines.mark()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._beat.join()
+        # work that outlasted the quiet start says that it ended, and when
+        self.lines.write(f"{self.description}: done | {self.lines.timing(0, None)}", force=True)
+
+
 @contextlib.contextmanager
 def progress(description: str, total: int | None, *, then: str | None = None) -> Iterator[_Quiet]:
-    """A rich progress bar on standard error while the work runs, only when that is a terminal
-    (logs, pipes and CI stay clean; standard output stays the data). ``total=None``: a spinner;
-    ``then``: what the spinner says once the bar is full (the write after the embedding)."""
+    """A rich progress bar on standard error while the work runs when that is a terminal, and
+    lines there otherwise (:class:`_Logged`: only for work that lasts); standard output stays
+    the data. ``total=None``: a spinner; ``then``: what the spinner says once the bar is full
+    (the write after the embedding)."""
     if not sys.stderr.isatty():
-        yield _Quiet()
+        logged = _Logged(description, total, then)
+        try:
+            yield logged
+        finally:
+            logged.close()
         return
     from rich.console import Console
     from rich.progress import (
@@ -401,7 +448,7 @@ class _Counting:
 
 def counting(mem: Any, bar: _Quiet) -> Any:
     """``mem`` with its embedder reporting to ``bar`` (nothing else about it changes)."""
-    if not isinstance(bar, _Bar):
+    if not isinstance(bar, (_Bar, _Logged)):
         return mem
     mem.embedder = _Counting(mem.embedder, bar)
     return mem

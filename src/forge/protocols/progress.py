@@ -1,19 +1,93 @@
-"""Progress of a run: a rich live panel on a terminal, a callback for programs, or nothing.
+"""Progress of a run: a rich live panel on a terminal, lines in a log, a callback for programs.
 
 The protocol reports ``(event, data)`` pairs (stage_started, attempt_done, instance_done,
 stage_done, eval_started, eval_done); a sink turns them into whatever the caller wants. The
-rich display only appears when stdout is a terminal, so logs and CI output stay clean.
+rich panel appears when stdout is a terminal; otherwise (a pipe, a file, CI) :class:`LineSink`
+writes a line on standard error per instance, stage and evaluation, with the time elapsed and
+an estimate of the time left. :class:`Lines` does the same for any counted work (an import, a
+curation pass, a team's task stream). Both stay silent through work shorter than their
+``after`` seconds, so quick commands and tests print nothing.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 from forge.protocols.config import ForgeConfig
 
-__all__ = ["CallbackSink", "NullSink", "ProgressSink", "RichSink", "make_sink"]
+__all__ = ["CallbackSink", "LineSink", "Lines", "NullSink", "ProgressSink", "RichSink", "duration", "make_sink"]
+
+#: Seconds of silence before the first progress line, and the least between two lines.
+QUIET_S = 10.0
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` for a reader: 42s, 3m05s, 1h02m."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class Lines:
+    """One line at a time on a stream, for work whose total is known (or not): what was done,
+    the time elapsed and, once something is done, the time left at the pace so far.
+
+    Nothing is written before ``after`` seconds, and then at most one line per ``every``
+    seconds unless ``force``d (a stage boundary), so a log gets a steady trickle, not a flood.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, after: float | None = None, every: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream
+        self.after = QUIET_S if after is None else after
+        self.every = QUIET_S if every is None else every
+        self.clock = clock
+        self.started = self.base = clock()
+        self.last: float | None = None
+        self._lock = threading.Lock()
+
+    def mark(self) -> None:
+        """Estimate the time left from here on (a new phase of the work, at its own pace)."""
+        self.base = self.clock()
+
+    def timing(self, done: float, total: float | None) -> str:
+        """"1m40s elapsed, about 3m20s left": elapsed since the start, the estimate at the pace
+        since :meth:`mark` (none before anything is done)."""
+        now = self.clock()
+        text = f"{duration(now - self.started)} elapsed"
+        if total is not None and done > 0:
+            text += f", about {duration((now - self.base) * max(total - done, 0) / done)} left"
+        return text
+
+    def due(self) -> bool:
+        """Whether a line written now would be shown (past the quiet start and the interval)."""
+        now = self.clock()
+        return now - self.started >= self.after and (self.last is None or now - self.last >= self.every)
+
+    def write(self, text: str, *, force: bool = False) -> bool:
+        """Write ``text`` as one line if it is time to; whether it was written."""
+        with self._lock:
+            now = self.clock()
+            if now - self.started < self.after:
+                return False
+            if not force and self.last is not None and now - self.last < self.every:
+                return False
+            stream = self.stream if self.stream is not None else sys.stderr
+            print(text, file=stream, flush=True)
+            self.last = now
+            return True
+
+    def count(self, what: str, done: int, total: int | None, *, force: bool = False) -> bool:
+        """A line for counted work: "embedding units: 640/1,500 (43%) | 12s elapsed, about 16s left"."""
+        shown = f"{done:,}/{total:,} ({done / total:.0%})" if total else f"{done:,}"
+        return self.write(f"{what}: {shown} | {self.timing(done, total)}", force=force)
 
 
 class NullSink:
@@ -102,12 +176,68 @@ class RichSink(NullSink):
             self._live.update(self._render())
 
 
+class LineSink(NullSink):
+    """A run's progress as lines on standard error, where no live panel can be drawn (a pipe,
+    a file, CI): one per instance trained in a stage, per stage, and per instance evaluated,
+    each with the time elapsed and an estimate of the time left.
+
+    The estimate counts episodes: a training stage plays up to ``attempts`` + 1 (the greedy
+    checkpoint) per active instance, the evaluation ``eval_episodes`` per instance; the time
+    per episode so far, times the episodes left. Graduation only shortens it (an upper bound).
+    """
+
+    def __init__(self, config: ForgeConfig, stream: TextIO | None = None, *, after: float | None = None,
+                 every: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.lines = Lines(stream, after=after, every=every, clock=clock)
+        self.name = f"{config.condition} on {config.env}"
+        self.per_stage = config.attempts + 1
+        self.done = 0.0
+        self.left_train = float(config.stages * config.instances * self.per_stage)
+        self.left_eval = float(config.instances * config.eval_episodes)
+        self.stage, self.finished = 0, 0
+        self.active = self.pending = config.instances
+
+    def _say(self, what: str, *, force: bool = False) -> None:
+        self.lines.write(f"[{self.name}] {what} | {self.lines.timing(self.done, self.done + self.left_train + self.left_eval)}", force=force)
+
+    def __call__(self, event: str, data: Mapping[str, Any]) -> None:
+        cfg = self.config
+        if event == "stage_started":
+            self.stage, self.finished = int(data["stage"]), 0
+            self.active = int(data["active"])
+            self.left_train = float((cfg.stages - self.stage) * self.active * self.per_stage)
+        elif event == "attempt_done":
+            self._say(f"stage {self.stage + 1}/{cfg.stages}: instance {data['instance']} attempt {int(data['attempt']) + 1} returned {data['return']:g}")
+        elif event == "instance_done":
+            self.finished += 1
+            self.done += self.per_stage
+            self.left_train = max(self.left_train - self.per_stage, 0.0)
+            self._say(f"stage {self.stage + 1}/{cfg.stages}: instance {data['instance']} done "
+                      f"({self.finished}/{self.active}), checkpoint return {data['checkpoint_return']:g}")
+        elif event == "stage_done":
+            self._say(f"stage {self.stage + 1}/{cfg.stages} done, {data.get('graduated_total', 0)} graduated", force=True)
+        elif event == "eval_started":
+            self.left_train, self.finished, self.pending = 0.0, 0, int(data["pending"])
+            self.left_eval = float(self.pending * cfg.eval_episodes)
+            self._say(f"final evaluation of {self.pending} instance(s), {cfg.eval_episodes} episodes each", force=True)
+        elif event == "eval_done":
+            self.finished += 1
+            self.done += cfg.eval_episodes
+            self.left_eval = max(self.left_eval - cfg.eval_episodes, 0.0)
+            rets = data.get("returns") or []
+            mean = sum(rets) / len(rets) if rets else 0.0
+            self._say(f"evaluated instance {data['instance']} ({self.finished}/{self.pending}), mean return {mean:+.2f}",
+                      force=self.finished == self.pending)
+
+
 def make_sink(progress: Any, config: ForgeConfig) -> NullSink:
-    """None/False: nothing; True: rich display when stdout is a terminal; a callable: called."""
+    """None/False: nothing; True: the rich panel when stdout is a terminal, else lines on
+    standard error (:class:`LineSink`); a sink or a callable: that."""
     if progress is None or progress is False:
         return NullSink()
     if progress is True:
-        return RichSink(config) if sys.stdout.isatty() else NullSink()
+        return RichSink(config) if sys.stdout.isatty() else LineSink(config)
     if isinstance(progress, NullSink):
         return progress
     if callable(progress):

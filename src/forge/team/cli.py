@@ -27,10 +27,13 @@ def _fail(exc: ForgeError) -> None:
 
 
 class _Progress:
-    """A live rich line on a terminal (task t/N, last TS/CS, AP_t, tokens); silent otherwise."""
+    """A live rich line on a terminal (task t/N, last TS/CS, AP_t, tokens); where stdout is no
+    terminal, a line on standard error per task done, with the time elapsed and left
+    (:class:`~forge.protocols.progress.Lines`: none through a run shorter than its quiet start)."""
 
     def __init__(self) -> None:
         self.live: Any = None
+        self.lines: Any = None
         self.state: dict[str, Any] = {}
 
     def __enter__(self) -> _Progress:
@@ -39,6 +42,10 @@ class _Progress:
 
             self.live = Live("starting...", refresh_per_second=4)
             self.live.__enter__()
+        else:
+            from forge.protocols.progress import Lines
+
+            self.lines = Lines()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -46,17 +53,26 @@ class _Progress:
             self.live.__exit__(None, None, None)
 
     def __call__(self, event: str, data: Mapping[str, Any]) -> None:
-        if self.live is None:
+        if self.live is None and self.lines is None:
             return
         s = self.state
         if event == "task_started":
+            if self.lines is not None and (data["task"] <= 1 or "seen" not in s):
+                self.lines.mark()  # a new stream (a sweep runs several) or a resumed one: its own pace
+                s["seen"] = 0
             s.update(task=data["task"], total=data["total"], env=data["env"], step=0)
         elif event == "step":
             s["step"] = data["step"]
         elif event == "task_done":
-            s.update(ts=data["ts"], cs=data["cs"], ap=data["ap"], tokens=s.get("tokens", 0) + data["tokens"])
+            s.update(ts=data["ts"], cs=data["cs"], ap=data["ap"], tokens=s.get("tokens", 0) + data["tokens"], seen=s.get("seen", 0) + 1)
         elif event == "consolidated":
             s["cons"] = f"consolidated after task {data['after']}: +{data['procedures']} procedures, {data['pruned']} pruned"
+        if self.lines is not None:
+            if event == "task_done":
+                task, total, seen = int(s.get("task", 0)), int(s.get("total", 0)), s["seen"]
+                self.lines.write(f"task {task}/{total} {s.get('env', '')} done: TS {s['ts']:.2f} CS {s['cs']:.2f} AP_t {s['ap']:.3f}, "
+                                 f"tokens {s['tokens']:,} | {self.lines.timing(seen, seen + max(total - task, 0))}")
+            return
         line = f"task {s.get('task', 0)}/{s.get('total', '?')} {s.get('env', '')} step {s.get('step', 0)}"
         if "ap" in s:
             line += f" | last TS {s['ts']:.2f} CS {s['cs']:.2f} | AP_t {s['ap']:.3f} | tokens {s['tokens']:,}"
