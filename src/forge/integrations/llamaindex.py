@@ -1,4 +1,4 @@
-"""FORGE memory for LlamaIndex: a retriever and a memory block, over a Memory, a Client or an AsyncClient.
+"""FORGE memory for LlamaIndex: a retriever, a memory block and an agent's learning trace, over a Memory, a Client or an AsyncClient.
 
     from llama_index.core.memory import Memory as ChatMemory
     from llama_index.core.query_engine import RetrieverQueryEngine
@@ -17,6 +17,17 @@
   memory is read, the block recalls what FORGE knows about the latest user message (every
   kind, from every door the viewer may see) into the prompt.
 
+- ``ForgeAgentTrace`` records an agent workflow's run (``FunctionAgent``, ``ReActAgent``,
+  ``AgentWorkflow``) from the events it streams: the task, the model's replies, each tool
+  call with its arguments and its output or error, the final answer.
+  ``report(memory, success=..., score=..., feedback=...)`` sends it with its outcome to
+  FORGE's learning entry (``POST /v1/learn`` over a client, as a job; :meth:`forge.Memory.learn`
+  over a memory, as ``agent``)::
+
+      rec = ForgeAgentTrace(kind="ops")
+      result = await rec.watch(agent.run(user_msg="The worker is stuck"))
+      await rec.areport(client, success=False, feedback="the restart did not help")
+
 Over a client, the key is the viewer; over a memory, ``viewer`` (default: the operator's).
 """
 
@@ -25,6 +36,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from llama_index.core.agent.workflow import AgentInput, AgentOutput, ToolCallResult
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.llms.types import ChatMessage, TextBlock
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
@@ -33,10 +45,11 @@ from llama_index.core.memory import BaseMemoryBlock
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from forge.curate.admission import Admitted
+from forge.integrations._learn import TraceRecorder, areport, report
 from forge.model import Context, Provenance, Unit, Viewer
 from forge.store import Filter
 
-__all__ = ["ForgeMemoryBlock", "ForgeRetriever"]
+__all__ = ["ForgeAgentTrace", "ForgeMemoryBlock", "ForgeRetriever"]
 
 MARK = "llamaindex"  # tag on every unit this door writes
 _HIDDEN = ["id", "scope", "owner", "score", "reasons", "source"]  # metadata the LLM and embedders do not read
@@ -178,3 +191,64 @@ class ForgeMemoryBlock(BaseMemoryBlock[str]):
             got = await asyncio.to_thread(self.memory.add_messages, turns, actor=self.actor, scope=self.scope, owner=self.owner,
                                           admit=self.admit)
         return [x.decision for x in got.kept]
+
+
+# -- learning -------------------------------------------------------------------------------
+
+
+class ForgeAgentTrace:
+    """A LlamaIndex agent's run as a learning trace, from its workflow events (see the module
+    docstring); one recorder is one run: ``reset()`` it, or make a new one, for the next."""
+
+    def __init__(self, *, task: str = "", kind: str = "") -> None:
+        self.recorder = TraceRecorder(task=task, kind=kind)
+        self._seen_input = False
+
+    def recalled(self, recall_id: str) -> None:
+        """A recall that fed this run (``Client.context(...).recall_id``): the outcome credits what it showed."""
+        self.recorder.recalled(recall_id)
+
+    def reset(self, task: str = "") -> None:
+        self.recorder.reset(task)
+        self._seen_input = False
+
+    def trace(self) -> dict[str, Any]:
+        return self.recorder.trace()
+
+    def record(self, event: Any) -> None:
+        """One event of the run (others than these are not the trace's: streamed deltas, setup)."""
+        if isinstance(event, AgentInput) and not self._seen_input:
+            self._seen_input = True  # the first input ends with this run's task (chat history before it)
+            asked = [_text(m) for m in event.input if m.role.value == "user" and _text(m)]
+            if asked:
+                self.recorder.message("user", asked[-1])
+        elif isinstance(event, AgentOutput):
+            said = _text(event.response)
+            self.recorder.message("assistant", said)
+            if not event.tool_calls and said:
+                self.recorder.finish(said)
+        elif isinstance(event, ToolCallResult):
+            out = event.tool_output
+            error = (f"{type(out.exception).__name__}: {out.exception}" if out.exception is not None else out.content) if out.is_error else ""
+            self.recorder.tool(event.tool_name, event.tool_kwargs)
+            self.recorder.observation(out.content, tool=event.tool_name, error=error)
+
+    async def watch(self, handler: Any) -> Any:
+        """Record every event a running workflow streams (``agent.run(...)``'s handler), and
+        return its result."""
+        async for event in handler.stream_events():
+            self.record(event)
+        result = await handler
+        if isinstance(result, AgentOutput) and _text(result.response):
+            self.recorder.finish(_text(result.response))
+        return result
+
+    def report(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
+               wait: bool = False) -> dict[str, Any]:
+        """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
+        or what a Memory learned, as ``agent``)."""
+        return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
+
+    async def areport(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "",
+                      agent: str = "", wait: bool = False) -> dict[str, Any]:
+        return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
