@@ -578,6 +578,21 @@ def render(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_markdown(summary: Mapping[str, Any]) -> str:
+    """The same table as Markdown, for docs/figures/learning.md."""
+    lines = ["| env | arm | run seeds | held-out games | success (95% CI) | FORGE minus arm, paired (95% CI) | tokens per success | training episodes / budget | distinct memories / instances | prompt tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    paired = {(p["env"], p["versus"]): p for p in summary["paired"]}
+    for r in summary["rows"]:
+        p = paired.get((r["env"], r["arm"]))
+        diff = f"{p['difference']:+.0%} [{p['low']:+.0%}, {p['high']:+.0%}]" if p else "–"
+        tps = f"{r['tokens_per_success']:,.0f}" if r["tokens_per_success"] is not None else "– (no success)"
+        lines.append(f"| {r['env']} | {r['arm']} | {', '.join(map(str, r['run_seeds']))} | {r['games']} | "
+                     f"{r['success']:.0%} [{r['low']:.0%}, {r['high']:.0%}] | {diff} | {tps} | {r['train_episodes']:.1f} / {r['budget']} | "
+                     f"{r['distinct_memories']} / {r['instances']} | {r['prompt_tokens_per_s'] or '–'} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llm", default="local", help="local (embedded 1.5B), openai:MODEL or test")
@@ -597,13 +612,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--runs", type=Path, default=None, help="keep the protocol's run directories here")
     ap.add_argument("--report", type=Path, nargs="+", default=None, metavar="JSONL", help="summarise these cells; runs nothing")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="with --report: the table as Markdown")
     args = ap.parse_args(argv)
     if args.report:
         try:
             summary = summarise(read_cells(args.report))
         except ValueError as exc:
             raise SystemExit(f"error: --report: {exc}") from None
-        print(json.dumps(summary, indent=2) if args.json else render(summary))
+        print(json.dumps(summary, indent=2) if args.json else render_markdown(summary) if args.markdown else render(summary))
         return
     if args.quick:
         args.instances, args.stages, args.attempts = 2, 2, 1

@@ -62,6 +62,8 @@ def test_summary_pairs_forge_with_each_arm_per_game_and_reuses_the_one_greedy_ze
     assert paired["zero-shot"]["difference"] == pytest.approx((1 + 0 + 1 - 0.5) / 4)
     assert paired["gepa"]["difference"] == pytest.approx((1 + 0 + 1 + 0.5) / 4)
     assert s["targets"][0]["best_peer"] == "gepa" and s["targets"][0]["at_least_each_peer"] is True
+    table = peers.render_markdown(s)
+    assert "| e | forge | 0, 1 | 2 | 88%" in table and "| e | gepa | 0, 1 | 2 | 25%" in table
     with pytest.raises(ValueError, match="different settings"):
         peers.summarise([*cells, {**_cell("ace", 0, {"1": 0.0, "2": 0.0}), "settings": {"llm": "local"}}])
 
