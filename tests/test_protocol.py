@@ -482,7 +482,7 @@ def test_rich_progress_display_renders(tmp_path):
     evolve(cfg, tmp_path / "run", llm_factory=toy_factory, progress=sink)
     out = sink.console.file.getvalue()
     assert "checkpoint returns" in out and "tokens" in out
-    assert type(make_sink(True, cfg)).__name__ == "NullSink"  # pytest's stdout is not a terminal
+    assert type(make_sink(True, cfg)).__name__ == "LineSink"  # pytest's stdout is not a terminal: lines on stderr
     assert type(make_sink(None, cfg)).__name__ == "NullSink"
 
 

@@ -31,6 +31,12 @@ QUICK_DEMO: dict[str, Any] = {
     "attempts": 2,
     "max_steps": 10,
     "representation": "rules",
+    # A ceiling on training's work, whatever greedy trajectories do (a run that keeps losing
+    # reflects after every attempt): FORGE's 2 instances x 3 stages x (2 attempts + a
+    # checkpoint) could cost 180 decisions and 18 reflections; the ceilings keep two stages
+    # always and a third only where the first two left room for its worst case.
+    "train_decisions": 120,
+    "train_reflections": 12,
 }
 QUICK_DEMO_HELD_OUT = 4  # held-out maps each instance is evaluated on
 QUICK_DEMO_CONDITIONS = ("zero-shot", "forge")
@@ -125,6 +131,8 @@ def _fail(exc: ForgeError) -> None:
 @click.option("--seed-pack", default=None, help="Cold start: copy this JSONL seed pack into every instance's memory first (source seed, validation 0.3).")
 @click.option("--train-seeds", default=None, help="Seeds training episodes are drawn from, e.g. 0-99 (maps or games; default: derived from --seed).")
 @click.option("--eval-seeds", default=None, help="Held-out seeds the final evaluation plays, e.g. 10000-10009; must not overlap --train-seeds.")
+@click.option("--train-decisions", type=int, default=None, help="Ceiling on training's decisions (env steps); a stage starts only if its worst case fits (default 0: none; the quick demo 120).")
+@click.option("--train-reflections", type=int, default=None, help="Ceiling on training's reflections, kept the same way (default 0: none; the quick demo 12).")
 @click.option("--isolate", "isolated", default=None, help="Instances cut off from all but their own memory, e.g. 0,2 or all (an ablation; default none).")
 @click.option("--run-dir", type=click.Path(path_type=Path), default=None, help="Where the run is written (default runs/<condition>-<time>).")
 @click.option("--resume", "resume_dir", type=click.Path(path_type=Path), default=None, help="Continue the interrupted run in this directory.")

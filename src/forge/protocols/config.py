@@ -99,6 +99,13 @@ class ForgeConfig:
     ``seed_pack`` (a JSONL path, :mod:`forge.curate.seeds`) is copied into every instance's
     memory when the run starts (source ``seed``, validation 0.3): the cold-start condition.
 
+    Ceilings on training's work (0: none, the paper's run): ``train_decisions`` (actions
+    chosen, one per env step, attempts and checkpoints together) and ``train_reflections``.
+    A stage starts only if its worst case (every active instance playing every attempt and
+    its checkpoint to the step limit, reflecting after each) fits in what the stages before it
+    left, so training never passes either ceiling whatever the trajectories do; the stages it
+    skips are said in the run's ``budget`` record. The final evaluation is never cut.
+
     Held-out evaluation: with ``train_seeds``, every stage's episode seed is drawn from them;
     with ``eval_seeds``, the final evaluation plays exactly those (``eval_episodes`` is then
     their count). The two must not overlap, so a figure measured on ``eval_seeds`` is on
@@ -140,6 +147,8 @@ class ForgeConfig:
     seed_pack: str = ""
     train_seeds: tuple[int, ...] = ()
     eval_seeds: tuple[int, ...] = ()
+    train_decisions: int = 0
+    train_reflections: int = 0
 
     def __post_init__(self) -> None:
         if self.condition not in CONDITIONS:
@@ -158,7 +167,7 @@ class ForgeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("attempts", "rule_cap", "example_cap"):
+        for name in ("attempts", "rule_cap", "example_cap", "train_decisions", "train_reflections"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be zero or a positive integer, got {value!r}")

@@ -451,6 +451,7 @@ class _Protocol:
         self.spec = env.spec
         env.close()
         self.stage_summaries: list[dict[str, Any]] = []
+        self.budget: dict[str, Any] | None = None  # set when a training ceiling stopped the stages
 
     def _emit(self, event: str, **data: Any) -> None:
         self.sink(event, data)
@@ -484,8 +485,30 @@ class _Protocol:
     def execute(self) -> dict[str, Any]:
         first = self._restore()
         for stage in range(first, self.config.stages):
+            if not self._affordable(stage):
+                break
             self._stage(stage)
         return self._evaluate()
+
+    def _affordable(self, stage: int) -> bool:
+        """Whether ``stage``'s worst case fits in the training ceilings still unspent
+        (``train_decisions``, ``train_reflections``); if not, the run's ``budget`` says so."""
+        cfg = self.config
+        if not (cfg.train_decisions or cfg.train_reflections):
+            return True
+        active = sum(1 for i in self.instances if not i.graduated)
+        attempts = cfg.attempts if cfg.flags.learning else 0
+        worst = {
+            "decisions": active * (attempts + 1) * (cfg.max_steps or self.spec.max_steps),
+            "reflections": active * (attempts + int(cfg.flags.learning and cfg.reflect_on_checkpoint)),
+        }
+        spent = {k: sum(int(s.get(k, 0)) for s in self.stage_summaries) for k in worst}
+        caps = {"decisions": cfg.train_decisions, "reflections": cfg.train_reflections}
+        over = [k for k in worst if caps[k] and spent[k] + worst[k] > caps[k]]
+        if over:
+            self.budget = {"stopped_before_stage": stage, "spent": spent, "worst_next_stage": worst, "ceilings": caps, "over": over}
+            self.run.event("budget_spent", **self.budget)
+        return not over
 
     def _stage(self, stage: int) -> None:
         cfg = self.config
@@ -598,6 +621,9 @@ class _Protocol:
             else None,
             "graduated_now": graduated_now,
             "graduated_total": sum(1 for i in self.instances if i.graduated),
+            # the work the training ceilings count (decisions: one per env step)
+            "decisions": sum(sum(int(a.get("steps", 0)) for a in r["attempts"]) + int(r["checkpoint"].get("steps", 0)) for r in results.values()),
+            "reflections": sum(sum(1 for a in r["attempts"] if "reflection" in a) + ("reflection" in r["checkpoint"]) for r in results.values()),
             "champion": champion,
             "receivers": sorted(broadcast_ops),
             "broadcast_skipped": skipped,
@@ -699,6 +725,7 @@ class _Protocol:
                 "rules": {k: sum(int((r.get("rules") or {}).get(k, 0)) for r in flat) for k in ("decisions", "rule_shown", "rule_followed")},
             },
             "graduated": sum(1 for i in self.instances if i.graduated),
+            "budget": self.budget,
             "reflections": reflections,
             "fallback_rate": (sum(i.fallbacks for i in self.instances) / reflections) if reflections else 0.0,
             "champion": {"instance": best, "memory": self.store.units(best)},

@@ -126,7 +126,7 @@ def decisions(run: Mapping[str, Any], *, limit: int = 40) -> list[dict[str, Any]
 
 
 #: Settings that change what a run measures: runs compared side by side should share them.
-_COMPARED = ("env", "llm", "instances", "stages", "attempts", "eval_episodes", "max_steps", "rule_guard", "graduate_after", "graduate_first_try", "memory_tokens", "policy", "eval_seeds", "train_seeds")
+_COMPARED = ("env", "llm", "instances", "stages", "attempts", "eval_episodes", "max_steps", "rule_guard", "graduate_after", "graduate_first_try", "memory_tokens", "policy", "eval_seeds", "train_seeds", "train_decisions", "train_reflections")
 
 
 def differences(runs: Sequence[Mapping[str, Any]]) -> list[str]:
