@@ -443,3 +443,44 @@ def test_transfer_merges_cells_run_apart_into_one_table_with_ratios(tmp_path: Pa
     rates = [r["success_rate"] for r in cell["runs"]]
     assert cell["run_seeds"] == [0, 1] and cell["success"] == pytest.approx(sum(rates) / 2)
     assert cell["episodes"] == sum(r["episodes"] for r in cell["runs"])
+
+def test_online_stream_is_distinct_unseen_tasks_split_between_three_agents() -> None:
+    """bench/online.py: at least 40 distinct tasks, none on a seed any run trains or is judged
+    on, the envs in equal shares, each task played by one of three agents, in an order the
+    run seed draws; its agent loop imports nothing of FORGE's but the client, the task world
+    and the public types and errors the client speaks."""
+    import ast
+
+    import online
+    import online_agent
+
+    from forge.envs.textworld import held_out_seeds, train_seeds
+
+    tasks = online.stream(online.ENVS, 42, 0)
+    assert len({(t["env"], t["seed"]) for t in tasks}) == 42 and [t["index"] for t in tasks] == list(range(42))
+    assert {t["env"] for t in tasks} == set(online.ENVS) and all(sum(t["env"] == e for t in tasks) == 14 for e in online.ENVS)
+    for family in ("coin", "treasure"):
+        seen = set(train_seeds(family)) | set(held_out_seeds(family))
+        assert not seen & {t["seed"] for t in tasks if t["env"].startswith(f"textworld:{family}")}
+    assert all(t["seed"] >= online.FIRST_SEED for t in tasks)
+    assert [sum(t["agent"] == a for t in tasks) for a in online.AGENTS] == [14, 14, 14]
+    assert tasks != online.stream(online.ENVS, 42, 1) and tasks == online.stream(online.ENVS, 42, 0)
+
+    lo, hi = online.wilson(10, 20)
+    assert lo < 0.5 < hi and online.wilson(0, 0) == (0.0, 0.0) and online.wilson(20, 20)[1] == 1.0
+    verdict = online.targets({"none": {"last_half_success": 0.2, "tokens_per_task": 100.0},
+                              "shared": {"last_half_success": 0.3, "tokens_per_task": 95.0, "failing_retired": 0.5}})
+    assert verdict["met"]["shared_vs_none"] is True and verdict["met"]["tokens_vs_none"] is False
+    assert "failing_retired" in verdict["missed"] and "poisoned_vs_clean" in verdict["not_measured"]
+
+    rules = [{"when": "tool check_locks returned waiting sessions", "avoid": ["answer:VACUUM"], "prefer": ["answer:LOCK_CONTENTION"]}]
+    acts = ["check_locks", "answer:VACUUM", "answer:LOCK_CONTENTION"]
+    assert online_agent.guarded(acts, rules, "Last result: tool check_locks returned 3 waiting sessions") == (
+        ["check_locks", "answer:LOCK_CONTENTION"], ["answer:vacuum"])
+    assert online_agent.guarded(acts, rules, "Last result: nothing yet")[1] == []
+    assert online_agent.guarded(["answer:VACUUM"], rules, "check_locks returned waiting sessions") == (["answer:VACUUM"], [])
+
+    tree = ast.parse((BENCH / "online_agent.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert {m for m in imported if m and m.split(".")[0] == "forge"} <= {"forge", "forge.client", "forge.envs", "forge.errors"}
+
