@@ -172,7 +172,7 @@ def test_learning_with_a_model_adds_and_archives_rules(population, env):
     assert new.confidence == 0.7 and "fallback" not in new.meta
     # the model's slots, written for the failing situation: the hole below, and no coordinate
     assert new.content.startswith("when ") and "down: hole" in new.content and ", do not down" in new.content
-    assert new.meta["situation"] in AT_0_1 and "row" not in new.content
+    assert new.rule.when in AT_0_1 and "row" not in new.content
     assert a1.memory.get(old.id, viewer=Viewer.admin()).status is Status.ARCHIVED
     assert [u.content for u in known(a1)] == [new.content]
 

@@ -256,7 +256,7 @@ def test_reputation_is_a_beta_estimate_and_persists(tmp_path: Path) -> None:
         rep.record("x", success=True, weight=-1)
 
 
-def test_record_outcome_moves_reputation_and_validation(memory: Memory, cons: Consensus) -> None:
+def test_record_outcome_moves_reputation_and_leaves_validation_to_the_one_credit_model(memory: Memory, cons: Consensus) -> None:
     u1 = put(memory, "When the door is locked, look for a key first.", meta={"origin": "alice", "corroboration": {"origins": ["bob"]}})
     u2 = put(memory, "When the river floods, use the bridge.", meta={"origin": "alice"})
     mine = put(memory, "When hungry, eat.")
@@ -265,11 +265,12 @@ def test_record_outcome_moves_reputation_and_validation(memory: Memory, cons: Co
     assert cons.reputation.counts("alice") == (1.0, 0.0)
     assert cons.reputation.counts("bob") == (0.5, 0.0)
     assert set(reps) == {"alice", "bob"} and "me" not in cons.reputation.all()
-    assert memory.get(u1.id, viewer=ADMIN).validation > u1.validation
+    # validation is written by one formula (Memory.record_use), not by consensus in turn
+    assert memory.get(u1.id, viewer=ADMIN).validation == u1.validation
     cons.record_outcome([u2.id], success=False)
     cons.record_outcome([u2.id], success=False)
     assert cons.reputation.get("alice") < 0.5
-    assert memory.get(u2.id, viewer=ADMIN).validation < u2.validation
+    assert memory.get(u2.id, viewer=ADMIN).validation == u2.validation
     (last,) = cons.decisions(outcome="outcome", limit=1)
     assert last.reason == "failure" and last.related == (u2.id,)
 
@@ -343,3 +344,18 @@ def test_two_prohibitions_never_contradict():
     f = Unit("When the disk is full: delete old logs", kind="rule")  # a rule with a colon only
     g = Unit("When the disk is full: keep old logs", kind="rule")
     assert det.detect(f, g, similarity=0.9) is not None
+
+
+def test_outcomes_and_corroboration_move_validation_by_one_model(memory: Memory, cons: Consensus) -> None:
+    """A received rule's validation used to be written by two formulas in turn
+    (0.5 -> 0.667 -> 0.7 -> 0.5 -> 0.4 -> 0.32): every step now reads the same counts."""
+    u = put(memory, "When the disk is full, rotate the logs first.", meta={"origin": "alice"})
+    seen = [u.validation]
+    for success in (True, True, False, False, False):
+        memory.record_use([u.id], success=success)
+        cons.record_outcome([u.id], success=success)
+        seen.append(memory.get(u.id, viewer=ADMIN).validation)
+    counts = memory.get(u.id, viewer=ADMIN).counts
+    assert (counts.uses, counts.successes, counts.failures) == (5, 2, 3)
+    assert seen[-1] == counts.rate == (1 + 2) / (2 + 5)
+    assert seen[1] < seen[2] and seen[2] > seen[3] > seen[4] > seen[5]

@@ -109,7 +109,7 @@ def test_valid_reflection_is_used_and_invented_names_dropped(tmp_path):
     assert refl["fallback"] is False
     # the model named the whole failing situation (row 2, col 0, above the hole); the check
     # narrowed its "when" to the clause of the action it names, which recurs on other maps
-    assert refl["edits"][0]["add"] == ["when down: hole, then do not down"]
+    assert refl["edits"][0]["add"] == ["when down: hole, do not down"]  # rendered from its typed record
     assert any("narrowed" in r for r in refl["repaired"])
     assert any("teleport_home" in d for d in refl["dropped"])
 

@@ -22,7 +22,7 @@ from forge.learn.reflect import (
     validate_rule,
 )
 from forge.llm.testing import ScriptedLLM
-from forge.model import Kind, Step, Unit
+from forge.model import Kind, Rule, Step, Unit
 
 ACTIONS = ("left", "down", "right", "up")
 OBS = "Step 2 of 20.\nYou are at row 2, col 0 (rows 0-3), on a frozen (safe) tile. The goal is at row 3, col 3."
@@ -66,12 +66,12 @@ def test_delete_indices_then_add():
     mem = rules("when a, then left", "when b, then down", "when c, then up")
     edit = RuleEdit("actor", delete=(0, 2), add=("when d, then right",))
     applied = apply_reflection(mem, Reflection(edits=(edit,)), owner="a", shown={"actor": mem})
-    assert texts(applied.units) == ["when b, then down", "when d, then right"]
+    assert texts(applied.units) == ["when b, then down", "when d, right"]  # rendered from its typed record
     assert [u.content for u, _ in applied.removed] == ["when a, then left", "when c, then up"]
     assert all("deleted" in why for _, why in applied.removed)
     new = applied.added[0]
     assert new.owner == "a" and str(new.scope) == "private" and new.context.role == "actor"
-    assert new.provenance.source == "reflection" and new.meta["situation"] == "d"
+    assert new.provenance.source == "reflection" and new.rule.when == "d"
 
 
 def test_caps_keep_newest_and_report_evicted_in_order():
@@ -82,7 +82,7 @@ def test_caps_keep_newest_and_report_evicted_in_order():
     assert [i.content for i in kept] == ["r2 left", "e0", "r3 left"]
     assert [i.content for i in evicted] == ["r0 left", "r1 left"]
     applied = apply_reflection(items, Reflection(edits=(RuleEdit("actor", add=("when x, then up",)),)), owner="a", rule_cap=2, now=2000.0)
-    assert texts(applied.units) == ["r3 left", "when x, then up"]
+    assert texts(applied.units) == ["r3 left", "when x, up"]
     assert [why for _, why in applied.removed] == ["evicted by the memory cap (newest kept)"] * 3
 
 
@@ -105,7 +105,8 @@ def test_reflect_valid_rules_keeps_good_drops_bad():
     llm = ScriptedLLM([reply])
     out = reflect(llm, snapshot(), representation="rules", style="free")
     assert not out.fallback
-    assert out.edits == (RuleEdit("actor", (), ("when you are at row 2, col 0, on a frozen tile, do not down; go right",)),)
+    # the model's words become a typed rule, read against the actions valid there
+    assert out.edits == (RuleEdit("actor", (), (Rule("you are at row 2, col 0, on a frozen tile", avoid=("down",), prefer=("right",)),)),)
     assert any("index 7" in d for d in out.dropped) and any("jump_now" in d for d in out.dropped)
     assert any("no situation the agent met" in d for d in out.dropped)  # "when x" names nothing it saw
 
@@ -115,7 +116,7 @@ def test_rule_recommending_the_failed_action_is_repaired_and_recorded():
     reply = json.dumps({"edits": [{"role": "actor", "add": ["when You are at row 2, col 0, on a frozen tile, then down (reward -1)"]}]})
     out = reflect(ScriptedLLM([reply]), snapshot(), representation="rules", style="free")
     assert not out.fallback
-    assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
+    assert tuple(out.edits[0].texts) == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
     assert out.repaired and "recommends the action that failed" in out.repaired[0]
 
 
@@ -146,14 +147,14 @@ def test_slot_reflection_repairs_a_lesson_that_avoids_the_wrong_action():
     # the model blames "left" (safe) and recommends "down" (the move that fell in): repaired
     out = reflect(ScriptedLLM([json.dumps({"avoid": "left", "instead": "down"})]), snapshot(), representation="rules")
     assert not out.fallback
-    assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
+    assert tuple(out.edits[0].texts) == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
     assert out.repaired and "recommends the action that failed" in out.repaired[0]
 
 
 def test_slot_reflection_that_avoids_and_recommends_one_action_falls_back():
     out = reflect(ScriptedLLM([json.dumps({"avoid": "up", "instead": "up"})]), snapshot(), representation="rules")
     assert out.fallback and "same action" in out.dropped[0]
-    assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
+    assert tuple(out.edits[0].texts) == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
 
 
 def test_unknown_reflection_style():
@@ -165,7 +166,7 @@ def test_malformed_reflection_falls_back_to_trajectory_rule():
     llm = ScriptedLLM(["no json here", "still none", "nope"], repeat_last=True)
     out = reflect(llm, snapshot(), representation="rules", retries=1)
     assert out.fallback
-    assert out.edits[0].add == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
+    assert tuple(out.edits[0].texts) == ("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there",)
     assert "no valid JSON" in out.error
     applied = apply_reflection([], out, owner="a")
     assert applied.added[0].meta["fallback"] is True and applied.added[0].confidence < 0.5

@@ -14,7 +14,7 @@ import pytest
 from forge.engine.embed import HashingEmbedder
 from forge.engine.memory import Memory
 from forge.envs import make_env
-from forge.learn.loop import remember_reflection
+from forge.learn.loop import Caps, learn_from
 from forge.learn.policy import FlatPolicy
 from forge.learn.reflect import Reflection, RuleEdit
 from forge.llm.testing import ScriptedLLM
@@ -50,7 +50,7 @@ def status(memory: Memory, unit: Unit) -> Status:
 def test_deleting_rule_zero_archives_the_rule_among_mixed_kinds(memory):
     lesson, example, rule = mixed(memory)
     reflection = Reflection(edits=(RuleEdit("actor", delete=(0,), add=("when a hole lies right, do not right",)),))
-    applied = remember_reflection(memory, reflection, owner="a1", actor="a1", shown={"actor": [lesson, example, rule]})
+    applied = learn_from(memory, reflection, owner="a1", actor="a1", shown={"actor": [lesson, example, rule]})
     assert status(memory, rule) is Status.ARCHIVED
     assert status(memory, lesson) is Status.ACTIVE and status(memory, example) is Status.ACTIVE
     assert [u.id for u, _ in applied.removed] == [rule.id]
@@ -61,7 +61,7 @@ def test_deleting_rule_zero_archives_the_rule_among_mixed_kinds(memory):
 def test_an_index_past_the_shown_rules_deletes_nothing(memory):
     lesson, example, rule = mixed(memory)
     reflection = Reflection(edits=(RuleEdit("actor", delete=(1, 2)),))
-    applied = remember_reflection(memory, reflection, owner="a1", actor="a1", shown={"actor": [lesson, example, rule]})
+    applied = learn_from(memory, reflection, owner="a1", actor="a1", shown={"actor": [lesson, example, rule]})
     assert applied.removed == () and all(status(memory, u) is Status.ACTIVE for u in (lesson, example, rule))
 
 
@@ -69,7 +69,7 @@ def test_caps_evict_the_oldest_rules_among_the_active_ones(memory):
     old = [Unit(f"when rule {i} holds, do not up", kind=Kind.RULE, owner="a1", created_at=float(i + 1)) for i in range(3)]
     memory.add(old)
     reflection = Reflection(edits=(RuleEdit("", add=("when the newest holds, do not left",)),))
-    applied = remember_reflection(memory, reflection, owner="a1", actor="a1", shown={}, active=old, rule_cap=2)
+    applied = learn_from(memory, reflection, owner="a1", actor="a1", shown={}, caps=Caps(rules=2))
     assert {u.id for u, _ in applied.removed} == {old[0].id, old[1].id}
     assert status(memory, old[0]) is Status.ARCHIVED and status(memory, old[2]) is Status.ACTIVE
 

@@ -10,7 +10,7 @@ HERE = "You are at row 2, col 0, on a frozen tile"
 
 def test_parse_finds_situation_forbidden_and_advised_actions():
     p = rules.parse("when you are at row 2, col 0, on a frozen tile, do not down; right was safe there", ACTIONS)
-    assert p == rules.ParsedRule(when="you are at row 2, col 0, on a frozen tile", avoid=("down",), do=("right",))
+    assert p == rules.ParsedRule(when="you are at row 2, col 0, on a frozen tile", avoid=("down",), prefer=("right",))
     assert rules.parse("If lost, never go left, move up", ACTIONS) == rules.ParsedRule("lost", ("left",), ("up",))
     assert rules.parse("always go right", ACTIONS) is None
 
@@ -58,7 +58,7 @@ def test_multi_word_actions_are_read_whole() -> None:
     acts = ["A to B", "A to C", "B to A", "B to C", "C to A", "C to B"]
     rule = "when towers A: 3, B: 1, C: 2, do not A to B; B to A, B to C, C to A were safe there"
     parsed = rules.parse(rule, acts)
-    assert parsed == rules.ParsedRule(when="towers A: 3, B: 1, C: 2", avoid=("A to B",), do=("B to A", "B to C", "C to A"))
+    assert parsed == rules.ParsedRule(when="towers A: 3, B: 1, C: 2", avoid=("A to B",), prefer=("B to A", "B to C", "C to A"))
     assert rules.forbidden_in([rule], "towers A: 3, B: 1, C: 2", acts) == {"A to B"}
     assert rules.forbidden_in([rule], "towers A: 3 2, B: 1, C: empty", acts) == set()
     longer = rules.parse("when hosts are hot, never Restore User1; Analyse User1 was safe there",
@@ -73,7 +73,7 @@ def test_an_action_that_starts_with_a_verb_is_forbidden_not_advised() -> None:
     rule guard and the followed count."""
     acts = ["go north", "go south", "go east", "take coin", "look"]
     rule = "when go north: the way back, do not go north; go south, go east were safe there"
-    assert rules.parse(rule, acts) == rules.ParsedRule(when="go north: the way back", avoid=("go north",), do=("go south", "go east"))
+    assert rules.parse(rule, acts) == rules.ParsedRule(when="go north: the way back", avoid=("go north",), prefer=("go south", "go east"))
     assert rules.parse("when in a room with a coin, never take coin", acts).avoid == ("take coin",)
     # the negation's own verb is still read past when the action is the word after it
     assert rules.parse("when lost, do not move left; up was safe there", ACTIONS) == rules.ParsedRule("lost", ("left",), ("up",))

@@ -147,7 +147,7 @@ def test_reflected_rules_become_units_that_name_their_situation(memory: Memory) 
     assert len(first.rule_units) == 2  # one per local pool, like the episode
     rule = memory.store.get(first.rule_units[0], viewer=Viewer.admin())
     assert rule.kind is Kind.RULE and rule.owner == "dba" and rule.context.role == "actor"
-    assert rule.meta["situation"] == parse_rule(HOLE).when  # as forge.learn.reflect stores rules
+    assert rule.rule.when == parse_rule(HOLE).when  # as forge.learn.reflect stores rules
     again = record(tm, "cross the lake again", HOLE, ok=False, members=["dba"], rules=[HOLE])
     assert again.rule_units == ()  # a pool never holds the same rule twice
     got = tm.recollect("dba", "cross the lake", valid_actions=MOVES)

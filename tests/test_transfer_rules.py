@@ -12,7 +12,7 @@ from forge.engine.embed import HashingEmbedder
 from forge.engine.memory import Memory
 from forge.envs.base import EnvSpec, StepResult, check_action
 from forge.learn import rules
-from forge.learn.loop import RETIRE_AFTER, Trajectory, remember_reflection, retire_failing
+from forge.learn.loop import RETIRE_AFTER, Trajectory, learn_from, retire_failing
 from forge.learn.reflect import (
     Reflection,
     RuleEdit,
@@ -157,12 +157,12 @@ def test_the_goals_way_is_named_safe_first_even_where_it_reads_like_a_room_seen(
     assert got == ("go west", "go south")
 
 
-def test_remember_reflection_retires_a_contradicted_rule_in_memory():
+def test_learn_from_retires_a_contradicted_rule_in_memory():
     with Memory.open(":memory:", embedder=HashingEmbedder(dim=32)) as mem:
         old = Unit("when activity: none, do not monitor; sleep was safe there", kind=Kind.RULE, owner="a")
         mem.add([old])
         reflection = Reflection(edits=(RuleEdit("", add=("when activity: none, do not sleep; monitor was safe there",)),))
-        remember_reflection(mem, reflection, owner="a", actor="a", shown={}, active=[old], valid_actions=["sleep", "monitor"])
+        learn_from(mem, reflection, owner="a", actor="a", shown={}, valid_actions=["sleep", "monitor"])
         assert mem.get(old.id, viewer=ADMIN).status is Status.ARCHIVED
 
 
@@ -214,7 +214,7 @@ def test_a_kind_that_stands_for_both_the_failed_and_the_safe_action_stays_forbid
     )
     assert kept is not None and "do not restore a User host; monitor was safe there" in kept, why
     parsed = rules.parse(kept, list(dict.fromkeys([*actions, *(cage2_abstract(a) for a in actions)])))
-    assert parsed.avoid == ("restore a User host",) and parsed.do == ("monitor",)
+    assert parsed.avoid == ("restore a User host",) and parsed.prefer == ("monitor",)
 
 
 def test_a_rule_that_copies_the_whole_situation_is_narrowed_to_its_actions_clauses():
@@ -291,7 +291,7 @@ def test_an_alternative_that_won_is_what_the_rule_says_to_do_instead():
     # the 1.5B's answer in a coin room of the TextWorld stream: move on, where taking the coin won
     llm = ScriptedLLM([json.dumps({"avoid": "look", "instead": "go south"})])
     out = reflect_on(traj, env=env, roles=("actor",), acting_roles=("actor",), llm=llm, seed=0, tau=-1.0, at=1, stalled=True)
-    (rule,) = out.edits[0].add
+    (rule,) = out.edits[0].texts
     assert rule.endswith("do not look; take coin was safe there"), rule
     # the model's "go south" was repaired (here already as not safe; rules.check's win repair is
     # tested on its own below), and the repair is recorded
@@ -408,7 +408,7 @@ def test_a_rule_against_an_unkeyed_action_keeps_the_goals_clause_that_made_the_a
     # and it binds in another game's room whose goal's way is east
     there = "in a room; exits east, north, west; go east: the goal's way; go west: the way back; goal: take a coin"
     bound = rules.bind(rules.parse(kept, acts + ["go east"]), there)
-    assert bound is not None and bound.avoid == ("go west",) and bound.do == ("go east",)
+    assert bound is not None and bound.avoid == ("go west",) and bound.prefer == ("go east",)
 
 
 def test_a_rule_repaired_to_recommend_the_win_narrows_to_the_goals_object():
@@ -429,4 +429,4 @@ def test_a_rule_repaired_to_recommend_the_win_narrows_to_the_goals_object():
     other = "in a room with a key, a box; take a key from a box: the goal's object; go east: the way back; carrying nothing"
     parsed = rules.parse(kept, valid)
     bound = rules.bind(parsed, other)
-    assert bound is not None and bound.do == ("take a key from a box",) and rules.applies(bound, other)
+    assert bound is not None and bound.prefer == ("take a key from a box",) and rules.applies(bound, other)

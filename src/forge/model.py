@@ -35,7 +35,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from forge.errors import ValidationError
 
@@ -53,7 +53,9 @@ __all__ = [
     "Context",
     "Episode",
     "Kind",
+    "Counts",
     "Provenance",
+    "Rule",
     "Relation",
     "RelationType",
     "Scope",
@@ -437,6 +439,147 @@ class Provenance:
 
 
 @dataclass(frozen=True, slots=True)
+class Rule:
+    """A rule as data: the situation it applies in, what to avoid there, what to prefer.
+
+    Every rule FORGE writes carries this record (``Unit.meta["rule"]``, read with
+    :attr:`Unit.rule`), so recall, the prompt, the rule guard, contradiction checks, the
+    service and the dashboard read its parts instead of parsing its prose; the prose
+    (:meth:`text`) is rendered from it once, when the unit is written.
+
+    ``when`` names what an agent can recognise in a new task (``"down: hole"``, ``"tool
+    refund_api returned rate_limited"``); ``avoid`` and ``prefer`` are actions (or kinds of
+    action) as the agent names them; ``why`` is an optional reason in one line.
+    """
+
+    when: str
+    avoid: tuple[str, ...] = ()
+    prefer: tuple[str, ...] = ()
+    why: str = ""
+
+    #: How many preferred actions the rendered text names, best first.
+    MAX_PREFER: ClassVar[int] = 3
+
+    def __post_init__(self) -> None:
+        when = " ".join(_str(self.when, "rule.when").split()).rstrip(" .")
+        if not when:
+            raise ValidationError("a rule needs a 'when': the situation it applies in")
+        _text(when, "rule.when", MAX_FIELD_CHARS * 4)
+        object.__setattr__(self, "when", when)
+        for name in ("avoid", "prefer"):
+            raw = getattr(self, name)
+            if isinstance(raw, str):
+                raw = (raw,)
+            items = tuple(dict.fromkeys(" ".join(a.split()) for a in _strs(raw, f"rule.{name}") if a.strip()))
+            if len(items) > MAX_TAGS:
+                raise ValidationError(f"rule.{name} names {len(items)} actions; the limit is {MAX_TAGS}")
+            for a in items:
+                _text(a, f"rule.{name} action", MAX_FIELD_CHARS)
+            object.__setattr__(self, name, items)
+        if not self.avoid and not self.prefer:
+            raise ValidationError("a rule must say what to avoid or what to prefer")
+        why = " ".join(_str(self.why, "rule.why").split())
+        _text(why, "rule.why", MAX_NOTE_CHARS)
+        object.__setattr__(self, "why", why)
+
+    def text(self) -> str:
+        """The rule in words: "when W, do not A; P was safe there", or "when W, P" for one
+        that only advises. Written into a unit's content once, when the unit is made."""
+        when = self.when[:1].lower() + self.when[1:]
+        prefer = list(self.prefer)[: self.MAX_PREFER]
+        if not self.avoid:
+            out = f"when {when}, {', '.join(prefer)}"
+        else:
+            out = f"when {when}, " + "; ".join(f"do not {a}" for a in self.avoid)
+            if prefer:
+                out += f"; {', '.join(prefer)} {'was' if len(prefer) == 1 else 'were'} safe there"
+        return out + (f" ({self.why})" if self.why else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"when": self.when, "avoid": list(self.avoid), "prefer": list(self.prefer)}
+        if self.why:
+            out["why"] = self.why
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Rule:
+        data = _mapping(data, "rule")
+        _only(data, {"when", "avoid", "prefer", "why"}, "rule")
+        return cls(
+            when=data.get("when", ""),
+            avoid=tuple(_strs(data.get("avoid") or (), "rule.avoid")),
+            prefer=tuple(_strs(data.get("prefer") or (), "rule.prefer")),
+            why=data.get("why", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """The evidence for a unit, and the one credit model that turns it into ``validation``.
+
+    ``uses``, ``successes`` and ``failures`` count the decisions it was in front of an agent
+    for; ``support`` is corroboration (each independent witness adds its weight, about one
+    for an average reputation); ``prior`` is the validation it had before any evidence.
+    :attr:`rate` is the Beta estimate ``(2 prior + s + support) / (2 + s + f + support)``:
+    outcomes and corroboration move one number, each further piece of evidence by less.
+    Kept in ``Unit.meta`` (``uses``, ``successes``, ``failures``, ``support``, ``prior``) and
+    read with :attr:`Unit.counts`; :meth:`forge.engine.memory.Memory.record_use` and
+    corroboration (:mod:`forge.share.consensus`) are its only writers.
+    """
+
+    uses: int = 0
+    successes: int = 0
+    failures: int = 0
+    support: float = 0.0
+    prior: float = 0.5
+
+    @property
+    def rate(self) -> float:
+        """The unit's validation under this evidence."""
+        s, f = self.successes + self.support, self.failures
+        return (2.0 * self.prior + s) / (2.0 + s + f)
+
+    def added(self, success: bool | None) -> Counts:
+        """These counts after one more use whose outcome is ``success`` (None: not known)."""
+        return dataclasses.replace(
+            self, uses=self.uses + 1, successes=self.successes + (success is True), failures=self.failures + (success is False)
+        )
+
+    def supported(self, weight: float) -> Counts:
+        """These counts with one more independent witness of ``weight``."""
+        return dataclasses.replace(self, support=self.support + max(0.0, float(weight)))
+
+    def to_meta(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"uses": self.uses, "successes": self.successes, "failures": self.failures, "prior": self.prior}
+        if self.support:
+            out["support"] = self.support
+        return out
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any], *, prior: float = 0.5) -> Counts:
+        """The counts kept in ``meta``; ``prior`` (the unit's validation) for a unit with no
+        evidence counted yet."""
+
+        def n(key: str) -> int:
+            v = meta.get(key, 0)
+            return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 else 0
+
+        kept = meta.get("prior")
+        if not (isinstance(kept, int | float) and not isinstance(kept, bool) and 0 <= kept <= 1):
+            # a unit that already counts outcomes (written before the prior was kept) had
+            # them in its validation: the neutral prior, not that validation again
+            kept = 0.5 if any(n(k) for k in ("uses", "successes", "failures")) else prior
+        p = float(kept)
+        sup = meta.get("support", 0.0)
+        support = float(sup) if isinstance(sup, int | float) and not isinstance(sup, bool) and sup >= 0 else 0.0
+        return cls(n("uses"), n("successes"), n("failures"), support, min(1.0, max(0.0, p)))
+
+
+#: The ``Unit.meta`` key that holds a rule's typed record (:class:`Rule`).
+RULE_META = "rule"
+
+
+@dataclass(frozen=True, slots=True)
 class Unit:
     """One memory: typed, scoped, scored and traceable.
 
@@ -497,6 +640,20 @@ class Unit:
         if self.last_access is not None:
             object.__setattr__(self, "last_access", _float(self.last_access, "last_access"))
         _json_object(self.meta, "unit meta")
+        if RULE_META in self.meta:
+            Rule.from_dict(self.meta[RULE_META])  # a malformed record fails here, not in a reader
+
+    @property
+    def rule(self) -> Rule | None:
+        """This unit's typed rule record, or None for a unit that carries none."""
+        data = self.meta.get(RULE_META)
+        return Rule.from_dict(data) if isinstance(data, Mapping) else None
+
+    @property
+    def counts(self) -> Counts:
+        """The evidence for this unit (see :class:`Counts`); its validation is the prior where
+        nothing was counted yet."""
+        return Counts.of(self.meta, prior=self.validation)
 
     def replace(self, **changes: Any) -> Unit:
         """A copy with ``changes`` applied (and validated)."""

@@ -21,7 +21,8 @@ from forge.curate.exposure import Exposure
 from forge.engine.recall import Weights
 from forge.envs.base import Env, EnvSpec, StepResult
 from forge.envs.situation import situation_of
-from forge.errors import ForgeError, NotFoundError
+from forge.engine.port import MemoryPort
+from forge.errors import ForgeError, NotFoundError, ValidationError
 from forge.learn.policy import ANALYST_TOOLS, Policy
 from forge.learn.prompt import PROMPT_SECTIONS, PROMPT_WEIGHTS, Recollection, empty, recollect
 from forge.learn.reflect import (
@@ -40,12 +41,15 @@ from forge.llm.base import LLM
 from forge.model import Context, Kind, Scope, Status, Step, Unit, Viewer
 from forge.store.base import Filter
 
-__all__ = ["Recaller", "Trajectory", "failure_point", "play_episode", "reflect_on", "remember_reflection", "retire_failing"]
+__all__ = ["Caps", "Recaller", "Trajectory", "failure_point", "learn_from", "play_episode", "reflect_on", "retire_failing"]
 
 RETIRE_AFTER = 6
 """Uses after which a rule that keeps failing is retired (see :func:`retire_failing`)."""
 RETIRE_BELOW = 0.15
 """The validation (smoothed success rate) under which it is: 0 of 6 uses gives 0.125."""
+
+RETIRED_KINDS = frozenset({Kind.RULE, Kind.LESSON})
+"""What credit retires when it keeps failing: advice an agent acts on (facts are not judged by outcomes)."""
 
 SITUATION_K = 8
 """Rules recalled for each new situation of an episode (beside the episode's first recall)."""
@@ -270,8 +274,27 @@ def reflect_on(
         return fallback_reflection(snapshot, representation=representation, error=str(exc))
 
 
-def remember_reflection(
-    memory: Any,
+@dataclass(frozen=True, slots=True)
+class Caps:
+    """How many active rules and examples one learner's memory holds per role (the newest
+    are kept; the evicted are archived with the reason, never erased)."""
+
+    rules: int = 100
+    examples: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("rules", "examples"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValidationError(f"caps.{name} must be a non-negative integer, got {v!r}")
+
+
+LEARNED_KINDS = frozenset({Kind.RULE, Kind.EXAMPLE})
+"""What a reflection writes and the caps count."""
+
+
+def learn_from(
+    memory: MemoryPort,
     reflection: Reflection,
     *,
     owner: str,
@@ -279,28 +302,37 @@ def remember_reflection(
     shown: Mapping[str, Sequence[Unit]],
     context: Context = Context(),
     scope: Scope | str = "private",
-    active: Sequence[Unit] = (),
-    rule_cap: int = 100,
-    example_cap: int = 50,
+    viewer: Viewer | None = None,
+    within: Filter = Filter(),
+    caps: Caps = Caps(),
     episodes: Sequence[str] = (),
     stage: int = 0,
     now: float | None = None,
     valid_actions: Sequence[str] = (),
     add: Callable[[list[Unit]], Sequence[Unit]] | None = None,
 ) -> Applied:
-    """Turn a reflection into memory, the one way every agent, protocol and team does it.
+    """Turn a reflection into memory: the one learning function every learner calls (the
+    protocols, :class:`~forge.population.agent.Agent`, the team, and ``learn(trace, outcome)``).
 
-    What the reflection deletes (by index among the rules ``shown`` to each role) and what the
-    caps evict among ``active`` is archived with its reason, never erased; what it writes is
-    added with provenance ``reflection`` from ``episodes``, owned by ``owner`` in ``scope``.
-    A rule that contradicts an active one (``active``, parsed with ``valid_actions``) retires
-    it. ``add`` stores the new units when the caller has its own way (an agent's admission and
-    broadcast); by default they go through ``memory.add``. Returns what changed, with
-    ``added`` as stored.
+    The learner's memory is its own active rules and examples (owned by ``owner``, or as
+    ``within`` narrows them: a team pool), as ``viewer`` (default ``owner``) sees them; this
+    function reads it itself, so a peer's units are never retired or evicted by it, and
+    every caller gets the same semantics: the reflection's deletes (by index among the
+    rules ``shown`` to each role) are archived; each new rule retires the active rules it
+    contradicts (typed records compared; ``valid_actions`` reads units stored before rules
+    were typed); ``caps`` evict the oldest per role; every removal is archived with its
+    reason, never erased. New units are owned by ``owner`` in ``scope`` with provenance
+    ``reflection`` from ``episodes``; ``add`` stores them when the caller has its own way (an
+    agent's admission and broadcast, a team's derived ids), else ``memory.add``. Returns what
+    changed, with ``added`` as stored.
     """
+    kinds = (within.kinds & LEARNED_KINDS) if within.kinds else LEARNED_KINDS
+    mine = within.owner if within.owner is not None else owner
+    holding = dataclasses.replace(within, kinds=kinds, owner=mine, status=frozenset({Status.ACTIVE}))
+    active = memory.list(viewer=viewer or Viewer.of(owner), filter=holding, limit=1_000_000)
     applied = apply_reflection(
         active, reflection, owner=owner, shown=shown, scope=scope, context=context,
-        rule_cap=rule_cap, example_cap=example_cap, episodes=episodes, stage=stage, now=now,
+        rule_cap=caps.rules, example_cap=caps.examples, episodes=episodes, stage=stage, now=now,
         valid_actions=valid_actions,
     )
     for unit, why in applied.removed:
@@ -316,16 +348,16 @@ def remember_reflection(
     return Applied(applied.units, tuple(added), applied.removed)
 
 
-def retire_failing(memory: Any, units: Sequence[Unit], *, actor: str) -> list[Unit]:
+def retire_failing(memory: MemoryPort, units: Sequence[Unit], *, actor: str) -> list[Unit]:
     """Archive the rules among ``units`` (as :meth:`~forge.engine.memory.Memory.record_use`
     returned them) whose outcomes keep failing: at least :data:`RETIRE_AFTER` uses and a
     validation under :data:`RETIRE_BELOW`. A CAGE-2 champion kept, and broadcast, a rule that
     had failed 6 times in 6 uses; the reason recorded says how it fared."""
     retired = []
     for unit in units:
-        uses = int(unit.meta.get("uses", 0))
-        if unit.kind is Kind.RULE and unit.status is Status.ACTIVE and uses >= RETIRE_AFTER and unit.validation < RETIRE_BELOW:
-            wins = int(unit.meta.get("successes", 0))
+        counts = unit.counts
+        uses, wins = counts.uses, counts.successes
+        if unit.kind in RETIRED_KINDS and unit.status is Status.ACTIVE and uses >= RETIRE_AFTER and unit.validation < RETIRE_BELOW:
             try:
                 memory.set_status(unit.id, Status.ARCHIVED, reason=f"retired: {wins} of {uses} uses succeeded", actor=actor)
             except NotFoundError:

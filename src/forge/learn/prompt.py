@@ -87,18 +87,18 @@ class Recollection:
     shown: tuple[Unit, ...] = ()
     candidates: tuple[Recalled, ...] = ()
     valid_actions: tuple[str, ...] = ()
-    _parsed: tuple[tuple[Unit, rulebook.ParsedRule], ...] = field(default=(), repr=False)
+    _parsed: tuple[tuple[Unit, rulebook.RuleLike], ...] = field(default=(), repr=False)
     #: The engine's recall for a situation met mid-episode (set by the loop's Recaller): brings
     #: rules the episode's first recall did not hold, by meaning, as the same viewer.
     lookup: Callable[[str], Sequence[Recalled]] | None = field(default=None, compare=False, repr=False)
     #: The env's ``abstract``: a rule may name an action's kind ("restore a User host"), which
     #: stands for every valid action of that kind here.
     kind_of: Callable[[str], str] | None = field(default=None, compare=False, repr=False)
-    _found: dict[str, tuple[tuple[Unit, rulebook.ParsedRule], ...]] = field(default_factory=dict, compare=False, repr=False)
+    _found: dict[str, tuple[tuple[Unit, rulebook.RuleLike], ...]] = field(default_factory=dict, compare=False, repr=False)
     _views: dict[tuple[str, ...], Recollection] = field(default_factory=dict, compare=False, repr=False)
     #: :meth:`_applying` per situation: a step asks it for the text, the offer, the verdict
     #: (not an init field, so every copy, a view or one with a lookup, starts its own)
-    _hits: dict[str, list[tuple[Unit, rulebook.ParsedRule, bool]]] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _hits: dict[str, list[tuple[Unit, rulebook.RuleLike, bool]]] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def ids(self) -> list[str]:
@@ -128,7 +128,7 @@ class Recollection:
             return []
         return [u for u, _, _ in self._applying(situation)]
 
-    def _applying(self, situation: str) -> list[tuple[Unit, rulebook.ParsedRule, bool]]:
+    def _applying(self, situation: str) -> list[tuple[Unit, rulebook.RuleLike, bool]]:
         """The rules for ``situation`` as they read here (:func:`forge.learn.rules.bind`), and
         whether each was bound to it with its actions swapped."""
         if (hits := self._hits.get(situation)) is not None:
@@ -220,7 +220,7 @@ class Recollection:
 
     def advised(self, situation: str) -> set[str]:
         """Actions that rules for this situation name as safe or recommended."""
-        return self._concrete({a for _, p, _ in self._applying(situation) for a in p.do})
+        return self._concrete({a for _, p, _ in self._applying(situation) for a in p.prefer})
 
     def forbidden(self, situation: str) -> set[str]:
         """Actions that rules for this situation forbid (for the optional rule guard)."""
@@ -297,25 +297,34 @@ def _memo(fn: Callable[[str], str]) -> Callable[[str], str]:
     return kind
 
 
-def _rules_in(recalled: Iterable[Recalled], valid_actions: Sequence[str], *, skip: Iterable[str] = ()) -> list[tuple[Unit, rulebook.ParsedRule]]:
-    """The recalled rules and lessons that read as "when X, ..." rules, parsed."""
+def _rules_in(recalled: Iterable[Recalled], valid_actions: Sequence[str], *, skip: Iterable[str] = ()) -> list[tuple[Unit, rulebook.RuleLike]]:
+    """The recalled rules and lessons with their parts: each one's typed record
+    (:attr:`forge.model.Unit.rule`). A unit written before rules were typed, or by a user
+    as prose, has none: it is read once here (:func:`_legacy`) so it still guides."""
     skip = set(skip)
-    out = []
+    out: list[tuple[Unit, rulebook.RuleLike]] = []
     for r in recalled:
         if r.unit.kind in (Kind.RULE, Kind.LESSON) and r.unit.id not in skip:
-            p = rulebook.parse(r.unit.content, valid_actions)
-            if p is not None and (own := _keyed_elsewhere(p, valid_actions)):
-                # the actions its "when" keys, read even where they are not valid, so the
-                # rule can be bound here (TextWorld: "go south: the way back" read in a room
-                # whose way back is north, where "go south" is no command)
-                p = rulebook.parse(r.unit.content, [*valid_actions, *own]) or p
+            p = r.unit.rule or _legacy(r.unit.content, valid_actions)
             if p is not None:
                 out.append((r.unit, p))
                 skip.add(r.unit.id)
     return out
 
 
-def _keyed_elsewhere(rule: rulebook.ParsedRule, valid_actions: Sequence[str]) -> list[str]:
+def _legacy(content: str, valid_actions: Sequence[str]) -> rulebook.ParsedRule | None:
+    """The parts of a rule that carries no typed record (stored before rules were typed, or
+    written as prose through a door), read against the actions valid here."""
+    p = rulebook.parse(content, valid_actions)
+    if p is not None and (own := _keyed_elsewhere(p, valid_actions)):
+        # the actions its "when" keys, read even where they are not valid, so the rule can be
+        # bound here (TextWorld: "go south: the way back" read in a room whose way back is
+        # north, where "go south" is no command)
+        p = rulebook.parse(content, [*valid_actions, *own]) or p
+    return p
+
+
+def _keyed_elsewhere(rule: rulebook.RuleLike, valid_actions: Sequence[str]) -> list[str]:
     """The keys of ``rule``'s clauses that are actions of a kind valid here ("go south" where
     "go north" is valid) but not valid here themselves."""
     verbs = {a.split()[0] for a in valid_actions if a.split()}

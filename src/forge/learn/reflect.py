@@ -33,7 +33,7 @@ from forge.errors import ForgeError, LLMError, ValidationError
 from forge.learn import rules as rulebook
 from forge.llm.base import LLM, Message
 from forge.llm.structured import complete_json
-from forge.model import Context, Kind, Provenance, Scope, Step, Unit
+from forge.model import RULE_META, Context, Kind, Provenance, Rule, Scope, Step, Unit
 
 __all__ = [
     "Alternatives",
@@ -63,14 +63,31 @@ _KNOWN = "duplicate rule"  # why a rule the role already holds is dropped
 
 @dataclass(frozen=True, slots=True)
 class RuleEdit:
-    """Edit ops on one role's rule list: delete by shown index, then append."""
+    """Edit ops on one role's rule list: delete by shown index, then append typed rules.
+
+    ``add`` holds :class:`~forge.model.Rule` records; a text given instead (a hand-written
+    edit) is read into one here, once, and refused if it is not a "when X, ..." rule."""
 
     role: str
     delete: tuple[int, ...] = ()
-    add: tuple[str, ...] = ()
+    add: tuple[Rule, ...] = ()
+
+    def __post_init__(self) -> None:
+        typed = []
+        for item in self.add:
+            rule = item if isinstance(item, Rule) else rulebook.to_rule(rulebook.parse(str(item)))
+            if rule is None:
+                raise ValidationError(f"not a 'when <situation>, ...' rule naming an action: {str(item)[:80]!r}")
+            typed.append(rule)
+        object.__setattr__(self, "add", tuple(typed))
+
+    @property
+    def texts(self) -> list[str]:
+        """The added rules in words, as their units hold them."""
+        return [r.text() for r in self.add]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"role": self.role, "delete": list(self.delete), "add": list(self.add)}
+        return {"role": self.role, "delete": list(self.delete), "add": self.texts, "rules": [r.to_dict() for r in self.add]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +196,14 @@ class Snapshot:
     @property
     def situation(self) -> str:
         return self.situation_of(self.failing_observation)
+
+    def typed(self, text: str) -> Rule | None:
+        """A checked rule's text as a typed record, read against this attempt's actions and
+        their kinds: where a model's words become data, once."""
+        vocabulary = list(self.valid_actions)
+        if self.abstract is not None:
+            vocabulary = list(dict.fromkeys([*vocabulary, *(self.abstract(a) for a in vocabulary)]))
+        return rulebook.to_rule(rulebook.parse(text, vocabulary))
 
     def check(self, rule: str) -> tuple[str | None, str]:
         """:func:`forge.learn.rules.check` against this attempt: ``(rule to keep or None, why)``."""
@@ -462,7 +487,11 @@ def _ask_rules(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: int) -
                 dropped.append(f"{role}: {why}")
             else:
                 adds.append(rule)
-    edits = [RuleEdit(role, tuple(sorted(d)), tuple(a)) for role, (d, a) in merged.items() if a]
+    edits = []
+    for role, (d, a) in merged.items():
+        typed = [r for r in map(snapshot.typed, a) if r is not None]
+        if typed:
+            edits.append(RuleEdit(role, tuple(sorted(d)), tuple(typed)))
     return edits, dropped, "", repaired
 
 
@@ -515,7 +544,8 @@ def _ask_rule_slots(llm: LLM, snapshot: Snapshot, *, retries: int, max_tokens: i
         if checked.lower() in {r.lower() for r in snapshot.rules(role)}:
             dropped.append(f"{role}: {_KNOWN} {checked[:60]!r}")
             continue
-        edits.append(RuleEdit(role, _proven_wrong(snapshot, role), (checked,)))
+        if (rule := snapshot.typed(checked)) is not None:
+            edits.append(RuleEdit(role, _proven_wrong(snapshot, role), (rule,)))
     return edits, dropped, "", repaired
 
 
@@ -527,9 +557,9 @@ def _proven_wrong(snapshot: Snapshot, role: str) -> tuple[int, ...]:
     the lesson beside it (deleting it put a 1.5B agent back into the hole it had learned to avoid).
     """
     out = []
-    for i, text in enumerate(snapshot.rules(role)):
-        parsed = rulebook.parse(text, snapshot.valid_actions)
-        if parsed is not None and not parsed.avoid and snapshot.failing_action in parsed.do and rulebook.applies(parsed, snapshot.situation):
+    for i, unit in enumerate(snapshot.shown.get(role, ())):
+        parsed = unit.rule or rulebook.parse(unit.content, snapshot.valid_actions)
+        if parsed is not None and not parsed.avoid and snapshot.failing_action in parsed.prefer and rulebook.applies(parsed, snapshot.situation):
             out.append(i)
     return tuple(out)
 
@@ -629,11 +659,13 @@ def _fallback_rules(snapshot: Snapshot) -> list[RuleEdit]:
     kept, _ = snapshot.check(rule)
     if kept is None:  # the env's situation itself names instance-only terms: nothing transfers
         return []
-    rule = kept
+    typed = snapshot.typed(kept)
+    if typed is None:
+        return []
     edits = []
     for role in snapshot.acting_roles:
-        if rule.lower() not in {r.lower() for r in snapshot.rules(role)}:
-            edits.append(RuleEdit(role, (), (rule,)))
+        if typed.text().lower() not in {r.lower() for r in snapshot.rules(role)}:
+            edits.append(RuleEdit(role, (), (typed,)))
     return edits
 
 
@@ -738,12 +770,12 @@ def apply_reflection(
                 removed.append((unit, "deleted by a reflection rule edit"))
                 gone.add(unit.id)
         items = [u for u in items if u.id not in doomed]
-        for text in edit.add:
-            parsed = rulebook.parse(text)
-            new = make(Kind.RULE, edit.role, text, {"situation": parsed.when} if parsed else {})
+        for rule in edit.add:
+            text = rule.text()
+            new = make(Kind.RULE, edit.role, text, {RULE_META: rule.to_dict()})
             # One memory must not hold two rules for one situation where one advises what the
             # other forbids: the newer was grounded in a later failure, so the older goes.
-            clash = _contradicted(items, text, role=edit.role, valid_actions=valid_actions)
+            clash = _contradicted(items, rule, role=edit.role, valid_actions=valid_actions)
             for old in clash:
                 removed.append((old, f"contradicted by a newer rule: {text[:80]}"))
             items = [u for u in items if u.id not in {o.id for o in clash}]
@@ -769,17 +801,15 @@ def _demo_key(steps: Iterable[Mapping[str, str]]) -> tuple[tuple[str, str], ...]
     return tuple((" ".join(str(s.get("observation", "")).lower().split()), " ".join(str(s.get("answer", "")).lower().split())) for s in steps if isinstance(s, Mapping))
 
 
-def _contradicted(units: Sequence[Unit], text: str, *, role: str, valid_actions: Sequence[str]) -> list[Unit]:
-    if not valid_actions:
-        return []
-    new = rulebook.parse(text, valid_actions)
-    if new is None:
-        return []
+def _contradicted(units: Sequence[Unit], rule: Rule, *, role: str, valid_actions: Sequence[str] = ()) -> list[Unit]:
+    """The active rules of ``role`` that ``rule`` contradicts: the same situation, one advising
+    what the other forbids. Read from their typed records; a unit stored before rules were
+    typed is read against ``valid_actions`` when the caller knows them."""
     out = []
     for u in units:
         if u.kind is Kind.RULE and u.context.role == role:
-            old = rulebook.parse(u.content, valid_actions)
-            if old is not None and rulebook.contradicts(new, old):
+            old = u.rule or (rulebook.parse(u.content, valid_actions) if valid_actions else None)
+            if old is not None and rulebook.contradicts(rule, old):
                 out.append(u)
     return out
 

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from forge.envs.situation import goal_ways
+from forge.errors import ValidationError
+from forge.model import Rule
 
 __all__ = [
     "MAX_SAFE",
@@ -29,6 +31,7 @@ __all__ = [
     "normalize",
     "parse",
     "render",
+    "to_rule",
     "write",
 ]
 
@@ -48,6 +51,9 @@ _DIRECTIVE = re.compile(
 _NEGATION = re.compile(r"\b(?:do not|don't|dont|never|avoid|instead of|rather than|not)\s+(?:to\s+)?", re.IGNORECASE)
 _VERB = re.compile(r"(?:move|go|going|moving|take|taking|choose|choosing|pick|use)\s+", re.IGNORECASE)
 _WORD = re.compile(r"[\w-]+")
+# without valid actions: what a negation forbids runs to the end of its clause
+_PHRASE = re.compile(r"[^;,.]+")
+_SAFE_TAIL_WORDS = re.compile(r"\s+(?:was|were)\s+safe there$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +62,25 @@ class ParsedRule:
 
     when: str
     avoid: tuple[str, ...] = ()
-    do: tuple[str, ...] = ()
+    prefer: tuple[str, ...] = ()
+
+
+RuleLike = ParsedRule | Rule
+"""What the functions below read: a rule's parts, typed (:class:`forge.model.Rule`) or as
+just parsed from a model's output (:class:`ParsedRule`, which may still be incomplete)."""
+
+
+def to_rule(parsed: RuleLike | None, *, why: str = "") -> Rule | None:
+    """The typed record of a parsed rule, or None for one that names no action: the one
+    place where text a model wrote becomes a :class:`~forge.model.Rule`."""
+    if parsed is None:
+        return None
+    if isinstance(parsed, Rule):
+        return parsed
+    try:
+        return Rule(when=parsed.when, avoid=parsed.avoid, prefer=parsed.prefer, why=why)
+    except ValidationError:
+        return None
 
 
 def normalize(text: str) -> str:
@@ -116,10 +140,22 @@ def parse(text: str, valid_actions: Sequence[str] = ()) -> ParsedRule | None:
             hit = next((a for at in starts for a in longest if re.match(re.escape(a) + r"(?![\w-])", then[at:], re.IGNORECASE)), None)
             if hit is not None and hit not in avoid:
                 avoid.append(hit)
-        elif (w := _WORD.match(then, starts[-1])) and w.group().lower() not in avoid:
-            avoid.append(w.group().lower())
+        elif (w := _PHRASE.match(then, n.end())) and (phrase := w.group().strip().lower()) and phrase not in avoid:
+            avoid.append(phrase)
     do = [a for a in _mentioned(then, valid_actions) if a not in avoid]
-    return ParsedRule(when=" ".join(when.split()), avoid=tuple(avoid), do=tuple(do))
+    if not valid_actions:
+        # no actions to read by: each clause that forbids nothing names what to do ("then up",
+        # the template's "X, Y were safe there")
+        do = []
+        for clause in re.split(r"\s*[;,]\s*", then):
+            c = clause.strip(" .").lower()
+            if not c or _NEGATION.search(c):
+                continue
+            c = _SAFE_TAIL_WORDS.sub("", c)
+            c = re.sub(r"^(?:then|instead)\s+", "", c).strip()
+            if c and c not in avoid and c not in do:
+                do.append(c)
+    return ParsedRule(when=" ".join(when.split()), avoid=tuple(avoid), prefer=tuple(do))
 
 
 def write(situation: str, avoid: str, safe: Sequence[str] = ()) -> str:
@@ -129,12 +165,12 @@ def write(situation: str, avoid: str, safe: Sequence[str] = ()) -> str:
     return _compose(situation[:1].lower() + situation[1:], [avoid], list(dict.fromkeys(safe)))
 
 
-def render(rule: ParsedRule) -> str:
+def render(rule: RuleLike) -> str:
     """A parsed rule written out again: :func:`write`'s form, or "when <when>, <do>" for one
     that only advises."""
     if not rule.avoid:
-        return f"when {rule.when}, {', '.join(rule.do)}"
-    return _compose(rule.when, rule.avoid, rule.do)
+        return f"when {rule.when}, {', '.join(rule.prefer)}"
+    return _compose(rule.when, rule.avoid, rule.prefer)
 
 
 def _compose(when: str, avoid: Sequence[str], safe: Sequence[str]) -> str:
@@ -195,7 +231,7 @@ def focus(situation: str, action: str, safe: Sequence[str] = ()) -> str:
     return "; ".join(keyed)
 
 
-def applies(rule: ParsedRule, situation: str) -> bool:
+def applies(rule: RuleLike, situation: str) -> bool:
     """Whether a rule's situation is this one: equal, contained in it (at least 8 chars), or
     made of clauses that are all among this situation's clauses (in any order)."""
     when, now = normalize(rule.when), normalize(situation)
@@ -207,7 +243,7 @@ def applies(rule: ParsedRule, situation: str) -> bool:
     return len(parts) > 1 and set(parts) <= set(clauses(now))
 
 
-def bind(rule: ParsedRule, situation: str) -> ParsedRule | None:
+def bind(rule: RuleLike, situation: str) -> RuleLike | None:
     """``rule`` as it reads in ``situation``: itself where it :func:`applies`; else, where each
     of its clauses recurs here either as it is or keyed by another action that the rule itself
     names, the rule with those actions swapped, one for one, throughout; None otherwise.
@@ -225,7 +261,7 @@ def bind(rule: ParsedRule, situation: str) -> ParsedRule | None:
     mine, here = clauses(rule.when), clauses(situation)
     if not mine:
         return None
-    named = {normalize(a) for a in (*rule.avoid, *rule.do)}
+    named = {normalize(a) for a in (*rule.avoid, *rule.prefer)}
     swap: dict[str, str] = {}
     for clause in mine:
         if clause in here:
@@ -250,15 +286,15 @@ def bind(rule: ParsedRule, situation: str) -> ParsedRule | None:
     if rule.avoid and not avoid:
         return None
     when = "; ".join(f"{swap[_key(c)]}:{c.split(':', 1)[1]}" if _key(c) in swap else c for c in mine)
-    return ParsedRule(when=when, avoid=avoid, do=tuple(a for a in moved(rule.do) if a not in avoid))
+    return ParsedRule(when=when, avoid=avoid, prefer=tuple(a for a in moved(rule.prefer) if a not in avoid))
 
 
-def contradicts(a: ParsedRule, b: ParsedRule) -> bool:
+def contradicts(a: RuleLike, b: RuleLike) -> bool:
     """Two rules for the same situation where one advises what the other forbids:
     "do not monitor; sleep was safe" against "do not sleep; monitor was safe"."""
     if normalize(a.when) != normalize(b.when) and set(clauses(a.when)) != set(clauses(b.when)):
         return False
-    return bool(set(a.avoid) & set(b.do)) or bool(set(b.avoid) & set(a.do))
+    return bool(set(a.avoid) & set(b.prefer)) or bool(set(b.avoid) & set(a.prefer))
 
 
 def forbidden_in(texts: Iterable[str], situation: str, valid_actions: Sequence[str]) -> set[str]:
@@ -346,7 +382,7 @@ def _with_won(rule: str, why: str, kept: ParsedRule, won: Sequence[str], failing
         return rule, why
     if against := [a for a in kept.avoid if normalize(a) in won_here]:
         return None, f"forbids what won the episode from there ({', '.join(against)}): {original[:80]!r}"
-    if any(normalize(a) in won_here for a in kept.do):
+    if any(normalize(a) in won_here for a in kept.prefer):
         return rule, why
     # the win is why the rule holds, so it may narrow the "when" the reflector left whole: on
     # treasure-2 "when <the whole room>, do not examine a door; take a food from a supporter
@@ -375,11 +411,11 @@ def _without_unkeyed_safe(rule: ParsedRule) -> str | None:
     from one room with a plain exit south, and sent agents south wherever the way back was
     north, also where the goal said west. None when the rule is not narrowed or loses nothing."""
     keys = {_key(c) for c in clauses(rule.when)}
-    named = {normalize(a) for a in (*rule.avoid, *rule.do)}
-    if not rule.avoid or not rule.do or not keys <= named | {"goal"}:
+    named = {normalize(a) for a in (*rule.avoid, *rule.prefer)}
+    if not rule.avoid or not rule.prefer or not keys <= named | {"goal"}:
         return None
-    keep = [a for a in rule.do if normalize(a) in keys]
-    if len(keep) == len(rule.do):
+    keep = [a for a in rule.prefer if normalize(a) in keys]
+    if len(keep) == len(rule.prefer):
         return None
     return _compose(rule.when, rule.avoid, keep)
 
@@ -390,16 +426,16 @@ def _checked(text: str, original: str, valid_actions: Sequence[str], situations:
     parsed = parse(text, valid_actions)
     if parsed is None:
         return None, f"not a 'when <situation>, ...' rule: {text[:80]!r}"
-    if not parsed.avoid and not parsed.do:
+    if not parsed.avoid and not parsed.prefer:
         return None, f"rule names no valid action ({', '.join(valid_actions)}): {text[:80]!r}"
     if not any(applies(parsed, s) for s in situations):
         return None, f"rule names no situation the agent met ({parsed.when[:60]!r})"
     if applies(parsed, failing_situation):
-        unsafe = failing_action in parsed.do or (safe_actions and any(a not in safe_actions for a in parsed.do))
+        unsafe = failing_action in parsed.prefer or (safe_actions and any(a not in safe_actions for a in parsed.prefer))
         forgets = failing_action not in parsed.avoid
         if unsafe or forgets:
             repaired = write(focus(failing_situation, failing_action, safe_actions), failing_action, safe_actions)
-            what = "recommends the action that failed" if failing_action in parsed.do else (
+            what = "recommends the action that failed" if failing_action in parsed.prefer else (
                 "recommends an action that was not safe" if unsafe else "does not say what to avoid"
             )
             return repaired, f"repaired: rule {what} ({text[:60]!r})"
@@ -419,7 +455,7 @@ def _without_safe_forbidden(text: str, valid_actions: Sequence[str]) -> str:
     safe = re.search(r";\s*(.+?)\s+(?:was|were)\s+safe there\s*\.?\s*$", text, re.IGNORECASE)
     if safe is None or not set(_mentioned(safe.group(1), valid_actions)) & set(parsed.avoid):
         return text
-    return _compose(parsed.when, parsed.avoid, parsed.do)
+    return _compose(parsed.when, parsed.avoid, parsed.prefer)
 
 
 def _narrowed(text: str, parsed: ParsedRule, situation: str) -> str:
@@ -427,9 +463,9 @@ def _narrowed(text: str, parsed: ParsedRule, situation: str) -> str:
     clauses of the actions it names: a 1.5B reflector copies the whole situation ("on the
     start tile; left: edge; down: hole; ...; goal: down-right at distance 6"), which recurs
     on few other maps, while "down: hole" recurs on most."""
-    if normalize(parsed.when) != normalize(situation) or not (parsed.avoid or parsed.do):
+    if normalize(parsed.when) != normalize(situation) or not (parsed.avoid or parsed.prefer):
         return text
-    named = [*parsed.avoid, *parsed.do]
+    named = [*parsed.avoid, *parsed.prefer]
     narrow = focus(situation, named[0], named[1:])
     if narrow == situation:
         return text

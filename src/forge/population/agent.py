@@ -38,7 +38,7 @@ from forge.learn.loop import (
     failure_point,
     play_episode,
     reflect_on,
-    remember_reflection,
+    learn_from,
     retire_failing,
 )
 from forge.learn.policy import Policy
@@ -224,7 +224,6 @@ class Agent:
         used = traj.used
         if used:
             success = spec.succeeded(traj.total, aborted=traj.aborted)
-            retire_failing(self.memory, self.memory.record_use(used, success=success, actor=f"agent:{self.id}"), actor=f"agent:{self.id}")
             self.record_outcome(used, success=success)
         return traj
 
@@ -310,10 +309,9 @@ class Agent:
             return self.remember([u.replace(importance=self.importance, confidence=confidence) for u in units])
 
         shown = {role: rec.shown for role, rec in trajectory.recollections.items()}
-        applied = remember_reflection(
+        applied = learn_from(
             self.memory, reflection, owner=self.id, actor=f"agent:{self.id}", scope="global", shown=shown,
-            active=list({u.id: u for units in shown.values() for u in units}.values()),
-            context=Context(domain=spec.name, task=spec.name), rule_cap=10**6, example_cap=10**6,
+            viewer=self.viewer, context=Context(domain=spec.name, task=spec.name),
             episodes=[episode.id], valid_actions=env.valid_actions(), add=store,
         )
         return list(applied.added)
@@ -395,7 +393,11 @@ class Agent:
         return out
 
     def record_outcome(self, unit_ids: Sequence[str], *, success: bool, weight: float = 1.0) -> dict[str, float]:
-        """A task that used ``unit_ids`` succeeded or failed: move their authors' reputations."""
+        """A task that used ``unit_ids`` succeeded or failed: count it on the units (the one
+        credit model, :meth:`~forge.engine.memory.Memory.record_use`), retire the rules that
+        keep failing, and move their authors' reputations, which it returns."""
+        actor = f"agent:{self.id}"
+        retire_failing(self.memory, self.memory.record_use(unit_ids, success=success, actor=actor), actor=actor)
         return self.exchange.consensus.record_outcome(unit_ids, success=success, weight=weight)
 
     # -- reporting ------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from forge.learn.loop import (
     failure_point,
     play_episode,
     reflect_on,
-    remember_reflection,
+    Caps,
+    learn_from,
     retire_failing,
 )
 from forge.learn.policy import make_policy
@@ -132,7 +133,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
         attempts: list[dict[str, Any]] = []
         ops: list[dict[str, Any]] = []
 
-        def learn_from(traj: Any, policy: Any, episode_id: str, record: dict[str, Any], *, phase: str) -> tuple[int, bool] | None:
+        def reflect_and_learn(traj: Any, policy: Any, episode_id: str, record: dict[str, Any], *, phase: str) -> tuple[int, bool] | None:
             """Reflect on ``traj`` if it failed and write what reflection says into memory (its
             ops into ``ops``, the reflection into ``record``); its failure point, else None."""
             point = failure_point(traj, spec=env.spec, reflect_on_stall=config.reflect_on_stall)
@@ -147,10 +148,9 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                 representation=config.representation, probe_alternatives=config.probe_alternatives,
                 style=config.reflection,
             )
-            applied = remember_reflection(
+            applied = learn_from(
                 memory, reflection, owner=agent, actor=agent, shown={r: rec.shown for r, rec in traj.recollections.items()},
-                active=memory.store.list(viewer=Viewer.of(agent), limit=100_000),
-                context=context, rule_cap=config.rule_cap, example_cap=config.example_cap,
+                context=context, caps=Caps(rules=config.rule_cap, examples=config.example_cap),
                 episodes=[episode_id], stage=stage, valid_actions=env.valid_actions(),
             )
             ops.extend({"op": "add", "unit": u.to_dict()} for u in applied.added)
@@ -175,7 +175,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                     "failing_step": traj.failing, "steps": len(traj.actions), "episode": ep.id,
                     "shown": len(traj.used), "now": len(traj.now),
                 }
-                point = learn_from(traj, policy, ep.id, record, phase="train")
+                point = reflect_and_learn(traj, policy, ep.id, record, phase="train")
                 attempts.append(record)
                 if hook is not None:
                     hook("attempt_done", {"stage": stage, "instance": inst, **{k: v for k, v in record.items() if k != "reflection"}})
@@ -198,7 +198,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
             # TextWorld coin-1 a sampled attempt won, the greedy checkpoint paced between two
             # rooms to the step limit, and that failure, the one held-out games repeat, was
             # never reflected on: the instance graduated with an empty memory
-            learn_from(traj, policy, ep.id, checkpoint, phase="checkpoint")
+            reflect_and_learn(traj, policy, ep.id, checkpoint, phase="checkpoint")
         return {
             "instance": inst,
             "stage": stage,

@@ -3,7 +3,7 @@
 What a population believes should rest on independent evidence, not on who shouts most:
 
 - **corroboration** raises a unit's ``validation`` each time a *distinct* origin asserts the
-  same thing, with diminishing returns (``v += (1 - v) * gain * weight``); an origin that
+  same thing, with diminishing returns (one credit model, :class:`forge.model.Counts`); an origin that
   already counted, echoes included, adds nothing, and origins we only know from one
   forwarder's word count once for that forwarder (no invented witnesses);
 - **reputation** per source agent is a Beta(successes, failures) estimate moved by the
@@ -218,12 +218,14 @@ class Consensus:
                 )
             )
         rep = self.reputation.get(origin) if via is None else min(self.reputation.get(origin), self.reputation.get(via))
-        step = min(0.95, self.gain * min(1.5, rep / 0.5))
-        validation = unit.validation + (1.0 - unit.validation) * step
+        # one credit model (forge.model.Counts): a witness of average reputation weighs what
+        # ``gain`` says, as successes do; outcomes and corroboration move the same validation
+        counts = unit.counts.supported(2.0 * self.gain / (1.0 - self.gain) * min(1.5, rep / 0.5))
+        validation = counts.rate
         channels = [*corr.get("channels", []), channel]
         corr.update(origins=origins, channels=channels, count=len(channels), last=self.clock())
         unit = self.memory.update(
-            unit.replace(validation=min(1.0, validation), meta={**unit.meta, "corroboration": corr}),
+            unit.replace(validation=min(1.0, validation), meta={**unit.meta, **counts.to_meta(), "corroboration": corr}),
             actor=self.actor,
             reembed=False,
         )
@@ -305,8 +307,8 @@ class Consensus:
 
         The author of each unit gets full weight, its corroborators half (they vouched for
         it); each agent is counted once per task however many of its units were used. The
-        units' own validation moves too, by a small step. The receiving agent itself is
-        not rated.
+        units' own validation is not written here: :meth:`forge.engine.memory.Memory.record_use`
+        is the one credit model's writer. The receiving agent itself is not rated.
         """
         credit: dict[str, float] = {}
         used: list[str] = []
@@ -323,9 +325,6 @@ class Consensus:
             for i, agent in enumerate(witnesses):
                 if agent != self.agent_id:
                     credit[agent] = max(credit.get(agent, 0.0), 1.0 if i == 0 else 0.5)
-            v = unit.validation
-            v = v + (1 - v) * 0.1 if success else v * 0.8
-            self.memory.update(unit.replace(validation=min(1.0, max(0.0, v))), actor=self.actor, reembed=False)
         reps = {agent: self.reputation.record(agent, success=success, weight=w * weight) for agent, w in sorted(credit.items())}
         self.ledger.record(
             Ruling(

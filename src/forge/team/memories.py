@@ -32,7 +32,7 @@ from forge.engine.memory import Memory
 from forge.engine.recall import Weights
 from forge.envs.base import EnvSpec
 from forge.errors import ConfigError, NotFoundError, ValidationError
-from forge.learn.loop import Trajectory, remember_reflection
+from forge.learn.loop import Trajectory, learn_from
 from forge.learn.prompt import PROMPT_WEIGHTS, Recollection, recollect
 from forge.learn.reflect import Reflection, RuleEdit
 from forge.llm.base import LLM
@@ -41,6 +41,7 @@ from forge.model import (
     Episode,
     Kind,
     Provenance,
+    Rule,
     Scope,
     Status,
     Step,
@@ -266,7 +267,7 @@ def task_lesson(
     """
     n = len(trajectory.actions) if trajectory is not None else len(actions)
     if reflection is not None:
-        rules = [r for e in reflection.edits for r in e.add]
+        rules = [t for e in reflection.edits for t in e.texts]
         if rules:
             source = "fallback" if reflection.fallback else "llm"
             return TaskLesson(tuple(dict.fromkeys(rules))[:2], diagnosis, source, reflection.error, steps=n)
@@ -521,7 +522,7 @@ class TeamMemory:
         task_type: str = "",
         env: str = "",
         lesson: TaskLesson | None = None,
-        rules: Sequence[str] = (),
+        rules: Sequence[Rule | Mapping[str, Any] | str] = (),
         retire: Sequence[str] = (),
         used: Sequence[str] = (),
     ) -> TaskRecord:
@@ -615,18 +616,20 @@ class TeamMemory:
 
     def _remember_rules(
         self, pools: Sequence[_Pool], episode: Episode, index: int, env: str, task_type: str,
-        rules: Sequence[str], retire: Sequence[str], lesson: TaskLesson,
+        rules: Sequence[Rule | Mapping[str, Any] | str], retire: Sequence[str], lesson: TaskLesson,
     ) -> list[Unit]:
         """Reflection's rules as units of every episodic pool, and the rules it deleted
-        archived, through :func:`forge.learn.loop.remember_reflection` like every other
+        archived, through :func:`forge.learn.loop.learn_from` like every other
         learner. A rule a pool already holds is not written twice; ids derive from the task,
         so a replayed task writes the same units."""
         admin = Viewer.admin()
         deleted = [u for u in self.memory.get_many(list(dict.fromkeys(retire)), viewer=admin) if u.kind is Kind.RULE and u.status is Status.ACTIVE]
+        # a run record holds each rule's typed record; one written before rules were typed, its text
+        typed = list({r.text(): r for r in (_typed_rule(r) for r in rules) if r is not None}.values())
         out: list[Unit] = []
         for n, pool in enumerate(pools):
             have = {" ".join(u.content.lower().split()) for u in self.memory.list(viewer=admin, filter=self.pool_filter(pool, Kind.RULE), limit=1_000_000)}
-            fresh = tuple(r for r in dict.fromkeys(rules) if " ".join(r.lower().split()) not in have)
+            fresh = tuple(r for r in typed if " ".join(r.text().lower().split()) not in have)
             doomed = deleted if n == 0 else []  # the edit's deletions happen once, not per pool
             if not fresh and not doomed:
                 continue
@@ -641,8 +644,9 @@ class TeamMemory:
                 self._clock = max([self._clock, *(u.created_at for u in stamped)])
                 return stamped
 
-            applied = remember_reflection(
+            applied = learn_from(
                 self.memory, reflection, owner=pool.owner, actor=self.actor, shown={ACTOR_ROLE: doomed}, scope=pool.scope,
+                viewer=admin, within=self.pool_filter(pool, Kind.RULE),
                 context=Context(domain=env, task=task_type, tags=(f"team:{self.team}", "layer:episodic")),
                 episodes=(episode.id,), now=self.stamp(), add=store,
             )
@@ -792,3 +796,16 @@ def _render_pattern(meta: Mapping[str, Any]) -> str:
         f"{meta.get('avg_performance', 0.0):.2f} over {meta.get('tasks', 0)} tasks; "
         f"overhead {meta.get('overhead', 0.0):.1f} messages/task"
     )
+
+
+def _typed_rule(rule: Rule | Mapping[str, Any] | str) -> Rule | None:
+    """A rule as a run record or a caller hands it: its typed record, or (a record written
+    before rules were typed) its text read once."""
+    if isinstance(rule, Rule):
+        return rule
+    if isinstance(rule, Mapping):
+        return Rule.from_dict(rule)
+    try:
+        return RuleEdit(ACTOR_ROLE, (), (rule,)).add[0]
+    except ValidationError:
+        return None

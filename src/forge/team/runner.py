@@ -591,7 +591,7 @@ class _Run:
             reflection, task=task.text, actions=actions, outcome=outcome, diagnosis=diagnosis, trajectory=traj, spec=env.spec, at=at
         )
         data = reflection.to_dict()
-        data.update(rules=[r for e in reflection.edits for r in e.add], retire=retire, step=at, agent=agent)
+        data.update(rules=[r.to_dict() for e in reflection.edits for r in e.add], retire=retire, step=at, agent=agent)
         return {"lesson": lesson.to_dict(), "reflection": data}
 
     # -- the loop -------------------------------------------------------------------------
