@@ -106,7 +106,7 @@ def tune_encoder(texts: list[str], labels: object, *, cache: Path | None = ENCOD
         import torch
         from transformers import AutoConfig, AutoModel
     except ImportError as exc:
-        raise SystemExit(f"--fit needs torch and transformers for the screen encoder ({exc.name} is missing): pip install 'forge-memory[local]'") from None
+        raise SystemExit(f"--fit needs torch and transformers for the screen encoder ({exc.name} is missing): pip install 'forge-memory[torch]'") from None
     from forge.share.encoder import ADAPTED, _base_dir, tokenizer
 
     class LoRA(torch.nn.Module):

