@@ -2,7 +2,9 @@
 scripted LLM written on crewai's own BaseLLM (no network, telemetry and tracing off),
 remembering a task's result through ForgeStorage and reading it back into the next task's
 prompt; crewai's Memory API on the same storage (scopes, categories, privacy, duplicates,
-forget); and the storage over the service's Client."""
+forget); the storage over the service's Client; and ForgeCrewTrace recording a crew's run
+(a tool call, its result, the task's output) through crewai's step and task callbacks,
+reported with its outcome to a Memory reflecting with the scripted test LLM."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from pydantic import Field  # noqa: E402
 from forge.engine.embed import HashingEmbedder  # noqa: E402
 from forge.engine.memory import Memory  # noqa: E402
 from forge.errors import ConfigError  # noqa: E402
-from forge.integrations.crewai import ForgeStorage  # noqa: E402
+from forge.integrations.crewai import ForgeCrewTrace, ForgeStorage  # noqa: E402
+from forge.llm.testing import ScriptedLLM as ForgeScriptedLLM  # noqa: E402
 from forge.model import Status, Viewer  # noqa: E402
 from forge.store import Filter, SQLiteStore  # noqa: E402
 
@@ -200,3 +203,63 @@ def test_the_storage_over_the_service(tmp_path: Path) -> None:
         assert [u.content for u in setup.memory.list(viewer=Viewer.admin(), filter=Filter.make(status=["archived"]))] == [STALL]
     finally:
         setup.memory.close()
+
+
+class TurnsLLM(BaseLLM):
+    """An LLM on crewai's own base class that replies with whole ReAct turns, in order."""
+
+    turns: list[str] = Field(default_factory=list)
+
+    def call(self, messages: Any, tools: Any = None, callbacks: Any = None, available_functions: Any = None,
+             from_task: Any = None, from_agent: Any = None, response_model: Any = None, **kw: Any) -> str:
+        return self.turns.pop(0)
+
+    def supports_function_calling(self) -> bool:
+        return False
+
+    def supports_stop_words(self) -> bool:
+        return False
+
+    def get_context_window_size(self) -> int:
+        return 8192
+
+
+RULE = ('{"rules": [{"when": "the worker is stuck and the queue is full", "avoid": "restarting the worker first", '
+        '"prefer": "drain the queue before restarting the worker"}]}')
+
+
+# crewai warns that a bound method's callback is not saved in its checkpoints: a recorder is
+# one run's, and a restored run is not recorded (the module docstring says so)
+@pytest.mark.filterwarnings("ignore:A method callback cannot be saved in a checkpoint:UserWarning")
+def test_a_crews_run_is_recorded_and_reported(mem) -> None:
+    from crewai.tools import tool
+
+    @tool("queue_depth")
+    def queue_depth(worker: str) -> str:
+        """How many jobs wait in a worker's queue."""
+        return "12000 jobs waiting"
+
+    llm = TurnsLLM(model="scripted", turns=[
+        'Thought: I should look at the queue.\nAction: queue_depth\nAction Input: {"worker": "w-7"}',
+        "Thought: I know this now.\nFinal Answer: The queue is full; drain it before restarting.",
+    ])
+    rec = ForgeCrewTrace(kind="ops")
+    ops = Agent(role="ops engineer", goal="keep the workers running", backstory="on call", llm=llm, tools=[queue_depth], max_iter=3,
+                step_callback=rec.step_callback)
+    task = Task(description="The worker is stuck; find out why.", expected_output="The cause.", agent=ops)
+    out = Crew(agents=[ops], tasks=[task], task_callback=rec.task_callback, tracing=False).kickoff()
+
+    trace = rec.trace()
+    assert trace["task"] == "The worker is stuck; find out why." and trace["kind"] == "ops"
+    [call] = [s for s in trace["steps"] if s["type"] == "tool"]
+    assert (call["tool"], call["args"]) == ("queue_depth", {"worker": "w-7"})
+    assert any(s["type"] == "observation" and "12000 jobs waiting" in s["content"] for s in trace["steps"])
+    assert trace["answer"] == out.raw == "The queue is full; drain it before restarting."
+
+    mem.llm = ForgeScriptedLLM([RULE])
+    got = rec.report(mem, success=False, feedback="drain first", agent="ops-bot")
+    asked = mem.llm.last_request.messages[-1].content
+    assert "queue_depth" in asked and "The worker is stuck" in asked and "FAILED" in asked
+    assert [u["rule"]["prefer"] for u in got["learned"] if u["kind"] == "rule"] == [["drain the queue before restarting the worker"]]
+    rec.reset()
+    assert rec.trace()["steps"] == []

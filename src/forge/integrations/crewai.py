@@ -1,4 +1,4 @@
-"""FORGE memory for CrewAI: a storage backend for crewai's unified ``Memory``, over a Memory or a Client.
+"""FORGE memory for CrewAI: a storage backend for crewai's unified ``Memory``, and a learning trace, over a Memory or a Client.
 
     from crewai import Agent, Crew, Task
     from forge.integrations.crewai import ForgeStorage
@@ -31,6 +31,17 @@ Memory with the storage's embedder and any of crewai's Memory settings. Then:
 - **delete and reset archive** (FORGE never erases here: history stays), and only units
   this storage's door wrote (tag ``crewai``); other FORGE units are not crewai records.
 
+**Learning**: ``ForgeCrewTrace`` records a crew's run through crewai's own callbacks
+(``Agent(step_callback=rec.step_callback)`` or the Crew's, and ``Crew(task_callback=rec.task_callback)``):
+each tool the agent used, with its input and what it returned, and each task's output (the
+first task's description is the trace's task, the last output its answer).
+``rec.report(memory, success=..., score=..., feedback=...)`` sends it with its outcome to
+FORGE's learning entry (``POST /v1/learn`` over a client, as a job; :meth:`forge.Memory.learn`
+over a memory, as ``agent``). crewai hands a step callback the steps of its text (ReAct)
+loop; with an LLM that calls tools natively, crewai 1.15 passes only the final answers.
+crewai warns that a bound method callback is not saved in its checkpoints: a recorder is
+one run's, and a run restored from a checkpoint is not recorded.
+
 crewai itself still asks its LLM to extract memories from a task's result and to infer
 scope, categories and importance (``Memory(llm=...)``), and sends telemetry unless
 ``CREWAI_DISABLE_TELEMETRY=true`` (or ``OTEL_SDK_DISABLED=true``); FORGE sends nothing.
@@ -46,16 +57,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+from crewai.agents.parser import AgentAction, AgentFinish
 from crewai.memory.storage.backend import StorageBackend
 from crewai.memory.types import MemoryRecord, ScopeInfo
+from crewai.tasks.task_output import TaskOutput
+from pydantic import BaseModel
 
 from forge.curate.admission import ADD, NOOP, Admitted
 from forge.engine.embed import HashingEmbedder
 from forge.errors import ConfigError, NotFoundError
+from forge.integrations._learn import TraceRecorder, areport, report
 from forge.model import MAX_TAGS, Context, Provenance, Status, Unit, Viewer
 from forge.store import Filter
 
-__all__ = ["ForgeStorage"]
+__all__ = ["ForgeCrewTrace", "ForgeStorage"]
 
 MARK = "crewai"  # tag on every unit this door writes
 _CATEGORY = "crewai-category:"
@@ -380,3 +395,50 @@ class ForgeStorage(StorageBackend):
     async def adelete(self, scope_prefix: str | None = None, categories: list[str] | None = None, record_ids: list[str] | None = None,
                       older_than: datetime | None = None, metadata_filter: dict[str, Any] | None = None) -> int:
         return await asyncio.to_thread(self.delete, scope_prefix, categories, record_ids, older_than, metadata_filter)
+
+
+# -- learning -------------------------------------------------------------------------------
+
+
+class ForgeCrewTrace:
+    """A crew's run as a learning trace, from crewai's step and task callbacks (see the module
+    docstring); one recorder is one run: ``reset()`` it, or make a new one, for the next."""
+
+    def __init__(self, *, task: str = "", kind: str = "") -> None:
+        self.recorder = TraceRecorder(task=task, kind=kind)
+
+    def recalled(self, recall_id: str) -> None:
+        """A recall that fed this run (``Client.context(...).recall_id``): the outcome credits what it showed."""
+        self.recorder.recalled(recall_id)
+
+    def reset(self, task: str = "") -> None:
+        self.recorder.reset(task)
+
+    def trace(self) -> dict[str, Any]:
+        return self.recorder.trace()
+
+    def step_callback(self, step: Any) -> None:
+        """crewai's ``step_callback``: a tool the agent used (its input, what it returned), or an answer."""
+        if isinstance(step, AgentAction):
+            self.recorder.message("assistant", step.thought)
+            self.recorder.tool(step.tool, step.tool_input)
+            self.recorder.observation(step.result or "", tool=step.tool)
+        elif isinstance(step, AgentFinish):
+            out = step.output.model_dump_json() if isinstance(step.output, BaseModel) else step.output
+            self.recorder.message("assistant", out)
+
+    def task_callback(self, output: TaskOutput) -> None:
+        """crewai's ``task_callback``: a task's output (the first task is the trace's task, the last output its answer)."""
+        if not self.recorder.task:
+            self.recorder.task = output.description
+        self.recorder.finish(output.raw)
+
+    def report(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
+               wait: bool = False) -> dict[str, Any]:
+        """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
+        or what a Memory learned, as ``agent``)."""
+        return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
+
+    async def areport(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "",
+                      agent: str = "", wait: bool = False) -> dict[str, Any]:
+        return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
