@@ -31,6 +31,9 @@ ALLOWED_OUTWARD = {
     # Memory.add_messages is the library's front door for conversations (mem0's add(messages));
     # what it runs, extraction and admission, lives in curate, above the engine. One lazy call.
     ("forge.engine.memory", "forge.curate.messages"),
+    # Memory.learn / Memory.outcome are the library's front door for a user's own agent's
+    # outcomes; the learning (reflection, credit, the one learning function) lives in learn.
+    ("forge.engine.memory", "forge.learn.online"),
 }
 
 

@@ -13,6 +13,7 @@ than silently mixing vector spaces.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 from collections import deque
@@ -24,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from forge.engine.embed import Embedder, open_embedder
-from forge.engine.recall import Packed, Recalled, Reranker, Weights, approx_tokens, pack, recall
+from forge.engine import tickets
+from forge.engine.recall import Packed, Recalled, Recalls, Reranker, Weights, approx_tokens, pack, recall
 from forge.errors import ConfigError, DimensionError, ValidationError
 from forge.model import Episode, Relation, Status, Unit, Viewer
 from forge.store import Event, Filter, Store, indexed_text, open_store
@@ -125,6 +127,7 @@ class Memory:
             store.set_setting("embedder", embedder.name)
         self.store = store
         self.embedder = embedder
+        self._ticket_key: bytes | None = None
 
     @classmethod
     def open(cls, path: str | Path = ":memory:", *, embedder: str | Embedder | None = None,
@@ -255,24 +258,21 @@ class Memory:
     def record_use(self, unit_ids: Sequence[str], *, success: bool | None, actor: str = "") -> list[Unit]:
         """Units were shown for a decision whose outcome is now known: count it on each unit.
 
-        Every caller that learns an outcome (protocols, agents, the team's procedures,
-        consensus) comes here, so use counts and success rates live in one place:
-        ``meta.uses``/``successes``/``failures``, and ``validation`` becomes the smoothed
-        success rate (1 + s) / (2 + s + f), which recall's validation boost reads. A procedure's
-        rho is the same counts. ``success=None`` counts a use with no outcome yet. The units
-        are read and updated in one transaction: all of them count the use, or none does.
+        Every caller that learns an outcome (protocols, agents, the team's procedures, the
+        learning door's outcomes) comes here, so use counts and success rates live in one
+        place: :class:`~forge.model.Counts` in ``meta``, and ``validation`` becomes its
+        :attr:`~forge.model.Counts.rate` (the one credit model; corroboration moves the same
+        number), which recall's validation boost reads. A procedure's rho is the same counts.
+        ``success=None`` counts a use with no outcome yet. The units are read and updated in
+        one transaction: all of them count the use, or none does.
         """
         admin = Viewer.admin()
         out: list[Unit] = []
         with self.store.transaction():
             for unit in self.store.get_many(list(dict.fromkeys(unit_ids)), viewer=admin):
-                meta = dict(unit.meta)
-                meta["uses"] = int(meta.get("uses", 0)) + 1
-                if success is not None:
-                    key = "successes" if success else "failures"
-                    meta[key] = int(meta.get(key, 0)) + 1
-                s, f = int(meta.get("successes", 0)), int(meta.get("failures", 0))
-                validation = (1.0 + s) / (2.0 + s + f) if success is not None else unit.validation
+                counts = unit.counts.added(success)
+                validation = counts.rate if success is not None else unit.validation
+                meta = {**unit.meta, **counts.to_meta()}
                 out.append(self.store.update(unit.replace(meta=meta, validation=validation), None, actor=actor))
         return out
 
@@ -335,8 +335,11 @@ class Memory:
         rerank: Reranker | None = None,
         touch: bool = True,
         min_score: float = 0.0,
-    ) -> list[Recalled]:
-        """The ``k`` best units for ``query`` as ``viewer``, scored 0-1; none below ``min_score``."""
+    ) -> Recalls:
+        """The ``k`` best units for ``query`` as ``viewer``, scored 0-1; none below ``min_score``.
+
+        The list's ``recall_id`` (for an agent viewer) is what :meth:`outcome` takes to credit
+        these units once the decision they fed is judged."""
         _check_query(query)
         k = _count(k, "k", least=1, most=MAX_RECALL)
         hops = _count(hops, "hops", least=0, most=MAX_HOPS)
@@ -346,7 +349,7 @@ class Memory:
             raise ValidationError(f"filter must be a Filter, got {type(filter).__name__}")
         with self._gate:
             qv = self.embed([query])[0] if weights.vector > 0 else None
-            return recall(
+            found = recall(
                 self.store,
                 query=query,
                 query_vector=qv,
@@ -359,11 +362,55 @@ class Memory:
                 touch=touch,
                 min_score=min_score,
             )
+        out = Recalls(found)
+        out.recall_id = self.recall_id(viewer, [r.unit.id for r in found])
+        return out
 
     def context(self, query: str, *, viewer: Viewer, budget: int = 512, k: int = 20, count_tokens: Any = approx_tokens, **kw: Any) -> Packed:
-        """Recall for ``query`` and pack the result into a ``budget``-token prompt block."""
+        """Recall for ``query`` and pack the result into a ``budget``-token prompt block; its
+        ``recall_id`` names the units shown, for :meth:`outcome`, and ``rules`` their typed
+        advice."""
         budget = _count(budget, "budget", least=0, most=10**9)
-        return pack(self.recall(query, viewer=viewer, k=k, **kw), budget=budget, count_tokens=count_tokens)
+        packed = pack(self.recall(query, viewer=viewer, k=k, **kw), budget=budget, count_tokens=count_tokens)
+        return dataclasses.replace(packed, recall_id=self.recall_id(viewer, [u.id for u in packed.units]))
+
+    def recall_id(self, viewer: Viewer, unit_ids: Sequence[str]) -> str:
+        """A signed id naming ``unit_ids`` as shown to ``viewer``'s agent (see
+        :mod:`forge.engine.tickets`); empty for a viewer that is no agent, or a read-only
+        memory without a signing key."""
+        if not viewer.agent or viewer.operator:
+            return ""
+        key = self._key()
+        return tickets.mint(key, agent=viewer.agent, units=list(unit_ids)) if key is not None else ""
+
+    def ticket(self, recall_id: str) -> tickets.Ticket:
+        """What a recall id names; :class:`~forge.errors.NotFoundError` for one this memory did
+        not issue (forged, altered, or from another memory)."""
+        return tickets.read(self._key(), recall_id)
+
+    def _key(self) -> bytes | None:
+        if self._ticket_key is None:
+            self._ticket_key = tickets.key_of(self.store)
+        return self._ticket_key
+
+    # -- learning (the front door; the work lives in forge.learn.online) ---------------------
+    def learn(self, trace: Any, outcome: Any = None, *, agent: str, llm: Any = None, **kw: Any) -> Any:
+        """Learn from one task an agent did: credit the recalls it names, reflect on it with
+        ``llm`` (else this memory's), and store what holds as rules, lessons and procedures.
+        See :func:`forge.learn.online.learn`; returns its :class:`~forge.learn.online.Learned`."""
+        from forge.learn.online import learn
+
+        return learn(self, trace, outcome, agent=agent, llm=llm if llm is not None else self._llm_or_none(), **kw)
+
+    def outcome(self, recall_id: str, *, agent: str, success: bool | None = None, score: float | None = None) -> Any:
+        """Credit the units a recall showed with how the decision they fed turned out (once per
+        recall id). See :func:`forge.learn.online.credit`."""
+        from forge.learn.online import credit
+
+        return credit(self, recall_id, agent=agent, success=success, score=score)
+
+    def _llm_or_none(self) -> Any:
+        return self.get_llm() if self.llm is not None or self._opened_llm is not None else None
 
     # -- bulk -----------------------------------------------------------------------------
     def export(self, *, viewer: Viewer) -> Iterator[dict[str, Any]]:

@@ -24,13 +24,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from forge.errors import ValidationError
-from forge.model import Kind, RelationType, Unit, Viewer
+from forge.model import Kind, RelationType, Rule, Unit, Viewer
 from forge.store.base import SPEAKER, Filter, Store
 
 __all__ = [
     "DEFAULT_SECTIONS",
     "Packed",
     "Recalled",
+    "Recalls",
     "Reranker",
     "Weights",
     "approx_tokens",
@@ -78,7 +79,7 @@ class Weights:
     graph: float = 0.5
     rrf_k: float = 60.0
     recency: float = 0.0
-    validation: float = 0.0
+    validation: float = 1.0  # credit ranks: a unit that keeps failing drops below one that helps
     importance: float = 0.0
     half_life_s: float = 7 * 24 * 3600.0
     fusion: str = "score"
@@ -461,10 +462,19 @@ class Packed:
     tokens: int
     budget: int
     dropped: list[Recalled]
+    #: Names what was shown, to whom: an outcome that names it credits these units
+    #: (:meth:`forge.engine.memory.Memory.outcome`). Empty for a viewer that is no agent.
+    recall_id: str = ""
 
     @property
     def units(self) -> list[Unit]:
         return [r.unit for rs in self.sections.values() for r in rs]
+
+    @property
+    def rules(self) -> list[tuple[Unit, Rule]]:
+        """The shown units that carry a typed rule, with it: advice a client loop can enforce
+        (forbid ``avoid`` where ``when`` holds) rather than only read."""
+        return [(u, rule) for u in self.units if (rule := u.rule) is not None]
 
     def render(self) -> str:
         parts = []
@@ -472,6 +482,13 @@ class Packed:
             if items:
                 parts.append(f"## {name.capitalize()}\n" + "\n".join(_line(r.unit) for r in items))
         return "\n\n".join(parts)
+
+
+class Recalls(list[Recalled]):
+    """What :meth:`forge.engine.memory.Memory.recall` returns: the ranked units, and the
+    ``recall_id`` an outcome names to credit them (empty for a viewer that is no agent)."""
+
+    recall_id: str = ""
 
 
 def _line(unit: Unit) -> str:

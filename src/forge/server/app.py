@@ -107,6 +107,21 @@ def _no_telemetry() -> dict[str, Any]:
     return {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False, "auto_configure": False}}
 
 
+def _peers_from(keys: KeyStore | None) -> Any:
+    """Who an agent's learning reaches: the agents holding a live key in one of its groups."""
+    if keys is None:
+        return None
+
+    def peers(who: Principal) -> list[tuple[str, frozenset[str]]]:
+        out: dict[str, set[str]] = {}
+        for k in keys.list(include_revoked=False):
+            if not k.admin and k.agent != who.agent and set(k.groups) & set(who.groups):
+                out.setdefault(k.agent, set()).update(k.groups)
+        return [(a, frozenset(g)) for a, g in sorted(out.items())]
+
+    return peers
+
+
 def create_app(
     memory: Memory,
     *,
@@ -129,6 +144,7 @@ def create_app(
     max_import_body: int = 128 * 2**20,
     allowed_hosts: tuple[str, ...] = (),
     llm: Any = None,
+    jobs: str | None = None,
 ) -> FastAPI:
     """The ASGI app over one Memory. ``close_memory`` closes it at shutdown (``forge serve``).
 
@@ -141,6 +157,8 @@ def create_app(
     ``max_body`` caps a request body in bytes (``max_import_body`` for ``/v1/import``): a
     larger one is answered 413 without being read. ``allowed_hosts``: Host names a server
     without keys answers to beyond loopback and ``host`` (:mod:`forge.server.edge`).
+    ``jobs`` is where learning jobs wait (:class:`~forge.server.learning.Learning`): a file
+    for huey's SQLite queue (default: beside the store) or a ``redis://`` URL.
     """
     for name, value in (("max_body", max_body), ("max_import_body", max_import_body)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -148,6 +166,9 @@ def create_app(
     service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret, capsule_keyring=capsule_keyring,
                       read_audit_delay_s=read_audit_delay_s, llm=llm)
     auth = Authenticator(keys, rate=rate, burst=burst, share=workers, **({"clock": clock} if clock else {}))
+    from forge.server.learning import Learning
+
+    learning = Learning(service, queue=jobs, peers=_peers_from(keys), llm=llm)
     mcp_server = None
     if mcp:
         from forge.server.mcp import build_mcp, http_principal
@@ -167,9 +188,11 @@ def create_app(
                 await stack.enter_async_context(mcp_server.session_manager.run())
             if curation is not None:
                 curation.start()
+            learning.start()
             try:
                 yield
             finally:
+                learning.stop()
                 if curation is not None:
                     curation.stop()
                 service.close()  # the last read records, before the memory closes
@@ -192,6 +215,7 @@ def create_app(
     app.state.service = service
     app.state.auth = auth
     app.state.curation = curation
+    app.state.learning = learning
     app.add_middleware(Edge, auth=auth, hosts=(host, *allowed_hosts), max_body=max_body, bigger={"/v1/import": max_import_body})
 
     # -- errors: one shape ---------------------------------------------------------------
@@ -221,7 +245,8 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status_code, "http_error")
+        # 400: a body FastAPI could not parse at all (JSON nested past the parser's depth)
+        code = {400: "malformed", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(exc.status_code, "http_error")
         headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 405:  # Starlette names only the first route's methods; name every route's
             headers["Allow"] = ", ".join(_allowed(app, request))
@@ -317,7 +342,7 @@ def create_app(
         """The best units for a query that this key may see, each with why it was returned."""
         results = service.recall(p, body.query, k=body.k, filter=body.filter.build(), hops=body.hops, touch=body.touch,
                                  min_score=body.min_score)
-        return _answer({"results": [_recalled(r) for r in results]})
+        return _answer({"results": [_recalled(r) for r in results], "recall_id": getattr(results, "recall_id", "")})
 
     @app.post("/v1/context", response_model=m.ContextOut, tags=["recall"], responses={422: E[422]})
     def context(body: m.ContextReq, p: Who) -> Response:
@@ -326,7 +351,27 @@ def create_app(
                                  min_score=body.min_score)
         return _answer({"prompt": packed.render(), "tokens": packed.tokens, "budget": packed.budget, "units": [u.id for u in packed.units],
                         "sections": {name: [_recalled(r) for r in rs] for name, rs in packed.sections.items()},
-                        "dropped": [r.unit.id for r in packed.dropped]})
+                        "dropped": [r.unit.id for r in packed.dropped], "recall_id": packed.recall_id,
+                        "rules": [{"unit_id": u.id, **rule.to_dict(), "validation": u.validation} for u, rule in packed.rules]})
+
+    # -- learning ------------------------------------------------------------------------
+    @app.post("/v1/outcomes", response_model=m.OutcomeOut, tags=["learning"], responses={k: E[k] for k in (403, 404, 409, 422)})
+    def outcome(body: m.OutcomeIn, p: Who) -> dict[str, Any]:
+        """How the decision a recall fed turned out: credits the units it showed (use counts,
+        validation, their authors' reputations), once per recall_id, and retires rules that
+        keep failing."""
+        return learning.outcome(p, body.recall_id, success=body.success, score=body.score, feedback=body.feedback)
+
+    @app.post("/v1/learn", response_model=m.JobIn, status_code=202, tags=["learning"], responses={k: E[k] for k in (403, 404, 422)})
+    def learn(body: m.LearnIn, p: Who) -> dict[str, Any]:
+        """Learn from a task the agent did (its trace and outcome): queued as a durable job,
+        answered at once. Poll ``url`` for what was learned and which peers received it."""
+        return learning.submit(p, body.trace, body.outcome)
+
+    @app.get("/v1/jobs/{job_id}", response_model=m.JobOut, tags=["learning"], responses={404: E[404]})
+    def job(job_id: str, p: Who) -> dict[str, Any]:
+        """How a learning job stands: queued, running, done (with what it learned) or failed."""
+        return learning.job(p, job_id)
 
     # -- relations, episodes --------------------------------------------------------------
     @app.post("/v1/relations", response_model=m.RelationOut, status_code=201, tags=["relations"], responses={k: E[k] for k in (404, 422)})
@@ -354,8 +399,10 @@ def create_app(
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     @app.post("/v1/import", response_model=m.CountOut, tags=["bulk"], responses={k: E[k] for k in (400, 403, 404, 409, 413, 422)})
-    def import_records(p: Who, body: Annotated[str, Body(media_type="application/x-ndjson")] = "") -> dict[str, Any]:
-        """JSON lines as written by export; one transaction: every record lands or none does (admin)."""
+    def import_records(p: Who, body: Annotated[str, Body(media_type="application/x-ndjson")] = "",
+                       include_history: bool = False) -> dict[str, Any]:
+        """JSON lines as written by export; one transaction: every record lands or none does (admin).
+        Audit events and settings (reputations) are refused unless ``include_history=true``."""
         from forge.errors import ValidationError
 
         records = []
@@ -363,9 +410,9 @@ def create_app(
             if line.strip():
                 try:
                     records.append(json.loads(line))
-                except ValueError as exc:
-                    raise ValidationError(f"line {n}: malformed JSON ({exc})") from None
-        return {"records": service.import_records(p, records)}
+                except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
+                    raise ValidationError(f"line {n}: malformed JSON ({type(exc).__name__}: {exc})"[:300]) from None
+        return {"records": service.import_records(p, records, history=include_history)}
 
     @app.get("/v1/stats", tags=["meta"])
     def stats(p: Who) -> dict[str, Any]:

@@ -209,6 +209,7 @@ class RecalledOut(BaseModel):
 
 class RecallOut(BaseModel):
     results: list[RecalledOut]
+    recall_id: str = ""
 
 
 class ContextReq(_Strict):
@@ -220,6 +221,14 @@ class ContextReq(_Strict):
     min_score: float = Field(default=0.0, ge=0.0, le=1.0, description="pack only results scored at least this (0-1)")
 
 
+class RuleOut(BaseModel):
+    unit_id: str
+    when: str
+    avoid: list[str]
+    prefer: list[str]
+    validation: float
+
+
 class ContextOut(BaseModel):
     prompt: str
     tokens: int
@@ -227,6 +236,8 @@ class ContextOut(BaseModel):
     units: list[str]
     sections: dict[str, list[RecalledOut]]
     dropped: list[str]
+    recall_id: str = ""
+    rules: list[RuleOut] = []
 
 
 class RelationIn(_Strict):
@@ -332,3 +343,46 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         502: "a backend answered wrongly (an LLM that gave no valid reply)", 503: "backend unavailable",
     }.items()
 }
+
+
+# -- the learning door ---------------------------------------------------------------------
+
+
+class OutcomeIn(_Strict):
+    """How a decision fed by a recall turned out: credits the units that recall showed, once."""
+
+    recall_id: str = Field(min_length=1, max_length=16_384)
+    success: bool | None = None
+    score: float | None = Field(default=None, ge=0.0, le=1.0)
+    feedback: str = Field(default="", max_length=16_000)
+
+
+class OutcomeOut(BaseModel):
+    recall_id: str
+    success: bool | None
+    credited: list[str]
+    retired: list[str]
+
+
+class LearnIn(BaseModel):
+    """A trace (``task``, ``kind``, ``steps``, ``answer``, ``recall_ids``) and its outcome
+    (``success``, ``score``, ``feedback``); validated by :class:`forge.learn.trace.Trace`."""
+
+    model_config = ConfigDict(extra="forbid")
+    trace: dict[str, Any]
+    outcome: dict[str, Any] | None = None
+
+
+class JobIn(BaseModel):
+    job_id: str
+    status: str
+    url: str
+
+
+class JobOut(BaseModel):
+    job_id: str
+    status: str
+    result: dict[str, Any] | None = None
+    error: str = ""
+
+

@@ -12,8 +12,10 @@ call one method here, and render.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -25,27 +27,25 @@ from typing import Any
 from forge.curate import admission
 from forge.curate.admission import ADD, Admitted
 from forge.engine.memory import Memory
-from forge.engine.recall import Packed, Recalled
-from forge.errors import AccessError, ConfigError, NotFoundError, ValidationError
+from forge.engine.recall import Packed, Recalled, Recalls
+from forge.errors import AccessError, BackendError, ConfigError, ConflictError, NotFoundError, ValidationError
 from forge.model import Episode, Kind, Relation, Scope, Status, Unit, Viewer
 from forge.server.keys import Principal
+from forge.share.capsule import SYSTEM_META
 from forge.store import Filter
 from forge.store.base import Event
 
-__all__ = ["ReadLog", "Service"]
+__all__ = ["SYSTEM_META", "ReadLog", "Service"]
+
+_log = logging.getLogger("forge.server")
 
 #: Unit fields an update may change; the rest (id, owner, scores kept by the engine) may not.
 UPDATABLE = frozenset({"content", "kind", "context", "scope", "confidence", "importance", "meta", "provenance"})
 #: Change ops a non-admin sees in a unit's history (reads by other agents are theirs to know).
 _CHANGE_OPS = ("add", "update", "status")
-#: Meta keys the system records (the exchange, consensus and curation write them): who wrote
-#: a unit, how it travelled, who corroborated it, where it was promoted. An agent key may not
-#: set or change them, or it could forge provenance and consensus.
-SYSTEM_META = frozenset({
-    "origin", "via", "sender", "capsule", "remote_id", "hops", "received_scope", "received_at", "authored_at", "hash",
-    "origin_sig", "assessment", "promoted_to", "promoted_at", "consensus_of", "witnesses", "corroboration", "merged",
-    "quarantine",
-})
+#: The validation a unit starts with: an agent's write may not claim more (or less); it is
+#: earned by corroboration and outcomes.
+START_VALIDATION = next(f.default for f in dataclasses.fields(Unit) if f.name == "validation")
 
 
 class ReadLog:
@@ -89,10 +89,9 @@ class ReadLog:
 
     def _timed(self) -> None:
         try:
-            self.flush()
-        except Exception:  # kept pending: the next flush retries  # noqa: BLE001
-            with self._lock:
-                self._timer = None
+            self.flush()  # it clears the timer first, and puts the batch back if the write fails
+        except BackendError as exc:  # the store failed: kept pending, the next flush retries; a bug is raised
+            _log.warning("read audit records kept pending, the next flush retries: %s", exc)
 
     def flush(self) -> None:
         """Write every pending record now, in one transaction (readers of the log call this)."""
@@ -134,11 +133,14 @@ class Service:
         capsule_keyring: Any = None,
         read_audit_delay_s: float = 0.05,
         llm: Any = None,
+        screen: Any = None,
     ) -> None:
         """``capsule_keyring`` (a :class:`forge.share.capsule.Keyring` of senders' public keys) or the
         legacy shared ``capsule_secret`` lets agents receive capsules through the service.
         ``read_audit_delay_s`` is how long read records may wait to be written in a batch
-        (0: each at once, none lost on a crash, a write transaction per read)."""
+        (0: each at once, none lost on a crash, a write transaction per read). ``screen``
+        judges an agent's group and global writes (default: the exchange's :class:`Screen`,
+        built on the first such write)."""
         self.memory = memory
         self.store = memory.store
         self.llm = llm  # what add_messages extracts with (default: the memory's, else the embedded model)
@@ -149,6 +151,7 @@ class Service:
             capsule_keyring = Keyring.from_secret(capsule_secret)
         self.capsule_keyring = capsule_keyring
         self._exchanges: dict[str, Any] = {}
+        self._screen: Any = screen
         self._lock = threading.Lock()
         if not 0 <= read_audit_delay_s <= 60:
             raise ConfigError("the read audit delay must be between 0 and 60 seconds")
@@ -185,12 +188,73 @@ class Service:
         if not units:
             raise ValidationError("no units to add")
         built = [self._own(who, Unit.from_dict(self._defaults(who, u))) for u in units]
-        if not who.admin:
-            self._parents_visible(who, built)
+        if who.admin:
+            return self._write(who, built, admit=admit)
+        self._parents_visible(who, built)
+        self._ids_free(who, built)
+        # Group and global units reach other agents' prompts: the screen judges them first,
+        # as the exchange judges a capsule. What it holds is stored quarantined (the writer
+        # sees it in its review queue), and goes through no admission: it merges into,
+        # and supersedes, nothing until an operator releases it.
+        held = {i: h for i, u in enumerate(built) if u.scope.kind != "private" and (h := self._held(u)) is not None}
+        if not held:
+            return self._write(who, built, admit=admit)
+        with self.memory.transaction():
+            passed = self._write(who, [u for i, u in enumerate(built) if i not in held], admit=admit) if len(held) < len(built) else []
+            kept = iter(passed)
+            out = []
+            for i, u in enumerate(built):
+                if i in held:
+                    uid = self.memory.add([self._quarantined(u, held[i])], actor=who.actor)[0]
+                    out.append(Admitted(ADD, uid, f"held for review ({held[i].reason}: {held[i]}); an operator releases it", uid))
+                else:
+                    out.append(next(kept))
+            return out
+
+    def _write(self, who: Principal, units: list[Unit], *, admit: bool) -> list[Admitted]:
         if admit:
-            return admission.admit(self.memory, built, actor=who.actor)
-        ids = self.memory.add(built, actor=who.actor)
+            return admission.admit(self.memory, units, actor=who.actor)
+        ids = self.memory.add(units, actor=who.actor)
         return [Admitted(ADD, uid, "stored as given (admission off)", uid) for uid in ids]
+
+    def _held(self, unit: Unit) -> Any:
+        """The screen's verdict on an agent's unit bound for other agents (:func:`forge.share.exchange.hold`)."""
+        from forge.share.exchange import hold
+
+        return hold(self.screen, unit)
+
+    def _quarantined(self, unit: Unit, held: Any) -> Unit:
+        from forge.share.exchange import redact_tree
+
+        meta = {**unit.meta, "quarantine": held.record(time.time())}
+        if held.redacted:  # no clear copy of a leaked secret in the store
+            meta = redact_tree(meta, self.screen)
+        return unit.replace(content=held.content, status=Status.QUARANTINED, meta=meta)
+
+    @property
+    def screen(self) -> Any:
+        """The screen an agent's group and global writes pass (the exchange's default), built once."""
+        with self._lock:
+            if self._screen is None:
+                from forge.share.screen import Screen
+
+                self._screen = Screen()
+            return self._screen
+
+    def _ids_free(self, who: Principal, units: Sequence[Unit]) -> None:
+        """An agent's unit ids must be free. One held by a unit the agent can see is a 409; one
+        held by a unit it cannot see is answered exactly as reading that id is (404, as for any
+        id it cannot see), so a write tells an agent nothing about units hidden from it."""
+        ids = [u.id for u in units]
+        taken = {u.id for u in self.store.get_many(ids, viewer=Viewer.admin())}
+        if not taken:
+            return
+        seen = {u.id for u in self.store.get_many(sorted(taken), viewer=who.viewer)}
+        for uid in ids:
+            if uid in taken and uid in seen:
+                raise ConflictError(f"unit id already exists: {uid}; omit id to have one assigned")
+            if uid in taken:
+                raise NotFoundError(f"no unit with id {uid}")
 
     def _defaults(self, who: Principal, data: Mapping[str, Any]) -> dict[str, Any]:
         """The server's stamps on a unit an agent sends: its owner, its source, no system meta.
@@ -205,6 +269,9 @@ class Service:
         else:
             d.setdefault("owner", who.agent)
             _no_system_meta(d.get("meta") or {}, {})
+            if d.get("validation", START_VALIDATION) != START_VALIDATION:
+                raise ValidationError(f"validation is earned (corroboration by other agents, outcomes), not set by an agent key: "
+                                      f"leave it out (every unit starts at {START_VALIDATION})")
             stamp, claimed = f"api:{who.agent}", str(prov.get("source") or "")
             prov["source"] = stamp if claimed in ("", stamp) else f"{stamp}/{claimed}"
         d["provenance"] = prov
@@ -274,6 +341,11 @@ class Service:
                 changes["meta"] = {**changes["meta"], **{k: v for k, v in unit.meta.items() if k in SYSTEM_META}}
         data = {**unit.to_dict(), **changes}
         new = self._own(who, Unit.from_dict(data))
+        if not who.admin and new.scope.kind != "private" and new.status is Status.ACTIVE and (new.text != unit.text or new.scope != unit.scope
+                                                                                             or new.meta != unit.meta):
+            held = self._held(new)  # what others will read changed: the screen judges it again, as on a write
+            if held is not None:
+                new = self._quarantined(new, held)
         reembed = new.text != unit.text
         return self.shown(who, [self.memory.update(new, actor=who.actor, reembed=reembed)])[0]
 
@@ -283,9 +355,20 @@ class Service:
             raise ValidationError("a status change needs a reason")
         new = Status.parse(status)
         unit = self._writable(who, unit_id)
-        if unit.status is Status.QUARANTINED and new is Status.ACTIVE and not who.admin and unit.owner != who.agent:
-            raise AccessError("only an admin or the unit's owner can release it from quarantine")
-        self.memory.set_status(unit_id, new, reason=reason.strip(), actor=who.actor)
+        held = unit.status is Status.QUARANTINED or ("quarantine" in unit.meta and "released" not in unit.meta)
+        if new is Status.ACTIVE and held:
+            # The screen held it (a capsule, an agent's group write): the receiver or writer
+            # may reject it (archive), but only an operator lets it into recall.
+            if not who.admin:
+                raise AccessError(f"{unit_id} was held for review by the screen; only an operator (an admin key) can release it")
+            with self.memory.transaction():
+                released = {"by": who.actor, "key": who.key_id, "at": time.time(), "reason": reason.strip()[:1000], "from": unit.status.value}
+                self.memory.update(unit.replace(meta={**unit.meta, "released": released}), actor=who.actor, reembed=False)
+                self.memory.set_status(unit_id, new, reason=f"released from quarantine: {reason.strip()}", actor=who.actor)
+                self.memory.append_event("release", unit_id=unit_id, actor=who.actor,
+                                         data={"key": who.key_id, "reason": reason.strip()[:1000], "quarantine": unit.meta.get("quarantine")})
+        else:
+            self.memory.set_status(unit_id, new, reason=reason.strip(), actor=who.actor)
         return self.shown(who, [self.store.get(unit_id, viewer=Viewer.admin())])[0]
 
     def add_messages(self, who: Principal, messages: Any, *, scope: str = "global", admit: bool = True) -> Any:
@@ -319,8 +402,9 @@ class Service:
 
     # -- recall ---------------------------------------------------------------------------
     def recall(self, who: Principal, query: str, *, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True,
-               min_score: float = 0.0) -> list[Recalled]:
-        """The ``k`` best units for ``query`` that ``who`` may see, scored 0-1, none below ``min_score``."""
+               min_score: float = 0.0) -> Recalls:
+        """The ``k`` best units for ``query`` that ``who`` may see, scored 0-1, none below ``min_score``,
+        with the ``recall_id`` an outcome names."""
         _check_query(query, k)
         if not 0 <= hops <= 3:
             raise ValidationError("hops must be between 0 and 3")
@@ -335,7 +419,9 @@ class Service:
             },
             names=[r.unit.id for r in results],
         )
-        return self._shown_recalled(who, results)
+        shown = Recalls(self._shown_recalled(who, results))
+        shown.recall_id = results.recall_id  # what an outcome names to credit these units
+        return shown
 
     def context(self, who: Principal, query: str, *, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1,
                 min_score: float = 0.0) -> Packed:
@@ -357,8 +443,12 @@ class Service:
 
     # -- relations and history -------------------------------------------------------------
     def relate(self, who: Principal, src: str, dst: str, type: str = "related_to", *, weight: float = 1.0, note: str = "") -> Relation:
+        """Link two units. An agent links only units it may change (its own): every relation
+        acts on both ends (all but ``contradicts`` pull one end into recalls of the other,
+        and a ``contradicts`` lets a curation pass supersede the older end), so a link to
+        another agent's unit would change what that agent recalls and keeps."""
         for end in (src, dst):
-            self.memory.get(end, viewer=who.viewer)  # both ends must be visible
+            self._writable(who, end)  # NotFound for what it cannot see, AccessError for what is not its own
         return self.memory.relate(src, dst, type, weight=weight, note=note, actor=who.actor)
 
     def relations(self, who: Principal, unit_id: str) -> list[Relation]:
@@ -421,13 +511,18 @@ class Service:
         self.reads.record("export", actor=who.actor, data={"key": who.key_id})
         return self.memory.export(viewer=who.viewer)
 
-    def import_records(self, who: Principal, records: Iterable[Mapping[str, Any]]) -> int:
+    def import_records(self, who: Principal, records: Iterable[Mapping[str, Any]], *, history: bool = False) -> int:
+        """Import export records (admin). Audit events and settings (reputations) are history
+        the store writes itself: refused unless ``history`` (see :func:`forge.store.records.check_history`)."""
+        from forge.store.records import check_history
+
         _admin(who, "import records")
         rows = []
         for i, r in enumerate(records, 1):
             if not isinstance(r, Mapping):
                 raise ValidationError(f"record {i}: a record must be a JSON object")
             rows.append(dict(r))
+        check_history(rows, allowed=history, flag="include_history=true")
         return self.memory.import_records(rows, actor=who.actor)
 
     def stats(self, who: Principal) -> dict[str, Any]:
@@ -528,15 +623,27 @@ class Service:
 
     # -- runs -----------------------------------------------------------------------------
     def runs(self, who: Principal) -> list[dict[str, Any]]:
+        """Run directories (those with a ``config.json``) under the runs folder, and one level
+        deeper: ``forge evolve --quick-demo`` writes ``quick-demo-<stamp>/zero-shot`` and
+        ``quick-demo-<stamp>/forge``. A nested run is named by its path, ``parent/child``."""
         if self.runs_dir is None or not self.runs_dir.is_dir():
             return []
+        found: list[Path] = []
+        for top in sorted(p for p in self.runs_dir.iterdir() if p.is_dir()):
+            if (top / "config.json").is_file():
+                found.append(top)
+            else:  # a folder of runs (not looked into below a run: its checkpoints are not runs)
+                with contextlib.suppress(OSError):
+                    found.extend(sorted(p for p in top.iterdir() if p.is_dir() and (p / "config.json").is_file()))
         out = []
-        for d in sorted(p for p in self.runs_dir.iterdir() if (p / "config.json").is_file()):
+        for d in found:
             try:
                 cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 continue
-            out.append({"name": d.name, "finished": (d / "final.json").is_file(), "env": cfg.get("env"),
+            if not isinstance(cfg, dict):
+                continue
+            out.append({"name": d.relative_to(self.runs_dir).as_posix(), "finished": (d / "final.json").is_file(), "env": cfg.get("env"),
                         "condition": cfg.get("condition"), "representation": cfg.get("representation"), "llm": cfg.get("llm")})
         return out
 
@@ -554,9 +661,13 @@ class Service:
             return paths["html"].read_text(encoding="utf-8")
 
     def _run_dir(self, name: str) -> Path:
-        if self.runs_dir is None or "/" in name or name in ("", ".", "..") or not (self.runs_dir / name).is_dir():
+        """The run ``name`` (``run`` or ``parent/run``, as :meth:`runs` lists it), never a path
+        outside the runs folder."""
+        parts = name.split("/")
+        if (self.runs_dir is None or not 1 <= len(parts) <= 2 or any(p in ("", ".", "..") for p in parts)
+                or not (self.runs_dir.joinpath(*parts) / "config.json").is_file()):
             raise NotFoundError(f"no run named {name!r}")
-        return self.runs_dir / name
+        return self.runs_dir.joinpath(*parts)
 
 
 def _no_system_meta(meta: Any, recorded: Mapping[str, Any]) -> None:
