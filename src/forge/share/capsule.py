@@ -50,7 +50,24 @@ from forge.share.identity import (
     verify_ed25519,
 )
 
-__all__ = ["CAPSULE_KINDS", "MAX_HOPS", "MAX_TTL_S", "Capsule", "Keyring", "content_hash"]
+__all__ = ["CAPSULE_KINDS", "MAX_HOPS", "MAX_TTL_S", "SYSTEM_META", "Capsule", "Keyring", "content_hash"]
+
+#: Meta keys the system records and no writer sets: neither an agent's key (REST, MCP:
+#: :mod:`forge.server.service`) nor a capsule's sender (:mod:`forge.share.exchange`). Set by
+#: a writer they would forge authorship or consensus, or retire and outlive other units:
+#: ``pinned`` spares a unit from decay and caps, ``valid_from`` decides which side of a
+#: contradiction is newer, ``superseded_by`` says it was replaced. One set, read by both.
+SYSTEM_META = frozenset({
+    # provenance and travel
+    "origin", "via", "sender", "capsule", "remote_id", "hops", "received_scope", "received_at", "authored_at", "hash",
+    "origin_sig",
+    # screening and review
+    "assessment", "quarantine", "released",
+    # consensus
+    "promoted_to", "promoted_at", "consensus_of", "witnesses", "corroboration", "merged", "merges", "holds_when",
+    # curation
+    "valid_from", "valid_to", "superseded_by", "pinned", "restored_at",
+})
 
 #: What a capsule can be: a memory shared, a question for the agent, an answer to one.
 CAPSULE_KINDS = ("share", "help_request", "help_reply")

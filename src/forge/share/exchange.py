@@ -43,7 +43,7 @@ from forge.errors import BackendError, ForgeError, LLMError, NotFoundError, Vali
 from forge.llm.base import LLM
 from forge.llm.structured import complete_json
 from forge.model import Context, Provenance, Status, Unit, Viewer
-from forge.share.capsule import Capsule, Keyring, content_hash
+from forge.share.capsule import SYSTEM_META, Capsule, Keyring, content_hash
 from forge.share.conflicts import (
     ConfidencePolicy,
     Conflict,
@@ -61,9 +61,12 @@ __all__ = [
     "Assessor",
     "Ruling",
     "Exchange",
+    "Held",
     "HeuristicAssessor",
     "LLMAssessor",
     "Limits",
+    "hold",
+    "redact_tree",
 ]
 
 
@@ -198,6 +201,63 @@ class LLMAssessor:
 
 
 # ---------------------------------------------------------------------------------------------
+# The screen's verdict, for every door from one agent to another
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Why the screen holds a unit for review, and the content it is kept with (secrets and
+    personal data redacted when ``redacted``)."""
+
+    findings: tuple[Finding, ...]
+    content: str
+    redacted: bool = False
+
+    @property
+    def reason(self) -> str:
+        return self.findings[0].category
+
+    def record(self, at: float) -> dict[str, Any]:
+        """What ``meta["quarantine"]`` keeps of it."""
+        categories = list(dict.fromkeys(f.category for f in self.findings))
+        return {"reason": categories[0], "findings": [f.to_dict() for f in self.findings], "redacted": self.redacted, "at": at}
+
+    def __str__(self) -> str:
+        return "; ".join(str(f) for f in self.findings)
+
+
+def hold(screen: Screen, unit: Unit, *, block: Iterable[str] = BLOCKING, redact: bool = True) -> Held | None:
+    """The screen's verdict on a unit about to reach other agents: None to let it through,
+    else why it is held for review. The exchange judges capsules with it, and the service
+    judges an agent's group and global writes with it (REST, MCP, conversations), so one
+    agent's memory reaches another's prompt through the same screen by every door.
+
+    Safety and usefulness are separate verdicts: a unit the screen's semantic layer doubts
+    is held too, never accepted because an assessor finds it useful.
+    """
+    block = frozenset(block)
+    findings = [f for f in screen.check_unit(unit) if f.category in block]
+    if findings:
+        redacted = redact and any(f.category in ("secret", "pii") for f in findings)
+        return Held(tuple(findings), screen.redact(unit.content) if redacted else unit.content, redacted)
+    doubt = screen.doubtful(unit) if "injection" in block else None
+    if doubt is not None:
+        return Held((Finding("injection", "doubtful", f"p={doubt:.2f}: may be orders for agents or harmful advice"),), unit.content)
+    return None
+
+
+def redact_tree(value: Any, screen: Screen) -> Any:
+    """Redact every string leaf of a JSON-like value (numbers are left alone on purpose)."""
+    if isinstance(value, str):
+        return screen.redact(value)
+    if isinstance(value, Mapping):
+        return {k: redact_tree(v, screen) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_tree(v, screen) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
 # Exchange
 
 
@@ -329,7 +389,10 @@ class Exchange:
         """Judge one capsule and act on it; the returned decision is already in the ledger.
 
         Whatever a capsule holds, a malformed or hostile one becomes a recorded rejection
-        (``malformed``), never an exception: a bad message must not block an inbox. What
+        (``malformed``: a :class:`ValidationError`), never an exception: a bad message must
+        not block an inbox. Any other exception is FORGE's own fault (a bug in a screen, an
+        assessor, a policy), not the sender's: it is raised, nothing is recorded against the
+        sender, and the capsule stays unseen, so its redelivery is judged afresh. What
         the capsule changes (a stored unit, a corroboration, a promotion) and its ledger
         record are written in one store transaction, and its id counts as seen (replay
         protection) only once that transaction commits. A backend failure (the store or the
@@ -354,7 +417,7 @@ class Exchange:
                 with contextlib.suppress(ForgeError):
                     self._record(self._decision(capsule, "rejected", "error", f"{type(exc).__name__}: {exc}"[:300]))
                 raise
-            except Exception as exc:  # malformed or hostile content: recorded, never raised
+            except ValidationError as exc:  # malformed or hostile content: recorded, never raised
                 return self._record(
                     self._decision(capsule, "rejected", "malformed", f"{type(exc).__name__}: {exc}"[:300])
                 )
@@ -369,7 +432,7 @@ class Exchange:
         """Parse a capsule from JSON (text, bytes or a dict) and receive it; malformed input is recorded."""
         try:
             capsule = Capsule.from_dict(data) if isinstance(data, Mapping) else Capsule.from_json(data)
-        except Exception as exc:  # whatever the bytes are, they become a recorded rejection
+        except ValidationError as exc:  # from_dict / from_json say every malformed input with it
             with self._lock:
                 return self._record(Ruling("rejected", "malformed", f"{exc}"[:300], agent=self.agent_id))
         return self.receive(capsule)
@@ -428,19 +491,9 @@ class Exchange:
         if self._flooding(capsule.sender, now):
             detail = f"more than {self.limits.flood_limit} capsules in {self.limits.flood_window_s:.0f}s from {capsule.sender}"
             return _Verdict("reject", reason="rate_limited", detail=detail, verified=True)
-        findings = [f for f in self.screen.check_unit(capsule.unit) if f.category in self.block]
-        if findings:
-            content = capsule.unit.content
-            redacted = self.redact and any(f.category in ("secret", "pii") for f in findings)
-            if redacted:
-                content = self.screen.redact(content)
-            return _Verdict("quarantine", findings=findings, content=content, redacted=redacted)
-        # Safety and usefulness are separate verdicts: a unit the screen's semantic layer
-        # doubts is held for review, never accepted because the assessor finds it useful.
-        doubt = self.screen.doubtful(capsule.unit) if "injection" in self.block else None
-        if doubt is not None:
-            finding = Finding("injection", "doubtful", f"p={doubt:.2f}: may be orders for agents or harmful advice")
-            return _Verdict("quarantine", findings=[finding], content=capsule.unit.content)
+        held = hold(self.screen, capsule.unit, block=self.block, redact=self.redact)
+        if held is not None:
+            return _Verdict("quarantine", findings=held.findings, content=held.content, redacted=held.redacted)
         # The unit we would store keeps the capsule unit's content, context and search
         # context, so this is the vector it is stored with (found near, then written).
         vector = self.memory.embed_units([capsule.unit])[0]
@@ -559,7 +612,7 @@ class Exchange:
     def _meta(self, capsule: Capsule, now: float, **extra: Any) -> dict[str, Any]:
         via = self._via(capsule)
         return {
-            **{k: v for k, v in capsule.unit.meta.items() if k not in _RESERVED_META},
+            **{k: v for k, v in capsule.unit.meta.items() if k not in SYSTEM_META},
             "origin": capsule.origin,
             "sender": capsule.sender,
             "capsule": capsule.id,
@@ -600,7 +653,7 @@ class Exchange:
             quarantine={"reason": categories[0], "findings": [f.to_dict() for f in findings], "redacted": redacted, "at": now},
         )
         if redacted:  # keep no clear copy of a leaked secret anywhere in our store
-            meta = _redact_tree(meta, self.screen)
+            meta = redact_tree(meta, self.screen)
         unit = self._local(capsule, content=content, status=Status.QUARANTINED, validation=0.0, meta=meta)
         self.memory.add(unit, actor=self.actor)
         detail = "; ".join(str(f) for f in findings)
@@ -663,24 +716,3 @@ class Exchange:
                 data={"resolutions": outcomes, "newcomer": verdict},
             )
         )
-
-
-#: Meta keys the receiver writes itself; a sender cannot pre-fill them (e.g. fake corroboration).
-_RESERVED_META = frozenset(
-    {
-        "origin", "sender", "capsule", "remote_id", "hops", "received_scope", "received_at", "authored_at",
-        "hash", "assessment", "quarantine", "corroboration", "via", "promoted_to", "consensus_of", "witnesses",
-        "holds_when", "origin_sig",
-    }
-)
-
-
-def _redact_tree(value: Any, screen: Screen) -> Any:
-    """Redact every string leaf of a JSON-like value (numbers are left alone on purpose)."""
-    if isinstance(value, str):
-        return screen.redact(value)
-    if isinstance(value, Mapping):
-        return {k: _redact_tree(v, screen) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_redact_tree(v, screen) for v in value]
-    return value

@@ -22,6 +22,7 @@ Scope travels with a unit: a group-scoped capsule goes only to the group's membe
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -32,6 +33,8 @@ from forge.model import Scope
 from forge.share.bus.base import Bus, BusMessage, Subscription
 from forge.share.capsule import Capsule, Keyring
 from forge.share.topology import Topology
+
+_log = logging.getLogger("forge.share")
 
 __all__ = ["CapsuleInbox", "Delivery", "Network", "Rejection"]
 
@@ -86,10 +89,8 @@ class CapsuleInbox:
                 if reason is None and capsule.expired(self.clock()):
                     reason = "expired"
                 detail = reason
-            except ValidationError as exc:
+            except ValidationError as exc:  # Capsule.from_json says every malformed payload with it
                 reason, detail = "malformed", f"malformed: {exc}"
-            except Exception as exc:  # whatever the bytes hold, they must not block the inbox
-                reason, detail = "malformed", f"malformed: {type(exc).__name__}: {exc}"[:300]
             if reason is None:
                 out.append(Delivery(m.id, capsule))
             else:
@@ -211,7 +212,8 @@ class Network:
                     handle(d.capsule)
                 except BackendError:
                     raise
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001  the caller's handler: counted as its error (not the sender's), and logged
+                    _log.error("handler of %s failed on capsule %s", agent, d.capsule.id, exc_info=exc)
                     inbox.reject(d.id, "handler_error", f"{type(exc).__name__}: {exc}"[:300], d.capsule.sender)
                     done.append(d.id)
                     continue
