@@ -20,9 +20,10 @@ same call:
   value: "... is 4411" then "... is 9032"). The newcomer is stored, linked ``supersedes`` to
   the old unit, and the old unit becomes ``superseded`` with ``meta["valid_to"]``: its text
   stays in the store as history, so an update never loses what was believed before. Only
-  when the newcomer is not older and comes from the same origin or is at least as validated;
-  otherwise it is an ADD with a ``contradicts`` link, left for the curation pass to settle
-  once one side has earned validation.
+  when both have the same owner (one writer never retires another's unit), and the newcomer
+  is not older and comes from the same origin or is at least as validated; otherwise it is
+  an ADD with a ``contradicts`` link, left for the curation pass to settle once one side has
+  earned validation (between two owners, for an operator to settle).
 - **ADD**: anything else, with its importance scored (see :class:`HeuristicImportance`)
   when the caller left it at the default 0.5.
 
@@ -376,6 +377,8 @@ def _decide(unit: Unit, cands: list[tuple[Unit, float]], policy: AdmissionPolicy
         conflict = policy.detector.detect(old, unit, similarity=sim)
         if conflict is None:
             continue
+        if old.owner != unit.owner:  # one writer never retires another's unit: the two stand side by side, linked
+            return ADD, old, sim, f"{conflict.kind}: {conflict.reason}; {old.id} is {old.owner or 'the operator'}'s, so it stays"
         same_origin = origin_of(old) == origin_of(unit) and old.provenance.source == unit.provenance.source
         newer = unit.created_at >= old.created_at
         if newer and (same_origin or unit.validation >= old.validation):

@@ -140,7 +140,8 @@ class CurationPolicy:
     ``cap_per_agent`` counts units by owner, ``cap_per_scope`` by scope, ``cap_per_kind``
     by kind; over a cap the weakest are archived first (:data:`EVICTION_ORDER`).
     A contradiction is settled when the newer side is validated (``validated_at``) and
-    better validated than the older one.
+    better validated than the older one, and both have one owner: a ``contradicts`` link
+    between two owners' units never retires either (it is left for an operator).
     """
 
     archive_below: float = 0.1
@@ -252,8 +253,8 @@ def plan(memory: Any, *, policy: CurationPolicy | None = None, now: float | None
     if policy.conflicts:
         for src, dst, note in _contradictions(store, by_id):
             a, b = by_id[src], by_id[dst]
-            if a.id in gone or b.id in gone:
-                continue
+            if a.id in gone or b.id in gone or a.owner != b.owner:
+                continue  # between two owners a contradiction is one writer's claim about another's unit: an operator settles it
             new, old = (a, b) if (valid_from(a), a.id) >= (valid_from(b), b.id) else (b, a)
             if new.validation >= policy.validated_at and new.validation > old.validation:
                 drop(
