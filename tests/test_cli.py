@@ -64,6 +64,8 @@ def test_export_import_round_trip(capsys, db, tmp_path):
     assert run(capsys, "--db", db, "export", str(dump))[0] == 0
     db2 = str(tmp_path / "copy.db")
     code, out, err = run(capsys, "--db", db2, "--embedder", "hash", "import", str(dump))
+    assert code == 2 and "--with-history" in err  # the admission decisions are audit history: restored only when asked
+    code, out, err = run(capsys, "--db", db2, "--embedder", "hash", "import", "--with-history", str(dump))
     assert code == 0, err
     dump2 = tmp_path / "dump2.jsonl"
     run(capsys, "--db", db2, "export", str(dump2))

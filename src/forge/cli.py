@@ -285,10 +285,15 @@ def export_cmd(obj: _Ctx, path: str, agent: str | None, groups: tuple[str, ...])
 
 @cli.command("import")
 @click.argument("path")
+@click.option("--with-history", is_flag=True, help="Also write the audit events and settings (reputations) the records carry: "
+              "restoring a whole store's export. Without it such records are refused.")
 @pass_ctx
-def import_cmd(obj: _Ctx, path: str) -> None:
+def import_cmd(obj: _Ctx, path: str, with_history: bool) -> None:
     """Import JSONL records in one transaction: every line lands or none does."""
+    from forge.store.records import check_history
+
     records = list(_read_jsonl(path))
+    check_history(records, allowed=with_history)
     units = [r for r in records if isinstance(r, dict) and r.get("record") == "unit"]
     to_embed = len(units) if units and not any("vector" in r for r in units) else 0  # embedded only when none has one
     writing = f"writing {len(records):,} records in one transaction"

@@ -372,8 +372,10 @@ class Client:
                 if line.strip():
                     yield json.loads(line)
 
-    def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
-        return self._call("POST", "/v1/import", content=_Calls.ndjson(records), headers=_NDJSON).json()["records"]
+    def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import", history: bool = False) -> int:
+        """Import export records (admin); ``history``: also the audit events and settings they carry."""
+        params = {"include_history": "true"} if history else None
+        return self._call("POST", "/v1/import", content=_Calls.ndjson(records), headers=_NDJSON, params=params).json()["records"]
 
     def close(self) -> None:
         self._http.close()
@@ -490,8 +492,9 @@ class AsyncClient:
                 if line.strip():
                     yield json.loads(line)
 
-    async def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import") -> int:
-        return (await self._call("POST", "/v1/import", content=_Calls.ndjson(records), headers=_NDJSON)).json()["records"]
+    async def import_records(self, records: Iterable[dict[str, Any]], *, actor: str = "import", history: bool = False) -> int:
+        params = {"include_history": "true"} if history else None
+        return (await self._call("POST", "/v1/import", content=_Calls.ndjson(records), headers=_NDJSON, params=params)).json()["records"]
 
     async def events(self, **params: Any) -> list[Event]:
         return [_event(e) for e in (await self._call("GET", "/v1/events", params=params)).json()["events"]]

@@ -20,7 +20,11 @@ from forge.errors import ValidationError
 from forge.model import Episode, Relation, Unit
 from forge.store.base import check_event_op, check_setting
 
-__all__ = ["ImportBatch", "event_record", "parse_records", "setting_record", "vector_field"]
+__all__ = ["HISTORY_RECORDS", "ImportBatch", "check_history", "event_record", "parse_records", "setting_record", "vector_field"]
+
+#: Records that are history the store writes itself, not memory: audit events (who did what,
+#: who saw what) and settings (reputations, the embedder's name).
+HISTORY_RECORDS = ("event", "setting")
 
 
 @dataclass
@@ -57,6 +61,27 @@ def setting_record(key: str, value: str) -> dict[str, Any]:
 def event_record(ts: float, op: str, unit_id: str | None, actor: str, data: Mapping[str, Any]) -> dict[str, Any]:
     """An appended event as an export record (its seq is the source store's, so it stays behind)."""
     return {"record": "event", "ts": ts, "op": op, "unit_id": unit_id, "actor": actor, "data": dict(data)}
+
+
+def check_history(records: Iterable[Any], *, allowed: bool, flag: str = "--with-history") -> None:
+    """Refuse audit events and settings among ``records`` unless ``allowed``.
+
+    An import that carries them rewrites history: an event dated 1970 "seen by alice", or a
+    reputation that makes one agent's word count double. Restoring a whole store's export
+    is an operator's deliberate act, asked for with ``flag``; an import of memories is not.
+    The ``embedder`` setting passes: it names what made the records' vectors, is checked
+    against this store's, and never replaces it.
+    """
+    if allowed:
+        return
+    for i, rec in enumerate(records, 1):
+        kind = rec.get("record") if isinstance(rec, Mapping) else None
+        if kind == "setting" and rec.get("key") == "embedder":
+            continue  # what made the records' vectors, checked against this store's; never overwrites it
+        if kind in HISTORY_RECORDS:
+            what = "an audit event" if kind == "event" else "a setting (a reputation, the embedder's name)"
+            raise ValidationError(f"record {i} is {what}: an import writes memories, not history; to restore a whole "
+                                  f"store's audit log and settings, import with {flag} (admin)")
 
 
 def parse_records(records: Iterable[Any]) -> ImportBatch:
