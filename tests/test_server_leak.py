@@ -41,7 +41,7 @@ def world(request: pytest.FixtureRequest, tmp_path: Path):
                                                    {"content": GROUP, "scope": "group:red"}]}, headers=h).json()["ids"]
         c.post("/v1/relations", json={"src": ids[0], "dst": ids[1], "type": "supports"}, headers=h)
         c.post(f"/v1/units/{ids[0]}/status", json={"status": "quarantined", "reason": "held for review"}, headers=h)
-        c.post(f"/v1/units/{ids[0]}/status", json={"status": "active", "reason": "released"}, headers=h)
+        c.post(f"/v1/units/{ids[0]}/status", json={"status": "active", "reason": "released"}, headers=setup.h(setup.admin))  # an operator's to release
         c.post("/v1/recall", json={"query": SECRET}, headers=h)
         eid = c.post("/v1/episodes", json={"task": SECRET, "env": "lake"}, headers=h).json()["id"]
         c.post("/v1/units", json={"units": [{"content": "bob's own public note about lakes"}]}, headers=setup.h(setup.bob))

@@ -8,7 +8,8 @@ learning curves. No build step, no CDN: htmx 2 (0BSD licence, from the npm packa
 
 The browser authenticates with the API key in a ``SameSite=Strict`` cookie set by
 ``/ui/login``; state-changing requests must also carry htmx's ``HX-Request`` header, which a
-cross-site form cannot send.
+cross-site form cannot send. Pages link only to ``/ui``: ``/v1`` takes the cookie only from a
+same-origin request with ``X-Forge-Request`` or ``HX-Request`` (:mod:`forge.server.edge`).
 """
 
 from __future__ import annotations
@@ -188,6 +189,12 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
             rows.append({**r, "summary": summary, "curve": _curve(summary["curve"]) if summary else None})
         return page(request, "runs.html", p, runs=rows, pager=_pager(request, page_no, more=page_no * PER_PAGE < len(every), total=len(every)))
 
+    @router.get("/runs/{name:path}/report", response_class=HTMLResponse)
+    def run_report(name: str, p: Who) -> HTMLResponse:
+        """A run's report, at the dashboard's own address: ``/v1`` takes the cookie from no link.
+        The report is one page with its styles inline and no script."""
+        return HTMLResponse(service.run_report(p, name), headers={"Content-Security-Policy": _REPORT_CSP})
+
     @router.get("/events", response_class=HTMLResponse)
     def events_page(request: Request, p: Who, actor: str = "", op: str = "",
                     before: Annotated[float | None, Query(ge=0, le=1e11)] = None) -> HTMLResponse:
@@ -227,6 +234,10 @@ def _same_origin(request: Request) -> bool:
 #: facts a query was about scored 0.54-1.0 and the rest 0.04-0.15 (recall scores are 0-1).
 MIN_SCORE = "0.1"
 
+
+#: A run report's policy: its inline styles, nothing else (no script, no requests, no frames).
+_REPORT_CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; frame-ancestors 'none'; "
+               "base-uri 'none'")
 
 #: Rows per page on every list; a search with a query pages through a recall at most this deep.
 PER_PAGE = 25

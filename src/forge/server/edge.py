@@ -4,6 +4,16 @@
   loopback, so a web page whose name was re-pointed at 127.0.0.1 (DNS rebinding) could read
   it from the browser. Without keys only loopback names and the bound address are answered;
   any other Host gets 421.
+- **No request from another origin's page.** A browser names the page that sent a request
+  (``Sec-Fetch-Site``, ``Origin``). ``/v1`` refuses one sent by a page on another origin,
+  another port or a sibling subdomain included (they are the same *site*, so ``SameSite``
+  cookies do not stop them), with 403: a server without keys would otherwise take a form a
+  web page posts to 127.0.0.1 as its operator's. API clients send neither header.
+- **The dashboard's cookie, only from the dashboard.** ``/v1`` authenticated by the
+  ``forge_key`` cookie (no ``Authorization`` or ``X-API-Key`` header) needs a same-origin
+  request (``Sec-Fetch-Site: same-origin``, else an ``Origin`` or ``Referer`` naming this
+  host) that carries ``X-Forge-Request`` (or htmx's ``HX-Request``), a header no cross-site
+  form can send. Bearer and API-key callers are unaffected.
 - **The key, before the body.** ``/v1`` requests are authenticated from their headers before
   a byte of the body is read: an unauthenticated 300 MB upload gets its 401 at once, and an
   agent key posting to the admin-only import gets its 403 the same way. The principal found
@@ -141,6 +151,13 @@ class Edge:
         path = scope.get("path", "")
         if not path.startswith("/v1/") or path in _PUBLIC:
             return None
+        foreign = _foreign(headers)
+        if foreign is not None:
+            return error_response(403, "forbidden", f"/v1 answers no request sent by a page on another origin ({foreign}); "
+                                  "call it from a program with 'Authorization: Bearer <key>'")
+        if _by_cookie(headers) and not (_same_origin(headers) and _marked(headers)):
+            return error_response(403, "forbidden", "/v1 takes the dashboard's cookie only from the dashboard's own pages: a same-origin "
+                                  "request with the X-Forge-Request header; programs send 'Authorization: Bearer <key>'")
         client = scope.get("client")
         try:
             principal = self.auth.principal(token_from(headers, _cookies(headers)), client[0] if client else None)
@@ -181,6 +198,45 @@ def _declared(headers: Mapping[str, str]) -> int:
 
 def _cookies(headers: dict[str, str]) -> dict[str, str]:
     return cookie_parser(headers.get("cookie", ""))  # the parser Request.cookies uses
+
+
+def _foreign(headers: Mapping[str, str]) -> str | None:
+    """The header that says a page on another origin sent this request, or None."""
+    site = headers.get("sec-fetch-site")
+    if site is not None and site not in ("same-origin", "none"):  # none: typed into the address bar
+        return f"Sec-Fetch-Site: {site[:40]}"
+    origin = headers.get("origin")
+    if origin is not None and not _names_host(origin, headers.get("host")):
+        return f"Origin: {origin[:100]}"
+    return None
+
+
+def _names_host(url: str | None, host: str | None) -> bool:
+    """Whether ``url`` (an Origin or Referer) is on this request's Host (``null`` is no origin)."""
+    from urllib.parse import urlsplit
+
+    if not url or not host or url == "null":
+        return False
+    return urlsplit(url).netloc.lower() == host.strip().lower()
+
+
+def _same_origin(headers: Mapping[str, str]) -> bool:
+    if headers.get("sec-fetch-site") == "same-origin":
+        return True
+    return _names_host(headers.get("origin") or headers.get("referer"), headers.get("host"))
+
+
+def _marked(headers: Mapping[str, str]) -> bool:
+    """A header a page's own script adds and a cross-site form cannot."""
+    return bool(headers.get("x-forge-request")) or headers.get("hx-request") == "true"
+
+
+def _by_cookie(headers: Mapping[str, str]) -> bool:
+    """Whether the key would come from the dashboard's cookie (no header names one)."""
+    auth = headers.get("authorization") or ""
+    if auth.lower().startswith("bearer ") and auth[7:].strip() or headers.get("x-api-key"):
+        return False
+    return bool(_cookies(dict(headers)).get("forge_key"))
 
 
 def _passes_through(exc: BaseException) -> bool:
