@@ -182,3 +182,73 @@ def _wait_http(url, headers, path, timeout=120.0):
             return job
         time.sleep(0.1)
     raise AssertionError(f"{path} did not finish")
+
+
+def test_the_python_client_reports_outcomes_and_learns_from_another_process(tmp_path):
+    """A user's agent written against forge.client only, in a separate process."""
+    import json as _json
+    import subprocess
+    import sys
+
+    from forge.server.testing import running
+
+    s = make_setup(tmp_path)
+    s.memory.add(rule_unit())
+    with running(s.app) as url:
+        code = f"""
+import json
+from forge.client import Client
+from forge.learn.trace import Outcome, Trace, TraceStep
+with Client({url!r}, key={s.alice!r}) as c:
+    ctx = c.context("refund request payment_api RateLimited")
+    rules = [r.to_dict() for _, r in ctx.rules]
+    credited = c.outcome(ctx.recall_id, success=False)
+    trace = Trace(task="Refund order 1234", kind="refund request", recall_ids=(),
+                  steps=(TraceStep("tool", tool="ledger_api", args={{"order": "1234"}}, error="Timeout: no answer"),))
+    job = c.learn(trace, Outcome(success=False), wait=True, timeout=60)
+print(json.dumps({{"rules": rules, "credited": credited, "job": job, "rid": ctx.recall_id}}))
+"""
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    s.memory.close()
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = _json.loads(out.stdout)
+    assert got["rules"][0]["avoid"] == ["retry payment_api unchanged"]
+    assert got["credited"]["credited"] and got["job"]["status"] == "done"
+    assert got["job"]["result"]["learned"][0]["rule"]["when"] == "refund request: ledger_api fails with Timeout"
+
+
+def test_mcp_tools_feedback_and_learn(tmp_path):
+    import anyio
+    from mcp.client.client import Client as MCPClient
+
+    from forge.server.keys import Principal
+    from forge.server.learning import Learning
+    from forge.server.mcp import build_mcp
+    from forge.server.service import Service
+
+    s = make_setup(tmp_path)
+    unit = rule_unit("scout")
+    s.memory.add(unit)
+    service = Service(s.memory)
+    learning = Learning(service, queue=str(tmp_path / "jobs.db"))
+    me = Principal("scout", frozenset({"ops"}))
+    learning.start()
+
+    async def main() -> dict:
+        async with MCPClient(build_mcp(service, lambda ctx: me, learning)) as client:
+            block = (await client.call_tool("context", {"query": "refund request payment_api", "budget": 200})).content[0].text
+            rid = block.rsplit("recall_id: ", 1)[1].strip()
+            fb = await client.call_tool("feedback", {"recall_id": rid, "success": False})
+            again = await client.call_tool("feedback", {"recall_id": rid, "success": False})
+            learned = await client.call_tool("learn", {"task": "Refund order 77", "kind": "refund request", "success": False,
+                                                       "steps": [{"type": "tool", "tool": "ledger_api", "error": "Timeout"}]})
+            return {"fb": fb.structured_content, "again": again.is_error, "learned": learned.structured_content}
+
+    try:
+        got = anyio.run(main)
+    finally:
+        learning.stop()
+        service.close()
+        s.memory.close()
+    assert got["fb"]["credited"] == [unit.id] and got["again"] is True
+    assert got["learned"]["status"] == "done"

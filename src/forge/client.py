@@ -29,7 +29,7 @@ import httpx
 
 from forge.curate.admission import Admitted
 from forge.curate.messages import Ingested
-from forge.engine.recall import Packed, Recalled
+from forge.engine.recall import Packed, Recalled, Recalls
 from forge.errors import (
     AccessError,
     BackendError,
@@ -186,6 +186,25 @@ def _admitted(body: Mapping[str, Any]) -> list[Admitted]:
             for r in rows]
 
 
+def _recalls(d: Mapping[str, Any]) -> Recalls:
+    out = Recalls(_recalled(r) for r in d["results"])
+    out.recall_id = str(d.get("recall_id") or "")
+    return out
+
+
+def _packed(d: Mapping[str, Any]) -> Packed:
+    """A context answer as the library's :class:`Packed` (its ``rules`` read from the units)."""
+    sections = {n: [_recalled(r) for r in rs] for n, rs in d["sections"].items()}
+    return Packed(sections, d["tokens"], d["budget"], [], recall_id=str(d.get("recall_id") or ""))
+
+
+def _learn_body(trace: Any, outcome: Any) -> dict[str, Any]:
+    """A trace and an outcome (typed or dicts) as ``POST /v1/learn`` takes them."""
+    t = trace.to_dict() if hasattr(trace, "to_dict") else dict(trace)
+    o = outcome.to_dict() if hasattr(outcome, "to_dict") else (dict(outcome) if outcome is not None else None)
+    return {"trace": t, "outcome": o}
+
+
 def _event(d: Mapping[str, Any]) -> Event:
     return Event(d["seq"], d["ts"], d["op"], d["unit_id"], d["actor"], d["data"])
 
@@ -337,18 +356,44 @@ class Client:
         return [Unit.from_dict(u) for u in self._call("GET", "/v1/units", params=_list_params(filter, limit, offset)).json()["units"]]
 
     def recall(self, query: str, *, viewer: Viewer | None = None, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True,
-               min_score: float = 0.0) -> list[Recalled]:
-        """The ``k`` best units for ``query`` as the key sees them, scored 0-1; none below ``min_score``."""
+               min_score: float = 0.0) -> Recalls:
+        """The ``k`` best units for ``query`` as the key sees them, scored 0-1; none below ``min_score``;
+        ``recall_id`` names them for :meth:`outcome`."""
         self._viewer(viewer)
         body = {"query": query, "k": k, "hops": hops, "filter": _filter(filter), "touch": touch, "min_score": min_score}
-        return [_recalled(r) for r in self._call("POST", "/v1/recall", json=body).json()["results"]]
+        return _recalls(self._call("POST", "/v1/recall", json=body).json())
 
     def context(self, query: str, *, viewer: Viewer | None = None, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1,
                 min_score: float = 0.0) -> Packed:
         self._viewer(viewer)
         body = {"query": query, "budget": budget, "k": k, "filter": _filter(filter), "hops": hops, "min_score": min_score}
-        d = self._call("POST", "/v1/context", json=body).json()
-        return Packed({n: [_recalled(r) for r in rs] for n, rs in d["sections"].items()}, d["tokens"], d["budget"], [])
+        return _packed(self._call("POST", "/v1/context", json=body).json())
+
+    # -- learning ---------------------------------------------------------------------------
+    def outcome(self, recall_id: str, *, success: bool | None = None, score: float | None = None, feedback: str = "") -> dict[str, Any]:
+        """How the decision a recall fed turned out: credits the units it showed, once
+        (``{"recall_id", "success", "credited", "retired"}``)."""
+        body = {"recall_id": recall_id, "success": success, "score": score, "feedback": feedback}
+        return dict(self._call("POST", "/v1/outcomes", json=body).json())
+
+    def learn(self, trace: Any, outcome: Any = None, *, wait: bool = False, timeout: float = 120.0) -> dict[str, Any]:
+        """Learn from a task (a :class:`~forge.learn.trace.Trace` or its dict) and its outcome:
+        a job on the server. Its ``{"job_id", "status", "url"}``, or with ``wait`` the finished
+        job (:meth:`job`)."""
+        job = dict(self._call("POST", "/v1/learn", json=_learn_body(trace, outcome)).json())
+        if not wait:
+            return job
+        end = time.monotonic() + timeout
+        while True:
+            got = self.job(job["job_id"])
+            if got["status"] in ("done", "failed") or time.monotonic() > end:
+                return got
+            time.sleep(0.1)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """How a learning job stands: ``status`` queued, running, done or failed; ``result``
+        says what was learned and which peers received it."""
+        return dict(self._call("GET", f"/v1/jobs/{job_id}").json())
 
     def relations(self, unit_id: str) -> list[Relation]:
         return [Relation.from_dict(r) for r in self._call("GET", f"/v1/units/{unit_id}/relations").json()]
@@ -453,17 +498,34 @@ class AsyncClient:
         return [Unit.from_dict(u) for u in got]
 
     async def recall(self, query: str, *, viewer: Viewer | None = None, k: int = 10, filter: Filter = Filter(), hops: int = 1, touch: bool = True,
-                     min_score: float = 0.0) -> list[Recalled]:
+                     min_score: float = 0.0) -> Recalls:
         await self._viewer(viewer)
         body = {"query": query, "k": k, "hops": hops, "filter": _filter(filter), "touch": touch, "min_score": min_score}
-        return [_recalled(r) for r in (await self._call("POST", "/v1/recall", json=body)).json()["results"]]
+        return _recalls((await self._call("POST", "/v1/recall", json=body)).json())
 
     async def context(self, query: str, *, viewer: Viewer | None = None, budget: int = 512, k: int = 20, filter: Filter = Filter(), hops: int = 1,
                       min_score: float = 0.0) -> Packed:
         await self._viewer(viewer)
         body = {"query": query, "budget": budget, "k": k, "filter": _filter(filter), "hops": hops, "min_score": min_score}
-        d = (await self._call("POST", "/v1/context", json=body)).json()
-        return Packed({n: [_recalled(r) for r in rs] for n, rs in d["sections"].items()}, d["tokens"], d["budget"], [])
+        return _packed((await self._call("POST", "/v1/context", json=body)).json())
+
+    async def outcome(self, recall_id: str, *, success: bool | None = None, score: float | None = None, feedback: str = "") -> dict[str, Any]:
+        body = {"recall_id": recall_id, "success": success, "score": score, "feedback": feedback}
+        return dict((await self._call("POST", "/v1/outcomes", json=body)).json())
+
+    async def learn(self, trace: Any, outcome: Any = None, *, wait: bool = False, timeout: float = 120.0) -> dict[str, Any]:
+        job = dict((await self._call("POST", "/v1/learn", json=_learn_body(trace, outcome))).json())
+        if not wait:
+            return job
+        end = time.monotonic() + timeout
+        while True:
+            got = await self.job(job["job_id"])
+            if got["status"] in ("done", "failed") or time.monotonic() > end:
+                return got
+            await asyncio.sleep(0.1)
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        return dict((await self._call("GET", f"/v1/jobs/{job_id}")).json())
 
     async def update(self, unit: Unit, *, actor: str = "", reembed: bool = True) -> Unit:
         return Unit.from_dict((await self._call("PATCH", f"/v1/units/{unit.id}", json=_Calls.changes(unit))).json())

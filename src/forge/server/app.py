@@ -107,21 +107,6 @@ def _no_telemetry() -> dict[str, Any]:
     return {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False, "auto_configure": False}}
 
 
-def _peers_from(keys: KeyStore | None) -> Any:
-    """Who an agent's learning reaches: the agents holding a live key in one of its groups."""
-    if keys is None:
-        return None
-
-    def peers(who: Principal) -> list[tuple[str, frozenset[str]]]:
-        out: dict[str, set[str]] = {}
-        for k in keys.list(include_revoked=False):
-            if not k.admin and k.agent != who.agent and set(k.groups) & set(who.groups):
-                out.setdefault(k.agent, set()).update(k.groups)
-        return [(a, frozenset(g)) for a, g in sorted(out.items())]
-
-    return peers
-
-
 def create_app(
     memory: Memory,
     *,
@@ -166,14 +151,14 @@ def create_app(
     service = Service(memory, runs_dir=runs_dir, capsule_secret=capsule_secret, capsule_keyring=capsule_keyring,
                       read_audit_delay_s=read_audit_delay_s, llm=llm)
     auth = Authenticator(keys, rate=rate, burst=burst, share=workers, **({"clock": clock} if clock else {}))
-    from forge.server.learning import Learning
+    from forge.server.learning import Learning, peers_from
 
-    learning = Learning(service, queue=jobs, peers=_peers_from(keys), llm=llm)
+    learning = Learning(service, queue=jobs, peers=peers_from(keys), llm=llm)
     mcp_server = None
     if mcp:
         from forge.server.mcp import build_mcp, http_principal
 
-        mcp_server = build_mcp(service, lambda ctx: http_principal(auth, ctx))
+        mcp_server = build_mcp(service, lambda ctx: http_principal(auth, ctx), learning)
 
     curation = None
     if curate_every is not None:

@@ -291,10 +291,17 @@ def mcp_command(obj: Any, keys_path: str | None, runs_dir: str) -> None:
         raise AccessError("this store has API keys: set FORGE_API_KEY to the key this MCP server acts as")
     else:
         principal = Principal.local()
+    from forge.server.learning import Learning, peers_from
+
     with obj.memory() as mem, Service(mem, runs_dir=runs_dir) as service:
-        server = build_mcp(service, lambda ctx: principal)
+        learning = Learning(service, peers=peers_from(keys))
+        server = build_mcp(service, lambda ctx: principal, learning)
         print(f"forge mcp: stdio, acting as {principal.agent}", file=sys.stderr)
-        anyio.run(server.run_stdio_async)
+        learning.start()
+        try:
+            anyio.run(server.run_stdio_async)
+        finally:
+            learning.stop()
 
 
 def register(cli: click.Group) -> None:

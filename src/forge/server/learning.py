@@ -33,9 +33,9 @@ from forge.errors import ConfigError, ConflictError, ForgeError, NotFoundError
 from forge.learn.online import credit, learn
 from forge.learn.trace import Outcome, Trace
 from forge.model import Unit, new_id
-from forge.server.keys import Principal
+from forge.server.keys import KeyStore, Principal
 
-__all__ = ["Learning", "Peer"]
+__all__ = ["Learning", "Peer", "peers_from"]
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,22 @@ class Learning:
             if isinstance(key, str) and key.startswith(_PREFIX):
                 out.append((key, self.huey.serializer.deserialize(value)))
         return out
+
+
+def peers_from(keys: KeyStore | None) -> Callable[[Principal], list[Peer]] | None:
+    """Who an agent's learning reaches: the agents holding a live key in one of its groups
+    (none without keys)."""
+    if keys is None:
+        return None
+
+    def peers(who: Principal) -> list[Peer]:
+        out: dict[str, set[str]] = {}
+        for k in keys.list(include_revoked=False):
+            if not k.admin and k.agent != who.agent and set(k.groups) & set(who.groups):
+                out.setdefault(k.agent, set()).update(k.groups)
+        return [(a, frozenset(g)) for a, g in sorted(out.items())]
+
+    return peers
 
 
 def _beside(memory: Any) -> str:

@@ -1,7 +1,8 @@
 """The MCP server: FORGE memory as tools and resources for coding and desktop agents.
 
 Tools: ``remember``, ``recall``, ``context``, ``relate``, ``forget`` (archive), ``erase``
-(for good, admin), ``trace`` (provenance), ``stats``. Resources: ``forge://units/{id}``, ``forge://units`` (oldest first, ``?limit=``),
+(for good, admin), ``trace`` (provenance), ``stats``, and the learning door's ``feedback``
+(credit a recall) and ``learn`` (reflect on a task and share what holds). Resources: ``forge://units/{id}``, ``forge://units`` (oldest first, ``?limit=``),
 ``forge://runs`` and ``forge://runs/{name}``. Every tool calls the same
 :class:`~forge.server.service.Service` method the REST API does, so scope, audit and
 ownership rules are the same.
@@ -14,6 +15,7 @@ or the local operator when the store has no keys.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,14 +27,16 @@ from forge.errors import ForgeError
 from forge.server.auth import Authenticator, RateLimited, Unauthorized, token_from
 from forge.server.errors import error_response, status_of
 from forge.server.keys import Principal
+from forge.server.learning import Learning
 from forge.server.service import Service, admission_dict
 from forge.store import Filter
 
 __all__ = ["build_mcp", "guard", "http_principal"]
 
 
-def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MCPServer:
-    """An MCP server over ``service``; ``principal(ctx)`` says who each call is from."""
+def build_mcp(service: Service, principal: Callable[[Context], Principal], learning: Learning | None = None) -> MCPServer:
+    """An MCP server over ``service``; ``principal(ctx)`` says who each call is from;
+    ``learning`` (the service's learning door) serves the ``learn`` and ``feedback`` tools."""
     read = _Reported(service, error=ResourceError)  # resources report errors as resource errors (a ToolError there is a crash)
     reader = _reported(principal, error=ResourceError)
     service = _Reported(service)  # type: ignore[assignment]
@@ -74,8 +78,41 @@ def build_mcp(service: Service, principal: Callable[[Context], Principal]) -> MC
 
     @server.tool()
     def context(query: str, ctx: Context, budget: int = 400) -> str:
-        """Relevant memories packed into a prompt block of at most ``budget`` tokens."""
-        return service.context(principal(ctx), query, budget=budget).render()
+        """Relevant memories packed into a prompt block of at most ``budget`` tokens. Its last
+        line names the recall (``recall_id: ...``): pass it to ``feedback`` or ``learn`` once
+        you know how the work it fed turned out."""
+        packed = service.context(principal(ctx), query, budget=budget)
+        return packed.render() + (f"\n\nrecall_id: {packed.recall_id}" if packed.recall_id else "")
+
+    if learning is not None:
+        door = _Reported(learning)  # type: ignore[arg-type]
+
+        @server.tool()
+        def feedback(recall_id: str, ctx: Context, success: bool | None = None, score: float | None = None,
+                     feedback: str = "") -> dict[str, Any]:
+            """How the work a recall fed turned out (success and/or a 0-1 score): credits the
+            memories it showed, once; memories that keep failing are retired."""
+            return door.outcome(principal(ctx), recall_id, success=success, score=score, feedback=feedback)  # type: ignore[no-any-return]
+
+        @server.tool()
+        def learn(task: str, ctx: Context, steps: list[dict[str, Any]] | None = None, answer: str = "", kind: str = "",
+                  recall_ids: list[str] | None = None, success: bool | None = None, score: float | None = None,
+                  feedback: str = "", wait: float = 60.0) -> dict[str, Any]:
+            """Learn from a task you did: its steps ({"type": "tool", "tool": ..., "args": {...},
+            "error": ...}, or type message/observation/answer with "content"), its outcome and
+            feedback. Rules in terms that recur (tools, error kinds, the task's kind) are kept and
+            shared with your group; ids, names and numbers of this one case are refused. Waits up
+            to ``wait`` seconds for the result (what was learned, who received it)."""
+            who = principal(ctx)
+            trace = {"task": task, "kind": kind, "steps": steps or [], "answer": answer, "recall_ids": recall_ids or []}
+            job = door.submit(who, trace, {"success": success, "score": score, "feedback": feedback})
+            end = time.monotonic() + max(0.0, min(wait, 600.0))
+            while time.monotonic() < end:
+                got = door.job(who, job["job_id"])
+                if got["status"] in ("done", "failed"):
+                    return got  # type: ignore[no-any-return]
+                time.sleep(0.05)
+            return door.job(who, job["job_id"])  # type: ignore[no-any-return]
 
     @server.tool()
     def relate(src: str, dst: str, ctx: Context, type: str = "related_to", note: str = "") -> dict[str, Any]:
