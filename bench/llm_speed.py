@@ -3,6 +3,7 @@
     python bench/llm_speed.py                       # local (Qwen2.5-Coder-1.5B) and local:smollm2
     python bench/llm_speed.py --models local:smollm2 --runs 2 --json
     python bench/llm_speed.py --models local --prefixes 300 --skip probe --verbose
+    python bench/llm_speed.py --models local --only tokens --json     # new tokens per decision, no inference
 
 For each model, and for each way of answering a choice (``score``: the options scored from the
 logits of one forward pass; ``grammar``: the option generated under a grammar), it measures:
@@ -18,6 +19,14 @@ logits of one forward pass; ``grammar``: the option generated under a grammar), 
   action grammar in the task text, as forge.envs.cyborg writes it), ~450 prompt tokens, one
   episode of steps: the first step (static prefix fresh) and the p50 of the others (cached);
 * generation tokens/s on a cached prompt (decoding, not prompt evaluation);
+* new prompt tokens per decision (issue 51's floor: a decision costs its new tokens times the
+  per-token cost, plus one forward pass), counted, not timed: the project's own prompts
+  (forge.learn, zero-shot memory) for FrozenLake (random 4x4 maps), TextWorld (coin-1) and
+  CAGE-2 (CybORG's task text and 145 actions; observations written as forge.envs.cyborg
+  writes them, without CybORG), each decision answered by a seeded random stand-in, its
+  prompt tokenized by the model's own chat template (loaded vocabulary-only) and charged
+  what LlamaCppLLM would evaluate: all but what the KV cache holds from the previous prompt
+  or a saved state of a static prefix restores. Beside each, issue 51's target;
 * the rule-compliance probe of issue 8: 12 situations (grid worlds, games, operations), each
   with one right action that goes against what the model would pick on its own. With rules,
   the system prompt holds the rule naming that action plus three distractor rules about other
@@ -32,20 +41,24 @@ started, so a figure from a shared machine says so. Prints, never asserts.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 from forge.envs.base import EnvSpec
+from forge.errors import ForgeError
 from forge.learn.policy import FlatPolicy
 from forge.llm import Message, Request, choose, open_llm
 from forge.llm.local import CHOICE_MODES, busy_cpus
 
+SECTIONS = ("prefix", "cage", "gen", "probe", "tokens")
 GRID = ["left", "down", "right", "up"]
 COMPASS = ["go north", "go south", "go east", "go west"]
 
@@ -403,6 +416,134 @@ def generation_rate(llm: Any, runs: int, tokens: int) -> float:
     return round(statistics.median(rates), 1)
 
 
+# -- new prompt tokens per decision (issue 51) ------------------------------------------------
+
+#: Issue 51's targets: new prompt tokens per decision, at most.
+NEW_TOKEN_TARGETS = {"frozenlake-random-4x4": 50, "textworld:coin-1": 120}
+TOKEN_ENVS = ("frozenlake-random-4x4", "textworld:coin-1", "cyborg-cage2")
+_MIN_STATE_TOKENS = 32  # as forge.llm.local: shorter static prefixes get no saved state
+
+
+class _Recorder:
+    """The role LLM a policy calls: answers each choice at random (seeded), keeps each request."""
+
+    capabilities = frozenset({"choices"})
+
+    def __init__(self, counter: Any, seed: int) -> None:
+        import random
+
+        self.name = "bench:recorder"
+        self.requests: list[Request] = []
+        self._rng = random.Random(seed)
+        self._counter = counter
+
+    def complete(self, request: Request) -> Any:
+        from forge.llm.base import Completion
+
+        self.requests.append(request)
+        text = self._rng.choice(list(request.choices)) if request.choices else ""
+        return Completion(text=text, prompt_tokens=0, completion_tokens=0, model=self.name)
+
+    def count_tokens(self, text: str) -> int:
+        return self._counter.count_tokens(text)
+
+
+def evaluated_tokens(prompts: list[tuple[list[int], int]]) -> list[int]:
+    """What LlamaCppLLM evaluates for each prompt in turn (forge.llm.local ``_prepare``): all
+    but what the KV cache still holds from the previous prompt, or, where more, a saved state
+    of a static prefix seen before (saved once evaluated, if 32 tokens or longer). The last
+    prompt token is always evaluated: its logits are read."""
+    from forge.llm.states import common_prefix
+
+    kv: list[int] = []
+    saved: list[list[int]] = []
+    out = []
+    for tokens, static in prompts:
+        limit = len(tokens) - 1
+        live = min(common_prefix(kv, tokens), limit)
+        static = min(static, limit)
+        if static >= _MIN_STATE_TOKENS and live < static:
+            best = max((common_prefix(s, tokens[:static]) for s in saved), default=0)
+            if best >= live + _MIN_STATE_TOKENS:
+                live = best
+            if live < static:
+                saved.append(tokens[:static])
+        out.append(len(tokens) - live)
+        kv = tokens
+    return out
+
+
+def _episodes_requests(env_name: str, counter: Any, episodes: int, steps: int, seed: int) -> tuple[list[Request], str]:
+    """The actor requests of ``episodes`` zero-shot episodes of ``env_name``, as the protocols'
+    workers write them (play_episode, recall from an empty memory, the flat policy)."""
+    from forge.engine.embed import open_embedder
+    from forge.engine.memory import Memory
+    from forge.envs import make_env
+    from forge.learn.loop import Recaller, play_episode
+    from forge.learn.policy import make_policy
+    from forge.model import Viewer
+    from forge.protocols.episode import RUN_WEIGHTS
+    from forge.store import open_store
+
+    recorder = _Recorder(counter, seed)
+    if env_name == "cyborg-cage2" and importlib.util.find_spec("CybORG") is None:
+        # CybORG is not installed: its task text and actions, observations as the env writes them
+        policy = make_policy("flat", llm=lambda role: recorder, spec=cage_spec())  # type: ignore[arg-type,return-value]
+        for _ in range(episodes):
+            history: list[str] = []
+            for n in range(steps):
+                obs = _CAGE_OBS[n % len(_CAGE_OBS)].format(n=n)
+                history.append(policy.act(observation=obs, valid_actions=CAGE_ACTIONS, history=history, memory={}).action)
+        return recorder.requests, "CybORG's task text and 145 actions; observations written as forge.envs.cyborg writes them"
+    env = make_env(env_name, max_steps=steps)
+    memory = Memory(open_store(":memory:"), open_embedder("hash"))
+    try:
+        recall = Recaller(memory, Viewer.of("inst-0"), budget=600, weights=RUN_WEIGHTS, valid_actions=env.valid_actions, abstract=env.spec.abstract)
+        policy = make_policy("flat", llm=lambda role: recorder, spec=env.spec)  # type: ignore[arg-type,return-value]
+        for n in range(episodes):
+            play_episode(env, policy, recall, seed=seed + n, tau=float("-inf"), abort=False)
+    finally:
+        memory.close()
+        env.close()
+    return recorder.requests, "the env itself"
+
+
+def new_tokens(spec: str, envs: Sequence[str], episodes: int, steps: int, seed: int = 0) -> dict[str, Any]:
+    """New prompt tokens per decision for each env (see the module docstring): the first
+    decision of the run (everything fresh) apart, then the median, mean and largest."""
+    from forge.llm.local import LlamaCppLLM
+
+    model = spec.partition(":")[2] or None
+    path = model if model and model.endswith(".gguf") else None
+    counter = LlamaCppLLM(model=None if path else model, model_path=path, vocab_only=True)
+    try:
+        out: dict[str, Any] = {}
+        for env_name in envs:
+            try:
+                requests, source = _episodes_requests(env_name, counter, episodes, steps, seed)
+            except (ImportError, ForgeError) as exc:  # an env whose extra is not installed
+                out[env_name] = {"skipped": f"{type(exc).__name__}: {exc}"}
+                continue
+            prompts = [counter.prompt_tokens(r.messages) for r in requests]
+            if any(p is None for p in prompts):
+                out[env_name] = {"skipped": "the model's chat template is not rendered by forge.llm.local"}
+                continue
+            new = evaluated_tokens(prompts)  # type: ignore[arg-type]
+            later = new[1:] or new
+            target = NEW_TOKEN_TARGETS.get(env_name)
+            mean = statistics.fmean(later)
+            out[env_name] = {
+                "decisions": len(new), "episodes": episodes, "observations": source,
+                "prompt_tokens_p50": round(statistics.median(len(p[0]) for p in prompts)),  # type: ignore[index]
+                "static_tokens_p50": round(statistics.median(p[1] for p in prompts)),  # type: ignore[index]
+                "new_first": new[0], "new_p50": round(statistics.median(later)), "new_mean": round(mean, 1), "new_max": max(later),
+                "target": target, "within_target": None if target is None else mean <= target,
+            }
+        return out
+    finally:
+        counter.close()
+
+
 def machine() -> dict[str, Any]:
     """What else the machine was doing: the load average and the CPUs others kept busy."""
     load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
@@ -498,6 +639,20 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def token_table(tokens: dict[str, dict[str, Any]]) -> str:
+    lines = ["", "New prompt tokens per decision (counted with the model's tokenizer and chat template; zero-shot memory):", ""]
+    lines += ["| model | env | decisions | prompt p50 | static p50 | first | later p50 | later mean | later max | target |", "|" + "---|" * 10]
+    for spec, envs in tokens.items():
+        for env, r in envs.items():
+            if "skipped" in r:
+                lines.append(f"| {spec} | {env} | skipped: {r['skipped']} |" + " |" * 7)
+                continue
+            target = "-" if r["target"] is None else f"<= {r['target']}: {'met' if r['within_target'] else 'missed'}"
+            lines.append(f"| {spec} | {env} | {r['decisions']} | {r['prompt_tokens_p50']} | {r['static_tokens_p50']} | {r['new_first']} | "
+                         f"{r['new_p50']} | {r['new_mean']} | {r['new_max']} | {target} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="local,local:smollm2", help="comma-separated LLM specs (default: local,local:smollm2)")
@@ -508,21 +663,34 @@ def main() -> None:
     parser.add_argument("--cage-steps", type=int, default=8, help="decisions in the CAGE-2-sized episode")
     parser.add_argument("--tokens", type=int, default=48, help="tokens generated per generation run")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="probe prompt variants: with, without, near (default: all)")
-    parser.add_argument("--skip", default="", help="sections to skip: prefix, cage, gen, probe (comma-separated)")
-    parser.add_argument("--probe-only", action="store_true", help="only the probe (same as --skip prefix,cage,gen)")
+    parser.add_argument("--skip", default="", help=f"sections to skip: {', '.join(SECTIONS)} (comma-separated)")
+    parser.add_argument("--probe-only", action="store_true", help="only the probe (same as --only probe)")
+    parser.add_argument("--only", default="", help=f"only these sections: {', '.join(SECTIONS)} (comma-separated)")
+    parser.add_argument("--token-envs", default=",".join(TOKEN_ENVS), help="envs whose new tokens per decision are counted")
+    parser.add_argument("--token-episodes", type=int, default=3, help="episodes per env for the token count")
+    parser.add_argument("--token-steps", type=int, default=10, help="step limit of those episodes")
     parser.add_argument("--verbose", action="store_true", help="progress and per-situation picks on stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     if args.probe_only:
-        args.skip = ",".join(filter(None, [args.skip, "prefix", "cage", "gen"]))
+        args.only = ",".join(filter(None, [args.only, "probe"]))
+    if args.only:
+        args.skip = ",".join(filter(None, [args.skip, *(s for s in SECTIONS if s not in args.only.split(","))]))
+    skip = set(args.skip.split(","))
+    specs = [spec.strip() for spec in args.models.split(",") if spec.strip()]
 
     before = machine()
-    results = [measure(spec.strip(), args) for spec in args.models.split(",") if spec.strip()]
+    results = [measure(spec, args) for spec in specs] if set(SECTIONS) - {"tokens"} - skip else []
+    envs = [e.strip() for e in args.token_envs.split(",") if e.strip()]
+    tokens = {} if "tokens" in skip else {spec: new_tokens(spec, envs, args.token_episodes, args.token_steps) for spec in specs}
     after = machine()
     if args.json:
-        print(json.dumps({"machine_before": before, "machine_after": after, "models": results}))
+        print(json.dumps({"machine_before": before, "machine_after": after, "models": results, "new_tokens": tokens}))
     else:
-        print(table(results))
+        if results:
+            print(table(results))
+        if tokens:
+            print(token_table(tokens))
         print(f"\nMachine: {before['cpus']} CPUs; load average {before['load_avg']} before, {after['load_avg']} after; "
               f"CPUs busy with other work at the start: {before['busy_cpus']}")
 

@@ -289,7 +289,10 @@ class LlamaCppLLM:
         extra_buffers: bool | None = None,
         choice_mode: str = "score",
         prefix_states: PrefixStates | None = None,
+        vocab_only: bool = False,
     ) -> None:
+        """``vocab_only``: load the tokenizer and chat template only (no weights evaluated, a
+        second to load): :meth:`prompt_tokens` and :meth:`count_tokens` work, completions do not."""
         check_real_llm_allowed("LlamaCppLLM")
         if choice_mode not in CHOICE_MODES:
             raise ConfigError(f"choice_mode must be one of {', '.join(CHOICE_MODES)}, not {choice_mode!r}")
@@ -333,6 +336,7 @@ class LlamaCppLLM:
         self.prefix_states = SHARED_STATES if prefix_states is None else prefix_states
         self.prefix_stats = PrefixStats()
         self._formatter: Any = None  # the chat template's formatter, False where unusable
+        self.vocab_only = vocab_only
 
     def _llama(self) -> Any:
         if self._model is None:
@@ -358,6 +362,7 @@ class LlamaCppLLM:
                 seed=self.seed,
                 verbose=self.verbose,
                 chat_format=self.chat_format,
+                vocab_only=self.vocab_only,
             )
 
         try:
@@ -376,6 +381,14 @@ class LlamaCppLLM:
         model = self._llama()
         with self._call_lock:
             return len(model.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def prompt_tokens(self, messages: Sequence[Any]) -> tuple[list[int], int] | None:
+        """The tokens a request with ``messages`` puts before the model, and how many of them
+        form its static prefix (what a saved state can restore; see :meth:`_prompt`); None where
+        the chat template is not rendered here. Nothing is evaluated."""
+        model = self._llama()
+        with self._call_lock:
+            return self._prompt(model, messages)
 
     def decoded_tokens(self) -> int:
         """Tokens llama.cpp has run through the model since it was loaded (prompt and output).
