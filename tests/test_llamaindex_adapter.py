@@ -2,7 +2,10 @@
 answers with the prompt it was given, so what FORGE recalled is seen in the answer): the
 retriever inside a RetrieverQueryEngine, over a Memory, a Client and an AsyncClient; and
 ForgeMemoryBlock inside LlamaIndex's Memory under a SimpleChatEngine, where turns flushed out
-of the chat history go to FORGE through admission and come back into a later prompt."""
+of the chat history go to FORGE through admission and come back into a later prompt; and
+ForgeAgentTrace recording a FunctionAgent's run (on LlamaIndex's MockFunctionCallingLLM, with
+a tool that fails) as a learning trace, reported with its outcome to a Memory reflecting with
+the scripted test LLM, and to the service through an AsyncClient."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from sqlalchemy.pool import NullPool  # noqa: E402
 
 from forge.engine.embed import HashingEmbedder  # noqa: E402
 from forge.engine.memory import Memory  # noqa: E402
-from forge.integrations.llamaindex import ForgeMemoryBlock, ForgeRetriever  # noqa: E402
+from forge.integrations.llamaindex import ForgeAgentTrace, ForgeMemoryBlock, ForgeRetriever  # noqa: E402
 from forge.llm.testing import ScriptedLLM  # noqa: E402
 from forge.model import Unit, Viewer  # noqa: E402
 from forge.store import Filter, SQLiteStore  # noqa: E402
@@ -157,3 +160,80 @@ def test_the_memory_block_can_extract_facts_with_the_memorys_llm(tmp_path: Path)
         assert decision.action == "add"
         [fact] = m.list(viewer=Viewer.admin(), filter=Filter.make(kinds=["fact"]))
         assert fact.content == "Ann runs the night shift." and fact.meta["extracted"]["turns"] == [1, 2]
+
+
+RULE = ('{"rules": [{"when": "the worker is stuck and the cache is locked", "avoid": "clearing the cache first", '
+        '"prefer": "restart the worker before clearing the cache"}]}')
+
+
+# llama-index's workflows list an agent's steps with inspect.getmembers, which reads every
+# attribute of the (pydantic) agent, pydantic's deprecated ones too: llama-index's warnings
+AGENT_WARNINGS = pytest.mark.filterwarnings("ignore::pydantic.warnings.PydanticDeprecationWarning")
+
+
+def _agent_run(rec: ForgeAgentTrace) -> str:
+    """A FunctionAgent that calls a failing tool, then answers; its run recorded by ``rec``."""
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.base.llms.types import ToolCallBlock
+    from llama_index.core.llms import MockFunctionCallingLLM
+    from llama_index.core.tools import FunctionTool
+
+    def clear_cache(worker: str) -> str:
+        """Clear a worker's cache."""
+        raise RuntimeError("CacheLocked: the worker holds the cache")
+
+    def script(messages: list[ChatMessage], **kw: object) -> ChatMessage:
+        if any(m.role.value == "tool" for m in messages):
+            return ChatMessage(role="assistant", content="The cache is locked; restart the worker first.")
+        return ChatMessage(role="assistant", blocks=[ToolCallBlock(tool_call_id="t1", tool_name="clear_cache", tool_kwargs={"worker": "w-7"})])
+
+    agent = FunctionAgent(tools=[FunctionTool.from_defaults(clear_cache)], llm=MockFunctionCallingLLM(response_generator=script))
+
+    async def main() -> str:
+        return str(await rec.watch(agent.run(user_msg="The worker is stuck; fix it.")))
+
+    return asyncio.run(main())
+
+
+@AGENT_WARNINGS
+def test_an_agents_run_is_recorded_and_reported(mem) -> None:
+    rec = ForgeAgentTrace(kind="ops")
+    answer = _agent_run(rec)
+    trace = rec.trace()
+    assert trace["task"] == "The worker is stuck; fix it." and trace["kind"] == "ops"
+    [tool] = [s for s in trace["steps"] if s["type"] == "tool"]
+    assert (tool["tool"], tool["args"]) == ("clear_cache", {"worker": "w-7"})
+    assert tool["error"] == "RuntimeError: CacheLocked: the worker holds the cache"
+    assert trace["answer"] == answer == "The cache is locked; restart the worker first."
+
+    mem.llm = ScriptedLLM([RULE])
+    ctx = mem.context("worker stuck", viewer=Viewer.of("ops-bot"))
+    rec.recalled(ctx.recall_id)
+    got = rec.report(mem, success=False, agent="ops-bot")
+    asked = mem.llm.last_request.messages[-1].content
+    assert "clear_cache" in asked and "CacheLocked" in asked and "FAILED" in asked
+    assert [u["rule"]["prefer"] for u in got["learned"] if u["kind"] == "rule"] == [["restart the worker before clearing the cache"]]
+    assert set(got["credited"]) == {u.id for u in ctx.units}
+    rec.reset()
+    assert rec.trace()["steps"] == []
+
+
+@AGENT_WARNINGS
+def test_an_agents_run_is_reported_to_the_service(tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    from forge.client import AsyncClient
+    from forge.server.testing import running
+    from server_support import make_setup
+
+    setup = make_setup(tmp_path, llm=ScriptedLLM([RULE], repeat_last=True))
+    rec = ForgeAgentTrace(kind="ops")
+    _agent_run(rec)
+    with running(setup.app) as url:
+        async def main() -> dict:
+            async with AsyncClient(url, setup.alice) as client:
+                return await rec.areport(client, success=False, feedback="restart first", wait=True)
+
+        job = asyncio.run(main())
+    assert job["status"] == "done", job
+    assert [u["rule"]["prefer"] for u in job["result"]["learned"] if u["kind"] == "rule"] == [["restart the worker before clearing the cache"]]
+    setup.memory.close()
