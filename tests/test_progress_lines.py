@@ -62,7 +62,8 @@ def test_a_runs_lines_say_stage_instance_and_time_left():
     cfg = ForgeConfig(env="frozenlake-4x4", llm="test", instances=2, stages=2, attempts=2, eval_episodes=3)
     clock, out = Clock(), io.StringIO()
     sink = LineSink(cfg, out, after=0, every=0, clock=clock)
-    # 2 stages x 2 instances x (2 attempts + 1 checkpoint) = 12 training episodes, then 2 x 3 evaluated: 18
+    # 2 stages x 2 instances x (2 attempts + 1 checkpoint) = 12 training episodes, then 2 x 3 evaluated: 18;
+    # instance 1 wins its first attempt (2 episodes played, not 3), then graduates
     sink("stage_started", {"stage": 0, "stages": 2, "active": 2})
     clock.now += 30
     sink("instance_done", {"stage": 0, "instance": 0, "checkpoint_return": -1.0, "attempts": 2})
@@ -79,10 +80,31 @@ def test_a_runs_lines_say_stage_instance_and_time_left():
     sink("eval_done", {"instance": 1, "returns": [1.0, 1.0, 1.0]})
     got = out.getvalue().splitlines()
     assert got[0] == "[forge on frozenlake-4x4] stage 1/2: instance 0 done (1/2), checkpoint return -1 | 30s elapsed, about 2m30s left"
-    assert got[2] == "[forge on frozenlake-4x4] stage 1/2 done, 1 graduated | 1m00s elapsed, about 2m00s left"  # graduation is known at the next stage
-    assert got[3].startswith("[forge on frozenlake-4x4] stage 2/2: instance 0 done (1/1)") and got[3].endswith("1m30s elapsed, about 1m00s left")
-    assert got[4] == "[forge on frozenlake-4x4] final evaluation of 2 instance(s), 3 episodes each | 1m30s elapsed, about 1m00s left"
+    assert got[2] == "[forge on frozenlake-4x4] stage 1/2 done, 1 graduated | 1m00s elapsed, about 2m24s left"  # graduation is known at the next stage
+    assert got[3].startswith("[forge on frozenlake-4x4] stage 2/2: instance 0 done (1/1)") and got[3].endswith("1m30s elapsed, about 1m08s left")
+    assert got[4] == "[forge on frozenlake-4x4] final evaluation of 2 instance(s), 3 episodes each | 1m30s elapsed, about 1m08s left"
     assert got[-1] == "[forge on frozenlake-4x4] evaluated instance 1 (2/2), mean return +1.00 | 2m30s elapsed, about 0s left"
+
+
+def test_episodes_between_instances_move_the_estimate_and_zero_shot_plays_no_attempts():
+    clock, out = Clock(), io.StringIO()
+    cfg = ForgeConfig(condition="zero-shot", env="frozenlake-4x4", llm="test", instances=1, stages=2, attempts=3, eval_episodes=2)
+    sink = LineSink(cfg, out, after=0, every=0, clock=clock)  # 2 checkpoints + 2 evaluation episodes: 4
+    sink("stage_started", {"stage": 0, "stages": 2, "active": 1})
+    clock.now += 10
+    sink("instance_done", {"stage": 0, "instance": 0, "checkpoint_return": -1.0, "attempts": 0})
+    assert out.getvalue().splitlines()[-1].endswith("10s elapsed, about 30s left")
+    sink("stage_started", {"stage": 1, "stages": 2, "active": 1})
+    clock.now += 10
+    sink("instance_done", {"stage": 1, "instance": 0, "checkpoint_return": -1.0, "attempts": 0})
+    sink("eval_started", {"pending": 1})
+    clock.now += 10
+    sink("eval_episode_done", {"instance": 0, "episode": 0, "return": 1.0})
+    assert out.getvalue().splitlines()[-1] == "[zero-shot on frozenlake-4x4] evaluating instance 0: episode 1/2 returned 1 | 30s elapsed, about 10s left"
+    clock.now += 10
+    sink("eval_episode_done", {"instance": 0, "episode": 1, "return": -1.0})
+    sink("eval_done", {"instance": 0, "returns": [1.0, -1.0]})  # its episodes were counted already
+    assert out.getvalue().splitlines()[-1].endswith("40s elapsed, about 0s left") and sink.done == 4
 
 
 def test_off_a_terminal_a_run_gets_lines_not_a_panel(monkeypatch):

@@ -178,12 +178,14 @@ class RichSink(NullSink):
 
 class LineSink(NullSink):
     """A run's progress as lines on standard error, where no live panel can be drawn (a pipe,
-    a file, CI): one per instance trained in a stage, per stage, and per instance evaluated,
-    each with the time elapsed and an estimate of the time left.
+    a file, CI): one per instance trained in a stage, per stage, and per instance evaluated
+    (and, at most one per ``every`` seconds, per episode between them), each with the time
+    elapsed and an estimate of the time left.
 
-    The estimate counts episodes: a training stage plays up to ``attempts`` + 1 (the greedy
-    checkpoint) per active instance, the evaluation ``eval_episodes`` per instance; the time
-    per episode so far, times the episodes left. Graduation only shortens it (an upper bound).
+    The estimate counts episodes: a training stage plays up to ``attempts`` (when the
+    condition learns) + 1 (the greedy checkpoint) per active instance, the evaluation
+    ``eval_episodes`` per instance; the time per episode played so far, times the episodes
+    still planned. Graduation and early wins only shorten it (an upper bound).
     """
 
     def __init__(self, config: ForgeConfig, stream: TextIO | None = None, *, after: float | None = None,
@@ -191,40 +193,61 @@ class LineSink(NullSink):
         self.config = config
         self.lines = Lines(stream, after=after, every=every, clock=clock)
         self.name = f"{config.condition} on {config.env}"
-        self.per_stage = config.attempts + 1
+        self.per_stage = (config.attempts if config.flags.learning else 0) + 1
         self.done = 0.0
         self.left_train = float(config.stages * config.instances * self.per_stage)
         self.left_eval = float(config.instances * config.eval_episodes)
         self.stage, self.finished = 0, 0
         self.active = self.pending = config.instances
+        self.seen: dict[int, int] = {}  # episodes already counted for an instance's stage or evaluation
 
     def _say(self, what: str, *, force: bool = False) -> None:
         self.lines.write(f"[{self.name}] {what} | {self.lines.timing(self.done, self.done + self.left_train + self.left_eval)}", force=force)
 
+    def _played(self, instance: int, episodes: int, planned: int, phase: str) -> None:
+        """Count an instance's episodes: ``episodes`` played in all, of ``planned``."""
+        before = self.seen.pop(instance, 0)
+        self.done += max(episodes - before, 0)
+        left = max(planned - before, 0)
+        if phase == "train":
+            self.left_train = max(self.left_train - left, 0.0)
+        else:
+            self.left_eval = max(self.left_eval - left, 0.0)
+
+    def _episode(self, instance: int, phase: str) -> None:
+        self.seen[instance] = self.seen.get(instance, 0) + 1
+        self.done += 1
+        if phase == "train":
+            self.left_train = max(self.left_train - 1, 0.0)
+        else:
+            self.left_eval = max(self.left_eval - 1, 0.0)
+
     def __call__(self, event: str, data: Mapping[str, Any]) -> None:
         cfg = self.config
         if event == "stage_started":
-            self.stage, self.finished = int(data["stage"]), 0
+            self.stage, self.finished, self.seen = int(data["stage"]), 0, {}
             self.active = int(data["active"])
             self.left_train = float((cfg.stages - self.stage) * self.active * self.per_stage)
         elif event == "attempt_done":
+            self._episode(int(data["instance"]), "train")
             self._say(f"stage {self.stage + 1}/{cfg.stages}: instance {data['instance']} attempt {int(data['attempt']) + 1} returned {data['return']:g}")
         elif event == "instance_done":
             self.finished += 1
-            self.done += self.per_stage
-            self.left_train = max(self.left_train - self.per_stage, 0.0)
+            self._played(int(data["instance"]), int(data.get("attempts", 0)) + 1, self.per_stage, "train")
             self._say(f"stage {self.stage + 1}/{cfg.stages}: instance {data['instance']} done "
                       f"({self.finished}/{self.active}), checkpoint return {data['checkpoint_return']:g}")
         elif event == "stage_done":
             self._say(f"stage {self.stage + 1}/{cfg.stages} done, {data.get('graduated_total', 0)} graduated", force=True)
         elif event == "eval_started":
-            self.left_train, self.finished, self.pending = 0.0, 0, int(data["pending"])
+            self.left_train, self.finished, self.pending, self.seen = 0.0, 0, int(data["pending"]), {}
             self.left_eval = float(self.pending * cfg.eval_episodes)
             self._say(f"final evaluation of {self.pending} instance(s), {cfg.eval_episodes} episodes each", force=True)
+        elif event == "eval_episode_done":
+            self._episode(int(data["instance"]), "eval")
+            self._say(f"evaluating instance {data['instance']}: episode {int(data['episode']) + 1}/{cfg.eval_episodes} returned {data['return']:g}")
         elif event == "eval_done":
             self.finished += 1
-            self.done += cfg.eval_episodes
-            self.left_eval = max(self.left_eval - cfg.eval_episodes, 0.0)
+            self._played(int(data["instance"]), cfg.eval_episodes, cfg.eval_episodes, "eval")
             rets = data.get("returns") or []
             mean = sum(rets) / len(rets) if rets else 0.0
             self._say(f"evaluated instance {data['instance']} ({self.finished}/{self.pending}), mean return {mean:+.2f}",
