@@ -9,6 +9,9 @@
  *     console.log(d.summary);                                   // "added" / "merged into ..." / "updated ..."
  *     for (const r of await mem.recall("build server", { k: 3, minScore: 0.1 }))
  *       console.log(r.score, r.unit.content, r.reasons);
+ *     const ctx = await mem.context("deploy on Sunday");           // ctx.prompt, ctx.rules (when/avoid/prefer)
+ *     await mem.outcome(ctx.recallId, { success: false });         // credit what it showed
+ *     await mem.learn({ task: "deploy", steps: [...] }, { success: false, feedback: "..." }, { wait: true });
  *
  * The viewer is the key's, as on every door of the service. Errors come back as the
  * classes below (the server's one error shape: status, code, message); a 429 is retried
@@ -31,6 +34,62 @@ export type Context = S["ContextOut"];
 export type WhoAmI = S["WhoAmI"];
 export type Turn = S["TurnIn"];
 
+/** One step of a trace: a message, a tool call (its arguments, its error), an observation, the answer. */
+export interface TraceStep {
+  type: "message" | "tool" | "observation" | "answer";
+  role?: string;
+  content?: string;
+  tool?: string;
+  args?: Record<string, unknown>;
+  error?: string;
+}
+// The server's schema declares a trace, an outcome and a job's result as JSON objects (they are
+// validated by forge.learn.trace on the server), so their fields are spelled out here.
+
+/** What an agent did for one task: its steps, its answer, and the recalls that fed it (their `recallId`s). */
+export interface Trace {
+  task: string;
+  kind?: string;
+  steps?: TraceStep[];
+  answer?: string;
+  recall_ids?: string[];
+}
+/** How a task went: success and/or a 0-1 score, and feedback from a user or a checker. */
+export interface Outcome {
+  success?: boolean | null;
+  score?: number | null;
+  feedback?: string;
+}
+/** A rule shown in a context answer, in structured form: enforce it as a guard in the agent's loop. */
+export type ShownRule = S["RuleOut"];
+/** What an outcome credited: the units shown for the recall, and the ones retired by it. */
+export type Credited = S["OutcomeOut"];
+/** What a learning job learned (its rules and lessons), credited, retired, shared with peers and dropped. */
+export interface Learned {
+  learned: { id: string; kind: string; content: string; rule: Record<string, unknown> | null }[];
+  credited: string[];
+  retired: string[];
+  shared: { agent: string; outcome: string; reason: string }[];
+  dropped: string[];
+}
+/** A learning job: queued, running, done (its `result`) or failed (its `error`). */
+export interface Job {
+  job_id: string;
+  status: "queued" | "running" | "done" | "failed";
+  result: Learned | null;
+  error: string;
+}
+/** A queued learning job, and where to poll it. */
+export interface Queued {
+  job_id: string;
+  status: "queued";
+  url: string;
+}
+/** Recall's results, with the id that an outcome credits them by. */
+export type Recall = Recalled[] & { recallId: string };
+/** A context answer: the prompt block, the rules it shows (structured), and its `recallId`. */
+export type Contexted = Context & Required<Pick<Context, "recall_id" | "rules">> & { recallId: string };
+
 /** The root of every error the client raises; `status` and `code` are the server's. */
 export class ForgeError extends Error {
   constructor(message: string, readonly status: number = 0, readonly code: string = "") {
@@ -44,10 +103,16 @@ export class ValidationError extends ForgeError {}
 export class AccessError extends ForgeError {}
 /** 404: not found, or not visible to this key. */
 export class NotFoundError extends ForgeError {}
-/** 409: the id exists. */
+/** 409: the id exists, or an outcome was already recorded for the recall. */
 export class ConflictError extends ForgeError {}
 /** 429 after the retries, 5xx, or the server could not be reached. */
 export class BackendError extends ForgeError {}
+/** A learning job that failed (`job.error` says why) or was not done in time (`job.status` is still queued or running). */
+export class JobError extends ForgeError {
+  constructor(message: string, readonly job: Job) {
+    super(message);
+  }
+}
 
 const ERRORS: Record<number, typeof ForgeError> = {
   400: ValidationError, 401: AccessError, 403: AccessError, 404: NotFoundError, 409: ConflictError, 422: ValidationError,
@@ -79,6 +144,13 @@ export interface ListOptions {
   scope?: string;
   limit?: number;
   offset?: number;
+}
+
+export interface WaitOptions {
+  /** How long to wait for a learning job, in milliseconds (default 120 s). */
+  timeoutMs?: number;
+  /** How often to poll it, in milliseconds (default 250). */
+  intervalMs?: number;
 }
 
 type Query = Record<string, string | number | boolean | string[] | undefined | null>;
@@ -199,18 +271,57 @@ export class Client {
     return (await this.json<S["UnitPage"]>("GET", "/v1/units", { query })).units;
   }
 
-  /** The best units for a query, scored 0-1, each with why it was returned. */
-  async recall(query: string, options: RecallOptions = {}): Promise<Recalled[]> {
+  /** The best units for a query, scored 0-1, each with why it was returned; `recallId` names this recall for `outcome`. */
+  async recall(query: string, options: RecallOptions = {}): Promise<Recall> {
     const body = { query, k: options.k ?? 10, hops: options.hops ?? 1, filter: options.filter ?? {}, touch: options.touch ?? true,
       min_score: options.minScore ?? 0 };
-    return (await this.json<S["RecallOut"]>("POST", "/v1/recall", { json: body })).results;
+    const got = await this.json<S["RecallOut"]>("POST", "/v1/recall", { json: body });
+    return Object.assign(got.results, { recallId: got.recall_id ?? "" });
   }
 
-  /** Recall packed into a prompt block of at most `budget` tokens (`prompt` is the block). */
-  context(query: string, options: RecallOptions & { budget?: number } = {}): Promise<Context> {
+  /** Recall packed into a prompt block of at most `budget` tokens (`prompt` is the block), with the rules it shows
+   * in structured form (`rules`: when, avoid, prefer) and `recallId` for `outcome`. */
+  async context(query: string, options: RecallOptions & { budget?: number } = {}): Promise<Contexted> {
     const body = { query, budget: options.budget ?? 512, k: options.k ?? 20, hops: options.hops ?? 1, filter: options.filter ?? {},
       min_score: options.minScore ?? 0 };
-    return this.json("POST", "/v1/context", { json: body });
+    const got = await this.json<Context>("POST", "/v1/context", { json: body });
+    return { ...got, recall_id: got.recall_id ?? "", rules: got.rules ?? [], recallId: got.recall_id ?? "" };
+  }
+
+  // -- learning -------------------------------------------------------------------------
+  /** Report how the task a recall fed went: credits the units it showed (and retires the ones that keep failing). */
+  outcome(recallId: string, outcome: Outcome = {}): Promise<Credited> {
+    return this.json("POST", "/v1/outcomes", { json: { recall_id: recallId, success: outcome.success ?? null, score: outcome.score ?? null,
+      feedback: outcome.feedback ?? "" } });
+  }
+
+  /** Learn from a trace and its outcome: the server reflects off the request path, as a job. With `wait`, the finished
+   * job (its `result` says what was learned, credited and shared); else the queued one, to poll with `job`. */
+  learn(trace: Trace, outcome?: Outcome, options?: { wait?: false }): Promise<Queued>;
+  learn(trace: Trace, outcome: Outcome | undefined, options: WaitOptions & { wait: true }): Promise<Job>;
+  async learn(trace: Trace, outcome: Outcome = {}, options: WaitOptions & { wait?: boolean } = {}): Promise<Queued | Job> {
+    const body = { trace: { task: trace.task, kind: trace.kind ?? "", steps: trace.steps ?? [], answer: trace.answer ?? "",
+      recall_ids: trace.recall_ids ?? [] }, outcome: { success: outcome.success ?? null, score: outcome.score ?? null, feedback: outcome.feedback ?? "" } };
+    const queued = await this.json<Queued>("POST", "/v1/learn", { json: body });
+    return options.wait ? this.waitForJob(queued.job_id, options) : queued;
+  }
+
+  /** A learning job's status, and its result once done. */
+  job(jobId: string): Promise<Job> {
+    return this.json("GET", `/v1/jobs/${encodeURIComponent(jobId)}`);
+  }
+
+  /** Poll a learning job until it is done; a JobError if it failed or is not done within `timeoutMs`. */
+  async waitForJob(jobId: string, options: WaitOptions = {}): Promise<Job> {
+    const deadline = Date.now() + (options.timeoutMs ?? 120_000);
+    const every = options.intervalMs ?? 250;
+    for (;;) {
+      const job = await this.job(jobId);
+      if (job.status === "done") return job;
+      if (job.status === "failed") throw new JobError(`learning job ${jobId} failed: ${job.error}`, job);
+      if (Date.now() + every > deadline) throw new JobError(`learning job ${jobId} is still ${job.status} after ${options.timeoutMs ?? 120_000} ms`, job);
+      await new Promise((done) => setTimeout(done, every));
+    }
   }
 
   relations(id: string): Promise<Relation[]> {

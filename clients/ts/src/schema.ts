@@ -225,6 +225,69 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/outcomes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Outcome
+         * @description How the decision a recall fed turned out: credits the units it showed (use counts,
+         *     validation, their authors' reputations), once per recall_id, and retires rules that
+         *     keep failing.
+         */
+        post: operations["outcome_v1_outcomes_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/learn": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Learn
+         * @description Learn from a task the agent did (its trace and outcome): queued as a durable job,
+         *     answered at once. Poll ``url`` for what was learned and which peers received it.
+         */
+        post: operations["learn_v1_learn_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/jobs/{job_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Job
+         * @description How a learning job stands: queued, running, done (with what it learned) or failed.
+         */
+        get: operations["job_v1_jobs__job_id__get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/relations": {
         parameters: {
             query?: never;
@@ -308,6 +371,7 @@ export interface paths {
         /**
          * Import Records
          * @description JSON lines as written by export; one transaction: every record lands or none does (admin).
+         *     Audit events and settings (reputations) are refused unless ``include_history=true``.
          */
         post: operations["import_records_v1_import_post"];
         delete?: never;
@@ -588,6 +652,16 @@ export interface components {
             };
             /** Dropped */
             dropped: string[];
+            /**
+             * Recall Id
+             * @default
+             */
+            recall_id?: string;
+            /**
+             * Rules
+             * @default []
+             */
+            rules?: components["schemas"]["RuleOut"][];
         };
         /** ContextReq */
         ContextReq: {
@@ -792,6 +866,46 @@ export interface components {
             /** Id */
             id: string;
         };
+        /** JobIn */
+        JobIn: {
+            /** Job Id */
+            job_id: string;
+            /** Status */
+            status: string;
+            /** Url */
+            url: string;
+        };
+        /** JobOut */
+        JobOut: {
+            /** Job Id */
+            job_id: string;
+            /** Status */
+            status: string;
+            /** Result */
+            result?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * Error
+             * @default
+             */
+            error?: string;
+        };
+        /**
+         * LearnIn
+         * @description A trace (``task``, ``kind``, ``steps``, ``answer``, ``recall_ids``) and its outcome
+         *     (``success``, ``score``, ``feedback``); validated by :class:`forge.learn.trace.Trace`.
+         */
+        LearnIn: {
+            /** Trace */
+            trace: {
+                [key: string]: unknown;
+            };
+            /** Outcome */
+            outcome?: {
+                [key: string]: unknown;
+            } | null;
+        };
         /**
          * MessagesIn
          * @description A conversation to remember; ``scope`` and ``admit`` as for ``POST /v1/units``.
@@ -821,6 +935,34 @@ export interface components {
              * @description the units that hold what was kept
              */
             ids: string[];
+        };
+        /**
+         * OutcomeIn
+         * @description How a decision fed by a recall turned out: credits the units that recall showed, once.
+         */
+        OutcomeIn: {
+            /** Recall Id */
+            recall_id: string;
+            /** Success */
+            success?: boolean | null;
+            /** Score */
+            score?: number | null;
+            /**
+             * Feedback
+             * @default
+             */
+            feedback?: string;
+        };
+        /** OutcomeOut */
+        OutcomeOut: {
+            /** Recall Id */
+            recall_id: string;
+            /** Success */
+            success: boolean | null;
+            /** Credited */
+            credited: string[];
+            /** Retired */
+            retired: string[];
         };
         /** ProvenanceIn */
         ProvenanceIn: {
@@ -865,6 +1007,11 @@ export interface components {
         RecallOut: {
             /** Results */
             results: components["schemas"]["RecalledOut"][];
+            /**
+             * Recall Id
+             * @default
+             */
+            recall_id?: string;
         };
         /** RecalledOut */
         RecalledOut: {
@@ -918,6 +1065,19 @@ export interface components {
             created_at: number;
             /** Note */
             note: string;
+        };
+        /** RuleOut */
+        RuleOut: {
+            /** Unit Id */
+            unit_id: string;
+            /** When */
+            when: string;
+            /** Avoid */
+            avoid: string[];
+            /** Prefer */
+            prefer: string[];
+            /** Validation */
+            validation: number;
         };
         /** SeenOut */
         SeenOut: {
@@ -2857,6 +3017,373 @@ export interface operations {
             };
         };
     };
+    outcome_v1_outcomes_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["OutcomeIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["OutcomeOut"];
+                };
+            };
+            /** @description malformed request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description missing or unknown API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the key may not do this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found (or not visible to this key) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the id already exists */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description request body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description wrong Host for a server without keys (DNS rebinding) */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description rate limit exceeded */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description backend failure */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description backend unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    learn_v1_learn_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["LearnIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobIn"];
+                };
+            };
+            /** @description malformed request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description missing or unknown API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the key may not do this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found (or not visible to this key) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the id already exists */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description request body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description wrong Host for a server without keys (DNS rebinding) */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description rate limit exceeded */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description backend failure */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description backend unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
+    job_v1_jobs__job_id__get: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobOut"];
+                };
+            };
+            /** @description malformed request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description missing or unknown API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the key may not do this */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description not found (or not visible to this key) */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description the id already exists */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description request body too large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description wrong Host for a server without keys (DNS rebinding) */
+            421: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description invalid input */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description rate limit exceeded */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description backend failure */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+            /** @description backend unavailable */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorOut"];
+                };
+            };
+        };
+    };
     relate_v1_relations_post: {
         parameters: {
             query?: never;
@@ -3345,7 +3872,9 @@ export interface operations {
     };
     import_records_v1_import_post: {
         parameters: {
-            query?: never;
+            query?: {
+                include_history?: boolean;
+            };
             header?: never;
             path?: never;
             cookie?: never;

@@ -3,11 +3,12 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { AccessError, Client, ConflictError, NotFoundError, ValidationError } from "../src/index.js";
+import { AccessError, Client, ConflictError, JobError, NotFoundError, ValidationError } from "../src/index.js";
 
 const url = process.env.FORGE_URL!;
 const admin = new Client(url, process.env.FORGE_ADMIN_KEY);
 const agent = new Client(url, process.env.FORGE_AGENT_KEY);
+const other = new Client(url, process.env.FORGE_OTHER_KEY);
 const FACT = "The build server restarts on Sundays";
 
 test("whoami names the key's agent", async () => {
@@ -83,4 +84,46 @@ test("a conversation goes through the server's LLM and admission", async () => {
   const got = await agent.addMessages([{ role: "user", content: "I'm vegetarian and I live in Lisbon." }]);
   assert.equal(got.model, "scripted");
   assert.ok(Array.isArray(got.extracted) && Array.isArray(got.ids));
+});
+
+test("an outcome credits the units a context showed, once, and only its own agent's", async () => {
+  const [rule] = await agent.add({ content: "When the pump hums, close the valve before restarting it.", kind: "rule",
+    context: { domain: "plant", task: "", role: "", tags: [] } });
+  const ctx = await agent.context("the pump hums", { budget: 300 });
+  assert.ok(ctx.recallId.length > 0 && ctx.recallId === ctx.recall_id);
+  assert.ok(ctx.units.includes(rule));
+  assert.ok(Array.isArray(ctx.rules) && ctx.rules.every((r) => typeof r.when === "string" && Array.isArray(r.avoid) && Array.isArray(r.prefer)
+    && typeof r.validation === "number"));
+  await assert.rejects(other.outcome(ctx.recallId, { success: true }), AccessError);
+  const credit = await agent.outcome(ctx.recallId, { success: false, feedback: "the valve was already closed" });
+  assert.equal(credit.recall_id, ctx.recallId);
+  assert.equal(credit.success, false);
+  assert.ok(credit.credited.includes(rule));
+  await assert.rejects(agent.outcome(ctx.recallId, { success: true }), ConflictError);
+  await assert.rejects(agent.outcome("no-such-recall", { success: true }), NotFoundError);
+  const hits = await agent.recall("pump valve", { k: 3 });
+  assert.ok(hits.recallId.length > 0 && hits.recallId !== ctx.recallId && hits.length > 0);
+  assert.equal((await admin.recall("pump valve", { k: 3 })).recallId, "");
+});
+
+test("learn queues a job on the trace and its outcome; the job says what came of it", async () => {
+  const ctx = await agent.context("restart the pump");
+  const queued = await agent.learn({
+    task: "Restart pump 4 after the alarm", kind: "ops",
+    steps: [{ type: "message", role: "user", content: "Pump 4 alarms; restart it." },
+      { type: "tool", tool: "restart_pump", args: { pump: 4 }, error: "valve open" },
+      { type: "answer", content: "Could not restart: the valve was open." }],
+    answer: "Could not restart: the valve was open.", recall_ids: [ctx.recallId],
+  }, { success: false, feedback: "close the valve first" });
+  assert.equal(queued.status, "queued");
+  assert.equal(queued.url, `/v1/jobs/${queued.job_id}`);
+  const job = await agent.waitForJob(queued.job_id, { timeoutMs: 60_000 });
+  assert.equal(job.status, "done");
+  assert.ok(job.result && Array.isArray(job.result.learned) && Array.isArray(job.result.credited) && Array.isArray(job.result.shared));
+  assert.equal((await agent.job(queued.job_id)).status, "done");
+  const waited = await agent.learn({ task: "Check the pump", answer: "fine" }, { success: true }, { wait: true, timeoutMs: 60_000 });
+  assert.equal(waited.status, "done");
+  await assert.rejects(agent.job("no-such-job"), NotFoundError);
+  await assert.rejects(agent.learn({ task: "", steps: [{ type: "dance" as "message" }] }), ValidationError);
+  assert.ok(new JobError("x", job) instanceof Error);
 });
