@@ -311,7 +311,8 @@ def test_an_agents_group_and_global_writes_pass_the_screen(s) -> None:
                                                "scope": "group:red"}]}, headers=s.h(s.alice))
     assert r.status_code == 201, r.text
     bad, good = r.json()["ids"]
-    assert r.json()["admission"][0]["summary"] and "held for review" in r.json()["admission"][0]["reason"]
+    held, kept = r.json()["admission"]
+    assert (held["held"], held["summary"], kept["held"]) == (True, "held for review", False) and "injection" in held["reason"]
     assert _status(s, bad) is Status.QUARANTINED and _status(s, good) is Status.ACTIVE
     assert s.memory.get(bad, viewer=ADMIN).meta["quarantine"]["reason"] == "injection"
     assert bad not in _recall_ids(s, s.carol, "customer refund") and good in _recall_ids(s, s.carol, "customer refund")

@@ -114,8 +114,8 @@ def _writer(url: str, token: str, agent: str, group: str, tag: str, seed: int, l
                         got = r.json()
                         if got["ids"] != [u["id"] for u in batch] or {d["action"] for d in got["admission"]} != {"add"}:
                             ledger.errors.append(f"a batch of new units was not added as sent: {got}")
-                        for u in batch:
-                            ledger.units[u["id"]] = {**u, "owner": agent, "status": "active"}
+                        for u, d in zip(batch, got["admission"], strict=True):  # the screen may hold a group or global one
+                            ledger.units[u["id"]] = {**u, "owner": agent, "status": "quarantined" if d["held"] else "active"}
                         mine.extend(u["id"] for u in batch)
             elif roll < 0.8:
                 uid = rng.choice(mine)
@@ -134,6 +134,7 @@ def _writer(url: str, token: str, agent: str, group: str, tag: str, seed: int, l
                     if r.status_code == 200:
                         ledger.acked += 1
                         ledger.units[uid]["content"] = new
+                        ledger.units[uid]["status"] = r.json()["status"]  # the screen may hold the new text
             elif roll < 0.9:
                 uid = mine.pop(rng.randrange(len(mine)))  # archived: no longer updated
                 with ledger.lock:
@@ -189,6 +190,8 @@ def _check(server: Server, admin: str, ledger: Ledger, rng: random.Random, note:
                 assert got[key] in ledger.cut_updates[uid], f"{note}: {uid} content half-written: {got[key]!r}"
             elif key == "status" and uid in ledger.cut_status:
                 assert got[key] in ledger.cut_status[uid], f"{note}: {uid} status {got[key]!r}"
+            elif key == "status" and uid in ledger.cut_updates:  # the cut text, if written, may have been held
+                assert got[key] in (want[key], "quarantined"), f"{note}: {uid} status {got[key]!r}"
             else:
                 assert got[key] == want[key], f"{note}: {uid} {key} {got[key]!r} != acknowledged {want[key]!r}"
         assert got["context"]["tags"] == want["context"]["tags"], f"{note}: {uid} tags"

@@ -615,6 +615,12 @@ export interface components {
             similarity: number | null;
             /** Reason */
             reason: string;
+            /**
+             * Held
+             * @description stored quarantined: the screen held this group or global unit for an operator's review
+             * @default false
+             */
+            held?: boolean;
         };
         /** ContextIn */
         ContextIn: {

@@ -269,10 +269,13 @@ class Admitted:
     existing: str | None = None  # the unit merged into or superseded
     similarity: float | None = None
     importance: Importance | None = None
+    held: bool = False  # stored quarantined: the screen held it for an operator's review
 
     @property
     def summary(self) -> str:
         """What happened, in a few words: "added", "merged into X", "updated X" (X superseded)."""
+        if self.held:
+            return "held for review"
         if self.action == NOOP:
             return f"merged into {self.unit_id}"
         if self.action == UPDATE:
@@ -281,6 +284,8 @@ class Admitted:
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in ("action", "unit_id", "reason", "incoming", "existing", "similarity")}
+        if self.held:
+            d["held"] = True
         if self.importance is not None:
             d["importance"] = {"score": self.importance.score, "why": list(self.importance.why)}
         return d

@@ -97,6 +97,7 @@ class AdmissionOut(BaseModel):
     existing: str | None
     similarity: float | None
     reason: str
+    held: bool = Field(default=False, description="stored quarantined: the screen held this group or global unit for an operator's review")
 
 
 class AddOut(BaseModel):

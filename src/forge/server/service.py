@@ -206,7 +206,7 @@ class Service:
             for i, u in enumerate(built):
                 if i in held:
                     uid = self.memory.add([self._quarantined(u, held[i])], actor=who.actor)[0]
-                    out.append(Admitted(ADD, uid, f"held for review ({held[i].reason}: {held[i]}); an operator releases it", uid))
+                    out.append(Admitted(ADD, uid, f"held for review ({held[i].reason}: {held[i]}); an operator releases it", uid, held=True))
                 else:
                     out.append(next(kept))
             return out
@@ -703,7 +703,7 @@ def _event(e: Event) -> dict[str, Any]:
 def admission_dict(d: Admitted) -> dict[str, Any]:
     """An admission decision as the REST API and MCP answer it (with its one-line ``summary``)."""
     return {"action": d.action, "summary": d.summary, "unit_id": d.unit_id, "incoming": d.incoming,
-            "existing": d.existing, "similarity": d.similarity, "reason": d.reason}
+            "existing": d.existing, "similarity": d.similarity, "reason": d.reason, "held": d.held}
 
 
 def event_dict(e: Event) -> dict[str, Any]:
