@@ -42,9 +42,12 @@ def test_lines_stay_quiet_through_short_work_then_trickle():
     clock.now += 3
     assert not lines.count("embedding units", 260, 1000)  # too soon after the last line
     assert lines.write("phase done", force=True)  # a boundary is always said
+    clock.now += 10
+    assert lines.count("curation pass", 0, None)  # nothing counted: still at work
     assert out.getvalue().splitlines() == [
         "embedding units: 200/1,000 (20%) | 10s elapsed, about 40s left",
         "phase done",
+        "curation pass: working | 23s elapsed",
     ]
 
 

@@ -86,7 +86,7 @@ class Lines:
 
     def count(self, what: str, done: int, total: int | None, *, force: bool = False) -> bool:
         """A line for counted work: "embedding units: 640/1,500 (43%) | 12s elapsed, about 16s left"."""
-        shown = f"{done:,}/{total:,} ({done / total:.0%})" if total else f"{done:,}"
+        shown = f"{done:,}/{total:,} ({done / total:.0%})" if total else f"{done:,}" if done else "working"
         return self.write(f"{what}: {shown} | {self.timing(done, total)}", force=force)
 
 
