@@ -128,9 +128,8 @@ def test_foreign_forged_and_other_agents_recall_ids_move_nothing(mem, tmp_path):
         mem.outcome(rid, agent="bot-2", success=False)
     with pytest.raises(NotFoundError):
         mem.outcome(rid[:-3] + "AAA", agent="bot-1", success=False)
-    with Memory.open(tmp_path / "other.db", embedder=HashingEmbedder(dim=64)) as other:
-        with pytest.raises(NotFoundError):
-            other.outcome(rid, agent="bot-1", success=False)
+    with Memory.open(tmp_path / "other.db", embedder=HashingEmbedder(dim=64)) as other, pytest.raises(NotFoundError):
+        other.outcome(rid, agent="bot-1", success=False)
     with pytest.raises(ValidationError):
         mem.outcome("", agent="bot-1", success=False)
     assert mem.get(u.id, viewer=ADMIN).counts == Counts(prior=0.5)

@@ -141,9 +141,8 @@ def test_a_trace_naming_another_agents_recall_is_refused(setup):
 def test_a_server_killed_with_queued_jobs_runs_each_once_after_restart(tmp_path):
     """kill -9 while learning jobs wait: every acknowledged job completes after the restart,
     and each writes its units exactly once."""
-    from serve_support import Server
-
     from forge.server.keys import KeyStore
+    from serve_support import Server
 
     db = str(tmp_path / "m.db")
     keys = KeyStore(tmp_path / "keys.json")

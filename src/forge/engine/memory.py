@@ -24,9 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from forge.engine.embed import Embedder, open_embedder
 from forge.engine import tickets
-from forge.engine.recall import Packed, Recalled, Recalls, Reranker, Weights, approx_tokens, pack, recall
+from forge.engine.embed import Embedder, open_embedder
+from forge.engine.recall import (
+    Packed,
+    Recalls,
+    Reranker,
+    Weights,
+    approx_tokens,
+    pack,
+    recall,
+)
 from forge.errors import ConfigError, DimensionError, ValidationError
 from forge.model import Episode, Relation, Status, Unit, Viewer
 from forge.store import Event, Filter, Store, indexed_text, open_store

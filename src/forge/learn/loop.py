@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge.curate.exposure import Exposure
+from forge.engine.port import MemoryPort
 from forge.engine.recall import Weights
 from forge.envs.base import Env, EnvSpec, StepResult
 from forge.envs.situation import situation_of
-from forge.engine.port import MemoryPort
 from forge.errors import ForgeError, NotFoundError, ValidationError
 from forge.learn.policy import ANALYST_TOOLS, Policy
 from forge.learn.prompt import PROMPT_SECTIONS, PROMPT_WEIGHTS, Recollection, empty, recollect
