@@ -1,10 +1,12 @@
 """The dashboard at ``/ui``: server-rendered pages (Jinja2) with htmx for the interactive bits.
 
 Pages: search (as any agent, for admins), a unit (relations as a graph, provenance chain,
-change history), the quarantine review queue (approve / reject with a reason, written to
-the audit log), conflicts and their resolutions, agents with reputations, and runs with
-learning curves. No build step, no CDN: htmx 2 (0BSD licence, from the npm package
-``htmx.org``) is vendored in ``static/``. Pages call the same :class:`Service` as the API.
+change history), what agents learned (each rule or lesson: its author and source, who
+received it, its recalls and outcomes, why it was retired; also in evolution runs), the
+quarantine review queue (approve / reject with a reason, written to the audit log),
+conflicts and their resolutions, agents with reputations, and runs with learning curves.
+No build step, no CDN: htmx 2 (0BSD licence, from the npm package ``htmx.org``) is vendored
+in ``static/``. Pages call the same :class:`Service` as the API.
 
 The browser authenticates with the API key in a ``SameSite=Strict`` cookie set by
 ``/ui/login``; state-changing requests must also carry htmx's ``HX-Request`` header, which a
@@ -15,6 +17,8 @@ same-origin request with ``X-Forge-Request`` or ``HX-Request`` (:mod:`forge.serv
 from __future__ import annotations
 
 import math
+import sqlite3
+from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
 from typing import Annotated, Any
@@ -195,6 +199,29 @@ def mount_dashboard(app: FastAPI, service: Service, auth: Authenticator) -> None
         The report is one page with its styles inline and no script."""
         return HTMLResponse(service.run_report(p, name), headers={"Content-Security-Policy": _REPORT_CSP})
 
+    @router.get("/learned", response_class=HTMLResponse)
+    def learned_page(request: Request, p: Who, status: str = "all", author: str = "", run: str = "",
+                     page_no: Annotated[int, Query(alias="page", ge=1, le=100_000)] = 1) -> HTMLResponse:
+        """What agents learned (rules, lessons, procedures) and where it went: here, or in an
+        evolution run's memory (``run``, admins)."""
+        from forge.share.ledger import ledger_decisions
+
+        status = status if status in ("all", "active", "retired") else "all"
+        start, stop = (page_no - 1) * PER_PAGE, page_no * PER_PAGE
+        runs = [r["name"] for r in service.runs(p)] if p.admin else []
+        if run:
+            if not p.admin:
+                return page(request, "error.html", p, code=403, message="only an admin key can read an evolution run's memory")
+            data = _run_learned(service, p, run, status, author.strip(), start, stop)
+        else:
+            service.flush()
+            data = {"error": "", **learned_rows(service.store, p.viewer, status=status, author=author.strip(), start=start, stop=stop,
+                                                decisions=ledger_decisions(service.store) if p.admin else ())}
+        total = data.get("totals", {}).get("rows", 0)
+        return page(request, "learned.html", p, rows=data["rows"], totals=data.get("totals", {}), truncated=data.get("truncated", False),
+                    scan=LEARNED_SCAN, error=data["error"], status=status, author=author, run=run, runs=runs,
+                    pager=_pager(request, page_no, more=stop < total, total=total))
+
     @router.get("/events", response_class=HTMLResponse)
     def events_page(request: Request, p: Who, actor: str = "", op: str = "",
                     before: Annotated[float | None, Query(ge=0, le=1e11)] = None) -> HTMLResponse:
@@ -373,3 +400,135 @@ def _ts(value: Any) -> str:
     return dt.datetime.fromtimestamp(float(value), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+# -- what agents learned ------------------------------------------------------------------------
+
+#: The kinds learning writes (rules, lessons, procedures that worked).
+LEARNED_KINDS = ("rule", "lesson", "procedure")
+#: Most learned units one page reads (newest first); a store with more says so on the page.
+LEARNED_SCAN = 5000
+#: Statuses a learned unit leaves recall by, and the word the page uses for them.
+RETIRED = ("archived", "superseded", "quarantined")
+
+
+def _learned_source(source: str) -> str | None:
+    """The author a provenance source names when learning wrote the unit ("learned:<agent>"),
+    "" for a protocol's reflection (its owner wrote it), None for anything else."""
+    if source.startswith("learned:"):
+        return source.split(":", 1)[1]
+    if source == "reflection":
+        return ""
+    return None
+
+
+#: Meta keys that say what a learned unit was learned from (a job, its task and outcome).
+LEARNED_FROM = ("job", "job_id", "task", "kind", "success", "score", "feedback", "recall_id", "outcome")
+
+
+def _learned_from(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``meta`` says a unit was learned from: its ``learned_from`` record, else those of
+    :data:`LEARNED_FROM` it holds at the top."""
+    where = meta.get("learned_from")
+    src = where if isinstance(where, Mapping) else meta
+    return {k: src[k] for k in LEARNED_FROM if k in src and src[k] not in (None, "", [], {})}
+
+
+def _why_retired(store: Any, viewer: Any, unit: Any) -> dict[str, Any] | None:
+    """The newest status change that took ``unit`` out of recall: when, by whom, why."""
+    if unit.status.value not in RETIRED:
+        return None
+    evs = store.events(unit_id=unit.id, ops=("status",), viewer=viewer, limit=20, newest_first=True)
+    for e in evs:
+        if e.data.get("to") == unit.status.value:
+            return {"at": e.ts, "actor": e.actor, "reason": str(e.data.get("reason") or ""), "status": unit.status.value}
+    q = unit.meta.get("quarantine") if isinstance(unit.meta.get("quarantine"), Mapping) else None
+    return {"at": (q or {}).get("at"), "actor": "", "reason": str((q or {}).get("reason") or "no reason recorded"), "status": unit.status.value}
+
+
+def learned_rows(store: Any, viewer: Any, *, status: str = "all", author: str = "", decisions: Sequence[Any] = (),
+                 start: int = 0, stop: int | None = None, scan: int = LEARNED_SCAN) -> dict[str, Any]:
+    """Every rule, lesson and procedure learning wrote that ``viewer`` may see, newest first,
+    one row per original: its author, when and from what it was learned, the copies its peers
+    received (``broadcast:<author>`` units whose ``remote_id`` is it) and the exchange's
+    decisions about it (``decisions``: ledger rulings, matched by origin and content hash),
+    how often it was recalled, its counted outcomes and validation, and, once retired, why.
+    A received copy whose original ``viewer`` cannot see is a row of its own. Only rows
+    ``start:stop`` are filled in (their history read); ``totals`` count them all."""
+    from forge.model import origin_of
+    from forge.share.capsule import content_hash
+
+    f = Filter.make(kinds=LEARNED_KINDS, status=["active", *RETIRED])
+    total = store.count(viewer=viewer, filter=f)
+    units = store.list(viewer=viewer, filter=f, limit=scan, offset=max(0, total - scan))  # oldest first: the newest ``scan``
+    copies: dict[str, list[Any]] = {}
+    originals, orphans = [], []
+    for u in units:
+        src = u.provenance.source
+        if src.startswith("broadcast:"):
+            copies.setdefault(str(u.meta.get("remote_id") or ""), []).append(u)
+        elif _learned_source(src) is not None:
+            originals.append(u)
+    ids = {u.id for u in originals}
+    by_text = {(_learned_source(u.provenance.source) or u.owner, content_hash(u)): u.id for u in originals}
+    for rid in list(copies):
+        if rid in ids:
+            continue
+        for c in copies.pop(rid):  # its original was merged into another, or is out of sight: match by author and text
+            home = by_text.get((origin_of(c), content_hash(c)))
+            if home:
+                copies.setdefault(home, []).append(c)
+            else:
+                orphans.append(c)
+    rows = []
+    for u in sorted([*originals, *orphans], key=lambda x: x.created_at, reverse=True):
+        received = u.provenance.source.startswith("broadcast:")
+        who = origin_of(u) if received else (_learned_source(u.provenance.source) or u.owner)
+        if author and who != author:
+            continue
+        if status == "active" and u.status.value != "active" or status == "retired" and u.status.value not in RETIRED:
+            continue
+        rows.append({"unit": u, "author": who, "received_from": u.meta.get("sender") if received else None, "holder": u.owner,
+                     "copies": copies.get(u.id, [])})
+    totals = {"rows": len(rows), "active": sum(r["unit"].status.value == "active" for r in rows),
+              "retired": sum(r["unit"].status.value in RETIRED for r in rows),
+              "copies": sum(len(r["copies"]) for r in rows), "authors": len({r["author"] for r in rows})}
+    ruled: dict[tuple[str, str], list[Any]] = {}
+    for d in decisions:
+        if d.outcome in ("accepted", "merged", "corroborated", "quarantined", "rejected", "conflict"):
+            ruled.setdefault((d.origin, d.hash), []).append(d)
+    shown = rows[start:stop]
+    for r in shown:
+        u, c = r["unit"], r["unit"].counts
+        got = [{"agent": x.owner, "status": x.status.value, "validation": x.validation, "uses": x.counts.uses,
+                "successes": x.counts.successes, "failures": x.counts.failures, "id": x.id,
+                "retired": _why_retired(store, viewer, x)} for x in r["copies"]]
+        holders = {g["agent"] for g in got}
+        r.update(
+            rule=u.rule, episodes=list(u.provenance.episodes), copies=got,
+            rulings=list({(d.agent, d.outcome, d.reason): {"agent": d.agent, "outcome": d.outcome, "reason": d.reason, "at": d.at}
+                          for d in ruled.get((r["author"], content_hash(u)), []) if d.agent not in holders or d.outcome not in ("accepted", "quarantined")}.values()),
+            learned_from=_learned_from(u.meta),
+            recalled=u.access_count, uses=c.uses, successes=c.successes, failures=c.failures, validation=u.validation,
+            retired=_why_retired(store, viewer, u),
+        )
+    return {"rows": shown, "totals": totals, "truncated": total > scan, "scan": scan}
+
+
+def _run_learned(service: Service, p: Principal, name: str, status: str, author: str, start: int, stop: int) -> dict[str, Any]:
+    """What the instances of evolution run ``name`` learned, read from its ``memory.db``
+    (read-only; every instance's memory, so an admin's view)."""
+    from forge.model import Viewer
+    from forge.store import SQLiteStore
+
+    if name not in {r["name"] for r in service.runs(p)} or service.runs_dir is None:
+        return {"error": f"no run named {name!r}", "rows": [], "totals": {}}
+    db = service.runs_dir.joinpath(*name.split("/")) / "memory.db"
+    if not db.is_file():
+        return {"error": f"run {name!r} has no memory.db yet", "rows": [], "totals": {}}
+    try:
+        store = SQLiteStore(db, create=False, readonly=True)
+    except (ForgeError, OSError, sqlite3.Error) as exc:
+        return {"error": f"run {name!r}: cannot read its memory ({exc})", "rows": [], "totals": {}}
+    try:
+        return {"error": "", **learned_rows(store, Viewer.admin(), status=status, author=author, start=start, stop=stop)}
+    finally:
+        store.close()
