@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from forge.engine.port import MemoryPort
 from forge.errors import BackendError, ForgeError, LLMError, NotFoundError, ValidationError
 from forge.llm.base import LLM
 from forge.llm.structured import complete_json
@@ -339,7 +340,7 @@ class Exchange:
 
     def __init__(
         self,
-        memory: Any,
+        memory: MemoryPort,
         agent_id: str,
         keyring: Keyring,
         *,
