@@ -313,3 +313,22 @@ def test_the_walk_back_from_a_dead_end_is_bounded(population, monkeypatch):
     # no step back allowed: the dead end's own step is blamed, with nothing safe to name
     assert rule.content.startswith("when left: frozen, do not left") and "left: frozen" in AT_0_3
     assert "safe" not in rule.content
+
+
+def test_an_agent_learns_from_a_trace_without_an_env_and_its_peers_receive_it(population):
+    """Agent.learn(traj, env=None) used to fail with "'NoneType' object has no attribute 'spec'"."""
+    from forge.errors import ValidationError
+    from forge.learn.loop import Trajectory
+    from forge.learn.trace import Outcome, Trace, TraceStep
+
+    a1, a2, _ = population.values()
+    with pytest.raises(ValidationError, match="learn_task"):
+        a1.learn(Trajectory(), env=None, seed=0)
+    trace = Trace(task="Restart the billing worker", kind="worker restart",
+                  steps=(TraceStep("tool", tool="systemctl_restart", error="PermissionDenied: need sudo"),
+                         TraceStep("tool", tool="sudo_restart", content="ok")))
+    learned = a1.learn_task(trace, Outcome(success=False))
+    [rule] = [u for u in learned.learned if u.kind.value == "rule"]
+    assert rule.rule.when == "worker restart: systemctl_restart fails with PermissionDenied"
+    got = a2.pump()
+    assert any(d.outcome == "accepted" and "systemctl_restart" in a2.memory.get(d.unit_id, viewer=Viewer.admin()).content for d in got)

@@ -31,7 +31,7 @@ from forge.engine.embed import Embedder, open_embedder
 from forge.engine.memory import Memory
 from forge.engine.recall import Packed, Recalled
 from forge.envs.base import Env
-from forge.errors import ConfigError
+from forge.errors import ConfigError, ValidationError
 from forge.learn.loop import (
     Recaller,
     Trajectory,
@@ -41,7 +41,9 @@ from forge.learn.loop import (
     learn_from,
     retire_failing,
 )
+from forge.learn.online import Learned
 from forge.learn.policy import Policy
+from forge.learn.trace import Outcome, Trace
 from forge.learn.prompt import Recollection
 from forge.llm.base import LLM
 from forge.model import Context, Episode, Unit, Viewer
@@ -252,12 +254,25 @@ class Agent:
             self.broadcaster.offer(u)
         return units
 
+    def learn_task(self, trace: Trace | Mapping[str, Any], outcome: Outcome | Mapping[str, Any] | None = None, **kw: Any) -> Learned:
+        """Learn from a task this agent did outside any environment (its trace and outcome):
+        credit the recalls it names, reflect with this agent's LLM, store what holds, and
+        offer it to the peers through this agent's broadcaster, whose exchanges judge it.
+        See :func:`forge.learn.online.learn`."""
+        from forge.learn.online import learn
+
+        def share(units: Sequence[Unit]) -> list[dict[str, Any]]:
+            sent = self.broadcast(units)  # on purpose: the importance trigger never sends a private unit
+            return [{"agent": "peers", "unit": u.id, "outcome": "sent", "reason": f"{sent} capsule(s) sent"} for u in units]
+
+        return learn(self.memory, trace, outcome, agent=self.id, llm=self.llm, share=share, **kw)
+
     def learn(
         self,
         trajectory: Trajectory,
         *,
-        env: Env,
-        seed: int,
+        env: Env | None = None,
+        seed: int | None = None,
         policy: Policy | None = None,
         tau: float | None = None,
         representation: str = "rules",
@@ -273,6 +288,11 @@ class Agent:
         other actions were safe at that step. Without an LLM, or when it fails, the fallback
         rule is derived from the trajectory. Deleted rules are archived, not erased.
         """
+        if env is None or seed is None:
+            raise ValidationError(
+                "Agent.learn replays a trajectory in its env from its seed; without an env, report a "
+                "forge.learn.trace.Trace with Agent.learn_task(trace, outcome)"
+            )
         spec = env.spec
         tau = spec.tau if tau is None else tau
         episode = Episode(
@@ -422,7 +442,7 @@ class Agent:
             "conflicts": by["conflict"],
             "help_asked": self.help_asked,
             "help_answered": self.help_answered,
-            "units": self.memory.store.count(viewer=self.viewer, filter=Filter()),
+            "units": self.memory.count(viewer=self.viewer, filter=Filter()),
         }
 
     def close(self) -> None:
