@@ -42,6 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from forge.engine.port import MemoryPort
 from forge.errors import LLMError, ValidationError
 from forge.llm.structured import complete_json
 from forge.model import (
@@ -303,7 +304,7 @@ def _same_context(a: Unit, b: Unit) -> bool:
 
 
 def admit(
-    memory: Any,
+    memory: MemoryPort,
     units: Unit | Sequence[Unit],
     *,
     actor: str = "",
@@ -322,20 +323,19 @@ def admit(
     policy = policy or AdmissionPolicy()
     now = time.time() if now is None else now
     vectors = memory.embed_units(units)  # what each unit is stored with: its indexed text
-    store = memory.store
     admin = Viewer.admin()
     fresh: list[tuple[Unit, np.ndarray]] = []  # admitted in this call: not in the index until commit
     batch = len(units) > 1
     out: list[Admitted] = []
     with memory.transaction():
         for unit, vec in zip(units, vectors, strict=True):
-            cands = _candidates(store, unit, vec, fresh, policy)
+            cands = _candidates(memory, unit, vec, fresh, policy)
             novelty = 1.0 - max((s for _, s in cands), default=0.0)
             decision = _decide(unit, cands, policy)
             if decision is None or decision[0] == ADD:
                 d = _add(memory, unit, vec, novelty=novelty, policy=policy, actor=actor, conflict=decision)
                 if batch:
-                    fresh.append((store.get(d.unit_id, viewer=admin), vec))
+                    fresh.append((memory.get(d.unit_id, viewer=admin), vec))
             elif decision[0] == NOOP:
                 _, old, sim, why = decision
                 d = _merge(memory, old, unit, sim, why=why, policy=policy, actor=actor, now=now)
@@ -343,25 +343,24 @@ def admit(
                 _, old, sim, why = decision
                 d = _supersede(memory, old, unit, vec, sim, why=why, novelty=novelty, policy=policy, actor=actor)
                 if batch:
-                    fresh.append((store.get(d.unit_id, viewer=admin), vec))
+                    fresh.append((memory.get(d.unit_id, viewer=admin), vec))
             memory.append_event("admit", unit_id=d.unit_id, actor=actor, data=d.to_dict())
             out.append(d)
     return out
 
 
-def _candidates(store: Any, unit: Unit, vec: np.ndarray, fresh: list[tuple[Unit, np.ndarray]], policy: AdmissionPolicy) -> list[tuple[Unit, float]]:
+def _candidates(memory: MemoryPort, unit: Unit, vec: np.ndarray, fresh: list[tuple[Unit, np.ndarray]], policy: AdmissionPolicy) -> list[tuple[Unit, float]]:
     """Active units near ``unit`` in its place, most similar first, this call's own included."""
     place = _same_place(unit)
     admin = Viewer.admin()
-    hits = [h for h in store.vector_search(vec, k=policy.candidates, viewer=admin, filter=place) if h.score >= policy.related_at]
-    got = {u.id: u for u in store.get_many([h.id for h in hits], viewer=admin)}
-    cands = {h.id: (got[h.id], float(h.score)) for h in hits if h.id in got}
+    near = memory.nearest(vec, k=policy.candidates, viewer=admin, filter=place, at_least=policy.related_at)
+    cands = {u.id: (u, float(score)) for u, score in near}
     want = np.asarray(vec, dtype=np.float64)
     wn = np.linalg.norm(want) or 1.0
     for u, v in fresh:
         if u.kind != unit.kind or str(u.scope) != str(unit.scope) or (unit.scope.kind == "private" and u.owner != unit.owner):
             continue
-        current = store.get(u.id, viewer=admin)
+        current = memory.get(u.id, viewer=admin)
         if current.status is not Status.ACTIVE:
             continue
         v = np.asarray(v, dtype=np.float64)
@@ -405,7 +404,7 @@ def _scored(unit: Unit, *, novelty: float, policy: AdmissionPolicy) -> tuple[Uni
 
 
 def _add(
-    memory: Any, unit: Unit, vec: np.ndarray, *, novelty: float, policy: AdmissionPolicy, actor: str, conflict: tuple[str, Unit, float, str] | None
+    memory: MemoryPort, unit: Unit, vec: np.ndarray, *, novelty: float, policy: AdmissionPolicy, actor: str, conflict: tuple[str, Unit, float, str] | None
 ) -> Admitted:
     unit, imp = _scored(unit, novelty=novelty, policy=policy)
     memory.add([unit], vectors=np.asarray([vec]), actor=actor)
@@ -418,7 +417,7 @@ def _add(
     return Admitted(ADD, unit.id, reason, unit.id, existing=old.id, similarity=round(sim, 4), importance=imp)
 
 
-def _merge(memory: Any, old: Unit, new: Unit, sim: float, *, why: str, policy: AdmissionPolicy, actor: str, now: float) -> Admitted:
+def _merge(memory: MemoryPort, old: Unit, new: Unit, sim: float, *, why: str, policy: AdmissionPolicy, actor: str, now: float) -> Admitted:
     origin = origin_of(new)
     witnesses = {origin_of(old), *(str(m.get("origin", "")) for m in old.meta.get("merged", []) if isinstance(m, Mapping))}
     entry: dict[str, Any] = {"id": new.id, "origin": origin, "source": new.provenance.source, "at": now, "similarity": round(sim, 4)}
@@ -446,7 +445,7 @@ def _merge(memory: Any, old: Unit, new: Unit, sim: float, *, why: str, policy: A
 
 
 def _supersede(
-    memory: Any, old: Unit, new: Unit, vec: np.ndarray, sim: float, *, why: str, novelty: float, policy: AdmissionPolicy, actor: str
+    memory: MemoryPort, old: Unit, new: Unit, vec: np.ndarray, sim: float, *, why: str, novelty: float, policy: AdmissionPolicy, actor: str
 ) -> Admitted:
     valid_from = float(new.meta.get("valid_from", new.created_at))
     new, imp = _scored(new.replace(meta={**new.meta, "valid_from": valid_from}), novelty=novelty, policy=policy)

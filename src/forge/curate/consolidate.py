@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from forge.curate.changes import Change, all_units
+from forge.engine.port import MemoryPort
 from forge.errors import LLMError, ValidationError
 from forge.llm.structured import complete_json
 from forge.model import (
@@ -97,7 +98,7 @@ def cluster_vectors(vectors: np.ndarray, *, threshold: float = 0.72) -> list[lis
 
 
 def link_sources(
-    memory: Any, unit_id: str, members: Sequence[tuple[str, float]], *, note: Callable[[str, float], str], actor: str
+    memory: MemoryPort, unit_id: str, members: Sequence[tuple[str, float]], *, note: Callable[[str, float], str], actor: str
 ) -> None:
     """``unit_id -[derived_from]-> member`` for each (member id, cosine), the cosine as weight,
     written through :meth:`Memory.relate <forge.engine.memory.Memory.relate>`."""
@@ -177,19 +178,19 @@ class ClusterPolicy(Protocol):
     @property
     def min_size(self) -> int: ...
 
-    def groups(self, memory: Any) -> Sequence[tuple[str, Sequence[Unit]]]:
+    def groups(self, memory: MemoryPort) -> Sequence[tuple[str, Sequence[Unit]]]:
         """``(key, units)`` for each place whose units may generalise together, in order."""
         ...
 
-    def vectors(self, memory: Any, units: Sequence[Unit]) -> np.ndarray:
+    def vectors(self, memory: MemoryPort, units: Sequence[Unit]) -> np.ndarray:
         """One row per unit: what clustering compares."""
         ...
 
-    def plan(self, memory: Any, cluster: Candidate, *, run: str, actor: str, now: float) -> ClusterPlan:
+    def plan(self, memory: MemoryPort, cluster: Candidate, *, run: str, actor: str, now: float) -> ClusterPlan:
         """What ``cluster`` becomes (read, ask a model; never write)."""
         ...
 
-    def tidy(self, memory: Any, group: str, *, run: str, actor: str) -> None:
+    def tidy(self, memory: MemoryPort, group: str, *, run: str, actor: str) -> None:
         """Writes after a group's generalisations landed, in the same transaction."""
         ...
 
@@ -223,7 +224,7 @@ class Consolidation:
 
 
 def consolidate(
-    memory: Any, *, policy: ClusterPolicy | None = None, now: float | None = None, dry_run: bool = False, actor: str = ""
+    memory: MemoryPort, *, policy: ClusterPolicy | None = None, now: float | None = None, dry_run: bool = False, actor: str = ""
 ) -> Consolidation:
     """Cluster and generalise what ``policy`` names (a :class:`ConsolidationPolicy` by
     default); see the module docstring. ``dry_run`` plans without writing."""
@@ -303,7 +304,7 @@ class ConsolidationPolicy:
         if not -1 <= self.threshold <= 1 or not -1 <= self.subsume_at <= 1:
             raise ValidationError("threshold and subsume_at are cosines between -1 and 1")
 
-    def groups(self, memory: Any) -> list[tuple[str, list[Unit]]]:
+    def groups(self, memory: MemoryPort) -> list[tuple[str, list[Unit]]]:
         """The active units of ``kinds``, never a generalisation, by where they apply, oldest first."""
         units = [u for u in all_units(memory, Filter.make(kinds=self.kinds)) if u.meta.get("generalisation") is None]
         groups: dict[str, list[Unit]] = {}
@@ -313,13 +314,13 @@ class ConsolidationPolicy:
             groups.setdefault(key, []).append(u)
         return list(groups.items())
 
-    def vectors(self, memory: Any, units: Sequence[Unit]) -> np.ndarray:
+    def vectors(self, memory: MemoryPort, units: Sequence[Unit]) -> np.ndarray:
         """The vectors the units are stored with (embedded again if any is missing)."""
         admin = Viewer.admin()
-        vecs = [memory.store.vector(u.id, viewer=admin) for u in units]
-        return memory.embed_units(units) if any(v is None for v in vecs) else np.stack(vecs)
+        vecs = [memory.vector(u.id, viewer=admin) for u in units]
+        return memory.embed_units(units) if any(v is None for v in vecs) else np.stack([v for v in vecs if v is not None])
 
-    def plan(self, memory: Any, cluster: Candidate, *, run: str, actor: str, now: float) -> ClusterPlan:
+    def plan(self, memory: MemoryPort, cluster: Candidate, *, run: str, actor: str, now: float) -> ClusterPlan:
         mem = list(cluster.members)
         unit_vecs = cluster.vectors / np.where((n := np.linalg.norm(cluster.vectors, axis=1, keepdims=True)) == 0, 1.0, n)
         centre = unit_vecs.sum(axis=0)
@@ -368,7 +369,7 @@ class ConsolidationPolicy:
             subsumes=subsumes,
         )
 
-    def tidy(self, memory: Any, group: str, *, run: str, actor: str) -> None:
+    def tidy(self, memory: MemoryPort, group: str, *, run: str, actor: str) -> None:
         """Nothing beyond the subsumed members."""
 
     def writing(self) -> AbstractContextManager[Any]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from forge.curate.seeds import WarmUp, own
+from forge.engine.port import MemoryPort
 from forge.errors import ValidationError
 from forge.model import Unit
 
@@ -60,7 +61,7 @@ class Exposure:
         """The prompt sections shown now (gradual enablement), in their order of priority."""
         return {name: sections[name] for name in self.warmup.sections(list(sections), episodes=episodes)}
 
-    def view(self, memory: Any, *, agent: str, episodes: int) -> GatedMemory:
+    def view(self, memory: MemoryPort, *, agent: str, episodes: int) -> GatedMemory:
         """``memory`` as ``agent`` may read it now: its ``recall`` leaves out what is hidden."""
         return GatedMemory(memory, exposure=self, agent=agent, episodes=episodes)
 
@@ -68,7 +69,7 @@ class Exposure:
 class GatedMemory:
     """A memory whose ``recall`` returns only the units an :class:`Exposure` shows."""
 
-    def __init__(self, memory: Any, *, exposure: Exposure, agent: str, episodes: int) -> None:
+    def __init__(self, memory: MemoryPort, *, exposure: Exposure, agent: str, episodes: int) -> None:
         self.memory = memory
         self.exposure = exposure
         self.agent = agent
@@ -83,5 +84,5 @@ class GatedMemory:
                 break
             fetch = min(MAX_FETCH, fetch * 4)
         if touch and kept:
-            self.memory.store.touch([r.unit.id for r in kept])
+            self.memory.touch([r.unit.id for r in kept])
         return kept

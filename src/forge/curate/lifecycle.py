@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge.curate.changes import Change, all_units
+from forge.engine.port import MemoryPort
 from forge.errors import UserError, ValidationError
 from forge.model import Kind, Relation, RelationType, Status, Unit, Viewer, new_id
 
@@ -207,11 +208,11 @@ class Plan:
         return d
 
 
-def _active(store: Any) -> list[Unit]:
-    return all_units(store)
+def _active(memory: MemoryPort) -> list[Unit]:
+    return all_units(memory)
 
 
-def _contradictions(store: Any, active: Mapping[str, Unit]) -> list[tuple[str, str, str]]:
+def _contradictions(store: MemoryPort, active: Mapping[str, Unit]) -> list[tuple[str, str, str]]:
     """(src, dst, note) of every ``contradicts`` relation between two active units, oldest first."""
     ids = list(active)
     found: dict[tuple[str, str], Relation] = {}
@@ -236,12 +237,11 @@ def _clock(now: float | None) -> float:
     return float(now)
 
 
-def plan(memory: Any, *, policy: CurationPolicy | None = None, now: float | None = None) -> Plan:
+def plan(memory: MemoryPort, *, policy: CurationPolicy | None = None, now: float | None = None) -> Plan:
     """What a pass would change, and why, without changing anything."""
     policy = policy or CurationPolicy()
     now = _clock(now)
-    store = memory.store
-    units = _active(store)
+    units = _active(memory)
     out = Plan(run_id=new_id(), now=now, scanned=len(units))
     gone: set[str] = set()
 
@@ -251,7 +251,7 @@ def plan(memory: Any, *, policy: CurationPolicy | None = None, now: float | None
 
     by_id = {u.id: u for u in units}
     if policy.conflicts:
-        for src, dst, note in _contradictions(store, by_id):
+        for src, dst, note in _contradictions(memory, by_id):
             a, b = by_id[src], by_id[dst]
             if a.id in gone or b.id in gone or a.owner != b.owner:
                 continue  # between two owners a contradiction is one writer's claim about another's unit: an operator settles it
@@ -302,7 +302,7 @@ def plan(memory: Any, *, policy: CurationPolicy | None = None, now: float | None
     return out
 
 
-def apply(memory: Any, plan: Plan, *, actor: str = "") -> Plan:
+def apply(memory: MemoryPort, plan: Plan, *, actor: str = "") -> Plan:
     """Write ``plan`` in one transaction; each status event carries its change's reason."""
     actor = actor or f"curate:{plan.run_id}"
     admin = Viewer.admin()
@@ -325,7 +325,7 @@ def apply(memory: Any, plan: Plan, *, actor: str = "") -> Plan:
 
 
 def curate(
-    memory: Any,
+    memory: MemoryPort,
     *,
     policy: CurationPolicy | None = None,
     now: float | None = None,
@@ -349,7 +349,7 @@ def curate(
     return p if dry_run else apply(memory, p, actor=actor)
 
 
-def restore(memory: Any, unit_id: str, *, reason: str = "restored", actor: str = "", now: float | None = None) -> Unit:
+def restore(memory: MemoryPort, unit_id: str, *, reason: str = "restored", actor: str = "", now: float | None = None) -> Unit:
     """Bring an archived unit back into recall; its decay clock restarts at ``now``."""
     unit = memory.get(unit_id, viewer=Viewer.admin())
     if unit.status is not Status.ARCHIVED:
@@ -379,9 +379,8 @@ class Belief:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-def timeline(memory: Any, unit_id: str) -> list[Belief]:
+def timeline(memory: MemoryPort, unit_id: str) -> list[Belief]:
     """The chain of beliefs ``unit_id`` belongs to (``supersedes`` links both ways), oldest first."""
-    store = memory.store
     admin = Viewer.admin()
     seen: dict[str, Unit] = {}
     todo = [unit_id]
@@ -389,13 +388,13 @@ def timeline(memory: Any, unit_id: str) -> list[Belief]:
         uid = todo.pop()
         if uid in seen:
             continue
-        seen[uid] = store.get(uid, viewer=admin)
-        for r in store.relations(uid, viewer=admin):
+        seen[uid] = memory.get(uid, viewer=admin)
+        for r in memory.relations(uid, viewer=admin):
             if r.type is RelationType.SUPERSEDES:
                 todo += [x for x in (r.src, r.dst) if x not in seen]
     out = []
     for u in seen.values():
-        events = store.events(viewer=admin, unit_id=u.id, ops=["add", "status"], limit=1000)
+        events = memory.events(viewer=admin, unit_id=u.id, ops=["add", "status"], limit=1000)
         added = next((e.ts for e in events if e.op == "add"), None)
         retired = [e for e in events if e.op == "status" and e.data.get("to") == Status.SUPERSEDED.value]
         vt = u.meta.get("valid_to")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from forge.curate.admission import ADD, AdmissionPolicy, Admitted, admit
+from forge.engine.port import MemoryPort
 from forge.errors import ValidationError
 from forge.llm.base import Message
 from forge.llm.structured import complete_json
@@ -212,7 +213,7 @@ def decided(found: Sequence[Extracted], decisions: Sequence[Admitted]) -> list[E
 
 
 def add_messages(
-    memory: Any,
+    memory: MemoryPort,
     messages: Any,
     *,
     llm: Any,

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from forge.curate.lifecycle import CurationPolicy, Plan, curate
+from forge.engine.port import MemoryPort
 from forge.errors import ForgeError, ValidationError
 
 __all__ = ["CurationSchedule"]
@@ -29,7 +30,7 @@ class CurationSchedule:
 
     def __init__(
         self,
-        memory: Any,
+        memory: MemoryPort,
         *,
         every_s: float,
         policy: CurationPolicy | None = None,

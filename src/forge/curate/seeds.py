@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge.engine.port import MemoryPort
 from forge.errors import ValidationError
 from forge.files import read_text
 from forge.model import Context, Provenance, Scope, Unit, derived_id
@@ -100,7 +101,7 @@ def load_seed_pack(path: str | Path, *, scope: str = "global", owner: str = "", 
 
 
 def import_seed_pack(
-    memory: Any,
+    memory: MemoryPort,
     path: str | Path,
     *,
     scope: str = "global",

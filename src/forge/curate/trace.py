@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from forge.engine.port import MemoryPort
 from forge.errors import NotFoundError
 from forge.model import Viewer
 
@@ -33,20 +34,19 @@ def _brief(unit: Any) -> dict[str, Any]:
     return {"id": unit.id, "kind": unit.kind.value, "status": unit.status.value, "content": unit.content[:200]}
 
 
-def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int = 3) -> dict[str, Any]:
+def trace(memory: MemoryPort, unit_id: str, *, viewer: Viewer | None = None, depth: int = 3) -> dict[str, Any]:
     """The provenance chain of ``unit_id`` as ``viewer`` may see it (default: the operator).
 
     An agent sees the units, relations and events it may see, episodes that are its own or
     nobody's, and no audited recalls (they would show other agents' queries).
     """
-    store = memory.store
     admin = viewer or Viewer.admin()
-    unit = store.get(unit_id, viewer=admin)
+    unit = memory.get(unit_id, viewer=admin)
     meta = unit.meta
 
     def sources(u: Any, left: int) -> list[dict[str, Any]]:
         out = []
-        found = {p.id: p for p in store.get_many(list(u.provenance.derived_from), viewer=admin)}
+        found = {p.id: p for p in memory.get_many(list(u.provenance.derived_from), viewer=admin)}
         for pid in u.provenance.derived_from:
             parent = found.get(pid)
             if parent is None:
@@ -61,7 +61,7 @@ def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int
     episodes = []
     for eid in unit.provenance.episodes:
         try:
-            ep = store.get_episode(eid)
+            ep = memory.get_episode(eid)
         except NotFoundError:
             episodes.append({"id": eid, "missing": True})
             continue
@@ -69,10 +69,10 @@ def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int
             continue
         episodes.append({"id": ep.id, "agent": ep.agent, "task": ep.task[:200], "env": ep.env, "outcome": dict(ep.outcome), "steps": len(ep.steps)})
     corr = meta.get("corroboration") if isinstance(meta.get("corroboration"), dict) else {}
-    relations = [r.to_dict() for r in store.relations(unit_id, viewer=admin)]
-    history = store.events(viewer=admin, unit_id=unit_id, limit=10_000)
+    relations = [r.to_dict() for r in memory.relations(unit_id, viewer=admin)]
+    history = memory.events(viewer=admin, unit_id=unit_id, limit=10_000)
     recalls = []
-    audited = store.events(viewer=admin, ops=["recall", "context"], naming=unit_id, limit=RECALL_SCAN,
+    audited = memory.events(viewer=admin, ops=["recall", "context"], naming=unit_id, limit=RECALL_SCAN,
                            newest_first=True) if admin.operator else []
     for e in audited:
         hits = [h for h in e.data.get("hits", []) if isinstance(h, dict) and h.get("id") == unit_id]
@@ -82,8 +82,8 @@ def trace(memory: Any, unit_id: str, *, viewer: Viewer | None = None, depth: int
     if admin.operator:  # the receivers' ledgers: exchange and consensus decisions about this unit
         from forge.share.ledger import Ledger
 
-        for name in Ledger.names(store):
-            for d in Ledger(store, name=name).list(unit_id=unit_id):
+        for name in Ledger.names(memory):
+            for d in Ledger(memory, name=name).list(unit_id=unit_id):
                 decisions.append({"ledger": name, "at": d.at, "outcome": d.outcome, "reason": d.reason, "detail": d.detail,
                                   "sender": d.sender, "origin": d.origin, "capsule_id": d.capsule_id})
         decisions.sort(key=lambda d: d["at"])

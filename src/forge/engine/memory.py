@@ -12,6 +12,7 @@ than silently mixing vector spaces.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import os
@@ -36,7 +37,7 @@ from forge.engine.recall import (
     recall,
 )
 from forge.errors import ConfigError, DimensionError, ValidationError
-from forge.model import Episode, Relation, Status, Unit, Viewer
+from forge.model import Episode, Relation, RelationType, Status, Unit, Viewer
 from forge.store import Event, Filter, Store, indexed_text, open_store
 
 __all__ = ["MAX_HOPS", "MAX_QUERY_CHARS", "MAX_RECALL", "Memory"]
@@ -287,6 +288,16 @@ class Memory:
     def add_episode(self, episode: Episode, *, actor: str = "") -> str:
         return self.store.add_episode(episode, actor=actor)
 
+    def get_episode(self, episode_id: str) -> Episode:
+        """One recorded episode (:class:`~forge.errors.NotFoundError` if none): what a unit's
+        provenance trace and a run's idempotent episode replay read."""
+        return self.store.get_episode(episode_id)
+
+    def touch(self, ids: Sequence[str], *, at: float | None = None) -> None:
+        """Count units as recalled (access count, last access) without a recall: a view that
+        filters recall's results (warm-up exposure) touches only the units it kept."""
+        self.store.touch(ids, at=at)
+
     # -- reading --------------------------------------------------------------------------
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         vecs = self.embedder.embed(list(texts))
@@ -312,6 +323,29 @@ class Memory:
 
     def count(self, *, viewer: Viewer, filter: Filter = Filter()) -> int:
         return self.store.count(viewer=viewer, filter=filter)
+
+    def vector(self, unit_id: str, *, viewer: Viewer) -> np.ndarray | None:
+        """The vector ``unit_id`` is stored with (None if it has none or ``viewer`` may not see
+        it): consolidation clusters and a run hands units on with it, so nothing is embedded twice."""
+        return self.store.vector(unit_id, viewer=viewer)
+
+    def relations(self, unit_id: str, *, viewer: Viewer) -> builtins.list[Relation]:
+        """The relations of ``unit_id`` whose both ends ``viewer`` may see (a provenance trace,
+        a belief timeline)."""
+        return self.store.relations(unit_id, viewer=viewer)
+
+    def neighbors(
+        self, ids: Sequence[str], *, viewer: Viewer, types: Iterable[RelationType] = (), filter: Filter = Filter()
+    ) -> builtins.list[tuple[str, Relation]]:
+        """``(id, relation)`` for every relation of ``types`` touching ``ids``: curation finds
+        contradicting pairs without walking unit by unit."""
+        return self.store.neighbors(ids, viewer=viewer, types=types, filter=filter)
+
+    @property
+    def info(self) -> Mapping[str, Any]:
+        """The backend's facts (path, ``readonly``, ``warming``...): what the service's health
+        and the learning page show, without reaching into :attr:`store`."""
+        return self.store.info
 
     def nearest(
         self, vector: Any, *, k: int, viewer: Viewer, filter: Filter = Filter(), at_least: float = -1.0

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from forge.curate.exposure import Exposure
-from forge.engine.port import MemoryPort
+from forge.engine.port import MemoryPort, Recalling
 from forge.engine.recall import Weights
 from forge.envs.base import Env, EnvSpec, StepResult
 from forge.envs.situation import situation_of
@@ -111,7 +111,7 @@ class Recaller:
 
     def __init__(
         self,
-        memory: Any,
+        memory: MemoryPort,
         viewer: Viewer,
         *,
         budget: int = 600,
@@ -135,7 +135,7 @@ class Recaller:
         self.abstract = abstract  # the env's: rules may name actions by their kind
 
     def __call__(self, role: str, query: str) -> Recollection:
-        memory: Any = self.memory
+        memory: Recalling = self.memory
         gated: dict[str, Any] = {}  # only a gated recall names its sections: the default stays recollect's
         if self.exposure is not None and not self.exposure.open:
             memory = self.exposure.view(self.memory, agent=self.viewer.agent or "", episodes=self.episodes)

@@ -24,8 +24,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from forge.engine.port import Recalling
 from forge.engine.recall import Packed, Recalled, Weights, approx_tokens, pack
 from forge.envs.situation import goal_ways
 from forge.learn import rules as rulebook
@@ -234,7 +234,7 @@ class Recollection:
 
 
 def recollect(
-    memory: Any,
+    memory: Recalling,
     *,
     viewer: Viewer,
     query: str,

@@ -249,7 +249,7 @@ def create_app(
         """Liveness; needs no key. ``pid`` tells which server process answered; ``warming``
         that its search indexes are still loading (recall works meanwhile, more slowly)."""
         return {"ok": True, "local_only": auth.local, "pid": os.getpid(),
-                "warming": bool(memory.store.info.get("warming", False))}
+                "warming": bool(memory.info.get("warming", False))}
 
     @app.get("/v1/whoami", response_model=m.WhoAmI, tags=["meta"])
     def whoami(p: Who) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from forge.engine.port import MemoryPort
 from forge.errors import ConfigError, ConflictError, ForgeError, NotFoundError
 from forge.learn.online import credit, learn
 from forge.learn.trace import Outcome, Trace
@@ -240,9 +241,9 @@ def peers_from(keys: KeyStore | None) -> Callable[[Principal], list[Peer]] | Non
     return peers
 
 
-def _beside(memory: Any) -> str:
+def _beside(memory: MemoryPort) -> str:
     """The queue's file: beside a SQLite store's file, else a temporary one."""
-    path = memory.store.info.get("path") if hasattr(memory.store, "info") else None
+    path = memory.info.get("path")
     if path and str(path) != ":memory:":
         return str(Path(str(path)).with_name(Path(str(path)).name + ".jobs"))
     import tempfile

@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from forge.engine.port import MemoryPort
 from forge.errors import NotFoundError, ValidationError
 from forge.model import Context, Provenance, Status, Unit, Viewer, origin_of
 from forge.share.conflicts import Conflict, Detector, Resolution, ResolutionPolicy
@@ -113,7 +114,7 @@ class Consensus:
 
     def __init__(
         self,
-        memory: Any,
+        memory: MemoryPort,
         *,
         agent_id: str,
         group: str = "population",

@@ -34,6 +34,7 @@ import numpy as np
 
 from forge.curate.consolidate import Candidate, ClusterPlan, cluster_vectors, generalise
 from forge.curate.consolidate import consolidate as curate_consolidate
+from forge.engine.port import MemoryPort
 from forge.envs.base import EnvSpec
 from forge.errors import ValidationError
 from forge.model import Context as UnitContext
@@ -192,7 +193,7 @@ class ProcedurePolicy:
         self._pools: dict[str, _Pool] = {}
         self._covered: dict[str, tuple[dict[frozenset[str], str], set[str]]] = {}
 
-    def groups(self, memory: Any) -> list[tuple[str, list[Unit]]]:
+    def groups(self, memory: MemoryPort) -> list[tuple[str, list[Unit]]]:
         tm, out = self.tm, []
         for pool in tm.pools("procedural"):
             if pool.owner:
@@ -204,7 +205,7 @@ class ProcedurePolicy:
             out.append((pool.key, episodes))
         return out
 
-    def vectors(self, memory: Any, units: Sequence[Unit]) -> np.ndarray:
+    def vectors(self, memory: MemoryPort, units: Sequence[Unit]) -> np.ndarray:
         return np.asarray(memory.embed([" ".join(u.meta.get("lessons", [])) or u.content for u in units]))
 
     def _covers(self, key: str) -> tuple[dict[frozenset[str], str], set[str]]:
@@ -215,7 +216,7 @@ class ProcedurePolicy:
             self._covered[key] = existing, {p.id for p in _pool_procedures(self.tm, pool, archived=True)}
         return self._covered[key]
 
-    def plan(self, memory: Any, cluster: Candidate, *, run: str, actor: str, now: float) -> ClusterPlan:
+    def plan(self, memory: MemoryPort, cluster: Candidate, *, run: str, actor: str, now: float) -> ClusterPlan:
         tm, pool = self.tm, self._pools[cluster.group]
         units = list(cluster.members)
         by_task: dict[str, bool] = {}
@@ -296,7 +297,7 @@ class ProcedurePolicy:
         found = (self.specs(env) for env in dict.fromkeys(u.context.domain for u in units if u.context.domain))
         return [spec for spec in found if spec is not None]
 
-    def tidy(self, memory: Any, group: str, *, run: str, actor: str) -> None:
+    def tidy(self, memory: MemoryPort, group: str, *, run: str, actor: str) -> None:
         self.pruned += _prune(self.tm, self._pools[group], run=run, actor=actor)
 
     def writing(self) -> AbstractContextManager[Any]:
