@@ -444,6 +444,7 @@ def test_transfer_merges_cells_run_apart_into_one_table_with_ratios(tmp_path: Pa
     assert cell["run_seeds"] == [0, 1] and cell["success"] == pytest.approx(sum(rates) / 2)
     assert cell["episodes"] == sum(r["episodes"] for r in cell["runs"])
 
+
 def test_online_stream_is_distinct_unseen_tasks_split_between_three_agents() -> None:
     """bench/online.py: at least 40 distinct tasks, none on a seed any run trains or is judged
     on, the envs in equal shares, each task played by one of three agents, in an order the
@@ -484,3 +485,23 @@ def test_online_stream_is_distinct_unseen_tasks_split_between_three_agents() -> 
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert {m for m in imported if m and m.split(".")[0] == "forge"} <= {"forge", "forge.client", "forge.envs", "forge.errors"}
 
+
+def test_online_bench_runs_three_agent_processes_over_rest(tmp_path: Path) -> None:
+    """The whole bench on a scripted model: its model server, a FORGE server per mode, three
+    agent processes each; every task is recorded, raw memory stores episodes, and learning
+    sends each trace as a job that completes."""
+    import online
+
+    out = tmp_path / "online"
+    assert online.main(["--llm", "test", "--quick", "--tasks", "3", "--modes", "none,raw,shared", "--out", str(out), "--json"]) == 0
+    result = json.loads((out / "online.json").read_text())
+    assert set(result["modes"]) == {"none", "raw", "shared"}
+    for m in result["modes"].values():
+        assert m["tasks_played"] == 3 and m["errors"] == 0 and m["last_half_n"] == 2
+        assert m["tokens_per_task"] > 0
+    assert result["modes"]["none"]["jobs"]["jobs"] == 0
+    shared = result["modes"]["shared"]
+    assert shared["jobs"]["jobs"] == 3 and shared["jobs"]["status"] == {"done": 3}
+    assert (out / "online.png").stat().st_size > 1000
+    runs = {r["mode"]: r for r in result["runs"]}
+    assert all(row["agent"] == online.AGENTS[row["index"] % 3] for row in runs["raw"]["rows"])
