@@ -129,7 +129,10 @@ def _mapping(value: Any, name: str) -> Mapping[str, Any]:
     return value
 
 
-def _build(cls: Any, kwargs: Mapping[str, Any], what: str) -> Any:
+_Built = TypeVar("_Built")
+
+
+def _build(cls: type[_Built], kwargs: Mapping[str, Any], what: str) -> _Built:
     """``cls(**kwargs)`` with any type slip the validators did not name reported as ours."""
     try:
         return cls(**kwargs)
@@ -176,10 +179,10 @@ def _str(value: Any, name: str) -> str:
 def _strs(values: Any, name: str) -> list[str]:
     if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
         raise ValidationError(f"{name} must be a list of strings, got {_kind_of(values)}")
-    values = list(values)
-    if not all(isinstance(v, str) for v in values):
+    strs: list[str] = list(values)
+    if not all(isinstance(v, str) for v in strs):
         raise ValidationError(f"{name} must be a list of strings")
-    return values
+    return strs
 
 
 def _float(value: Any, name: str) -> float:

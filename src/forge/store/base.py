@@ -18,6 +18,7 @@ operator's export carries both, so a moved memory keeps its ledger, reputations 
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -227,11 +228,11 @@ class Store(Protocol):
     # -- search (scope + filter enforced inside) --------------------------------------
     def vector_search(
         self, query: np.ndarray, *, k: int, viewer: Viewer, filter: Filter = Filter()
-    ) -> list[Hit]: ...
+    ) -> builtins.list[Hit]: ...
 
     def keyword_search(
         self, query: str, *, k: int, viewer: Viewer, filter: Filter = Filter()
-    ) -> list[Hit]: ...
+    ) -> builtins.list[Hit]: ...
 
     def neighbors(
         self,
@@ -240,7 +241,7 @@ class Store(Protocol):
         viewer: Viewer,
         types: Iterable[RelationType] = (),
         filter: Filter = Filter(),
-    ) -> list[tuple[str, Relation]]: ...
+    ) -> builtins.list[tuple[str, Relation]]: ...
 
     def touch(self, ids: Sequence[str], *, at: float | None = None) -> None:
         """Record that units were recalled (access count, last access)."""
@@ -249,7 +250,7 @@ class Store(Protocol):
     # -- relations, episodes, events --------------------------------------------------
     def relate(self, relation: Relation, *, actor: str = "") -> None: ...
 
-    def relations(self, unit_id: str, *, viewer: Viewer) -> list[Relation]:
+    def relations(self, unit_id: str, *, viewer: Viewer) -> builtins.list[Relation]:
         """Relations of a unit whose both ends ``viewer`` may see."""
         ...
 
@@ -270,7 +271,7 @@ class Store(Protocol):
         until: float | None = None,
         newest_first: bool = False,
         naming: str | None = None,
-    ) -> list[Event]:
+    ) -> builtins.list[Event]:
         """The event log as ``viewer`` may see it (values it could not see then are hidden),
         oldest first (or newest first), narrowed by any of the given fields; ``naming``: only
         events appended with that unit among their ``names`` (:meth:`append_events`), read

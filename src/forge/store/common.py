@@ -69,10 +69,10 @@ def int_arg(value: Any, name: str) -> int:
 
 def count_arg(value: Any, name: str, *, most: int = MAX_RESULTS) -> int:
     """A result count: an integer from 0 to ``most``."""
-    value = int_arg(value, name)
-    if not 0 <= value <= most:
-        raise ValidationError(f"{name} must be between 0 and {most}, got {value}")
-    return value
+    count = int_arg(value, name)
+    if not 0 <= count <= most:
+        raise ValidationError(f"{name} must be between 0 and {most}, got {count}")
+    return count
 
 
 def query_words(text: str) -> list[str]:
@@ -104,7 +104,7 @@ def check_vectors(vectors: np.ndarray | None, n: int, dim: int | None) -> np.nda
     return vectors
 
 
-def unit_row(u: Unit, *, tags: Callable[[list[str]], Any], text: Callable[[str], str] = str) -> tuple:
+def unit_row(u: Unit, *, tags: Callable[[list[str]], Any], text: Callable[[str], str] = str) -> tuple[Any, ...]:
     """A unit as the ``units`` table's columns, in order; ``tags`` encodes the tag list for the
     backend (a JSON string, an array) and ``text`` cleans the indexed text."""
     return (

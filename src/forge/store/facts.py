@@ -62,7 +62,7 @@ class Facts:
         return self._n
 
     # -- writing ----------------------------------------------------------------------------
-    def load_rows(self, page: Sequence[tuple]) -> None:
+    def load_rows(self, page: Sequence[tuple[Any, ...]]) -> None:
         """Fill a new instance, a page at a time: rows ``(rowid, *COLUMNS but tags)``; then
         :meth:`load_tags`. Column by column, with one C-level lookup per value: ~10x faster
         than :meth:`apply` row by row, which matters beside the first recalls after open.
@@ -203,7 +203,8 @@ class Facts:
         codes = self._codes[column]
         wanted = np.zeros(len(codes) + 1, dtype=bool)  # a lookup table by code: no sorting, no hashing
         wanted[[codes[v] for v in values if v in codes]] = True
-        return wanted[self._cols[column][rows]]
+        out: np.ndarray = wanted[self._cols[column][rows]]
+        return out
 
     def admits(self, rowids: Sequence[int] | np.ndarray, viewer: Viewer, f: Filter) -> np.ndarray:
         """Which of ``rowids`` the viewer may see and the filter admits: SQL's ``_where``, in arrays."""
@@ -274,7 +275,7 @@ class Facts:
                 base, skip = np.unique(np.concatenate(self._tags(f.tags_any))), None
             else:
                 base, skip = np.flatnonzero(self._present), None
-            out = base[self._admits(base, viewer, f, skip, tagged)]
+            out: np.ndarray = base[self._admits(base, viewer, f, skip, tagged)]
             out.flags.writeable = False  # shared by the callers that get it from the cache
             self._last = ((viewer, f, self._version), out)
             return out
@@ -291,4 +292,5 @@ def member(rows: np.ndarray, sorted_rows: np.ndarray) -> np.ndarray:
     if not len(sorted_rows):
         return np.zeros(len(rows), dtype=bool)
     at = np.minimum(np.searchsorted(sorted_rows, rows), len(sorted_rows) - 1)
-    return sorted_rows[at] == rows
+    found: np.ndarray = sorted_rows[at] == rows
+    return found

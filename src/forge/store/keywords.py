@@ -111,7 +111,8 @@ def stem(token: str) -> str:
             import Stemmer  # PyStemmer
 
             _stemmer = Stemmer.Stemmer("porter")
-        return _stemmer.stemWord(token)
+        stem: str = _stemmer.stemWord(token)
+        return stem
 
 
 class KeywordIndex:

@@ -465,7 +465,7 @@ def migrate(conn: Any, schema: str, *, upto: int | None = None) -> int:
         conn.execute(psycopg.sql.SQL(
             "CREATE TABLE IF NOT EXISTS {}.forge_schema (version integer PRIMARY KEY, applied_at double precision NOT NULL)"
         ).format(ident))
-        current = conn.execute(psycopg.sql.SQL("SELECT coalesce(max(version), 0) FROM {}.forge_schema").format(ident)).fetchone()[0]
+        current: int = conn.execute(psycopg.sql.SQL("SELECT coalesce(max(version), 0) FROM {}.forge_schema").format(ident)).fetchone()[0]
         if current > SCHEMA_VERSION:
             raise StoreError(
                 f"schema {schema!r} is at version {current}; this FORGE reads up to {SCHEMA_VERSION} (upgrade FORGE)"
@@ -637,12 +637,13 @@ class PostgresStore(SQLStore):
             return NotFoundError(f"a relation names a unit that does not exist ({_first_line(exc)})")
         return StoreError(f"{self.url}: {_first_line(exc)}")
 
-    def _q(self, sql: str, params: Sequence[Any] = (), *, viewer: Viewer | None = None) -> list[tuple]:
+    def _q(self, sql: str, params: Sequence[Any] = (), *, viewer: Viewer | None = None) -> list[tuple[Any, ...]]:
         with self._lock:
             conn = self._open()
             try:
                 self._as(viewer)
-                return conn.execute(sql, params).fetchall()
+                rows: list[tuple[Any, ...]] = conn.execute(sql, params).fetchall()
+                return rows
             except self._psycopg.Error as exc:
                 self._gucs, self._ef = None, 0
                 raise self._mapped(exc) from None
@@ -734,9 +735,10 @@ class PostgresStore(SQLStore):
 
     def _backlog(self, db: Any) -> int:
         """Vectors waiting for the HNSW index (counted up to PENDING_MAX, which is all that matters)."""
-        return db.execute(
+        waiting: int = db.execute(
             "SELECT count(*) FROM (SELECT 1 FROM units WHERE pending IS NOT NULL LIMIT %s) p", (PENDING_MAX,)
         ).fetchone()[0]
+        return waiting
 
     # -- the HNSW backlog --------------------------------------------------------------------
     @contextmanager

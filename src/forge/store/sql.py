@@ -15,6 +15,7 @@ where a vector lives, what a savepoint looks like, which text it cannot hold).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import time
@@ -97,7 +98,7 @@ class Dialect:
         """The indexed text as the database can hold it."""
         return text
 
-    def unit_row(self, unit: Unit) -> tuple:
+    def unit_row(self, unit: Unit) -> tuple[Any, ...]:
         """``unit`` as the ``units`` columns :data:`COLUMNS` names, then ``search_text``."""
         return unit_row(unit, tags=self.encode_tags, text=self.clean_text)
 
@@ -186,7 +187,7 @@ class SQLStore(ABC):
 
     # -- hooks ----------------------------------------------------------------------------
     @abstractmethod
-    def _q(self, sql: str, params: Sequence[Any] = (), *, viewer: Viewer | None = None) -> list[tuple]:
+    def _q(self, sql: str, params: Sequence[Any] = (), *, viewer: Viewer | None = None) -> list[tuple[Any, ...]]:
         """Rows of one read; ``viewer`` is who reads (a backend may check it a second time)."""
 
     @abstractmethod
@@ -279,9 +280,10 @@ class SQLStore(ABC):
         self._check_text(key, "a claim key")
         with self._tx() as db:
             # A concurrent insert of the same key waits on this one's transaction (unique key).
-            return db.execute(
+            inserted: int = db.execute(
                 f"INSERT INTO claims VALUES ({self.dialect.marks(2)}) ON CONFLICT (key) DO NOTHING", (key, time.time())
-            ).rowcount == 1
+            ).rowcount
+            return inserted == 1
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
@@ -447,7 +449,7 @@ class SQLStore(ABC):
             if not any(names):
                 self._log_many(db, rows)
                 return
-            refs = []
+            refs: list[tuple[str, int]] = []
             for (at, op, unit_id, actor, data), named in zip(rows, names, strict=True):
                 seq = self._log(db, op, unit_id, actor, data, at=at)
                 refs.extend((n, seq) for n in named)
@@ -463,10 +465,11 @@ class SQLStore(ABC):
         """Append one event inside a write; its seq."""
         for value, what in ((op, "an event op"), (actor, "an event actor"), (unit_id or "", "an event unit id")):
             self._check_text(value, what)
-        return db.execute(
+        seq: int = db.execute(
             f"INSERT INTO events (ts, op, unit_id, actor, data) VALUES ({self.dialect.marks(5)}) RETURNING seq",
             (time.time() if at is None else float(at), op, unit_id, actor, json.dumps(dict(data), default=str)),
         ).fetchall()[0][0]
+        return seq
 
     # -- reads ----------------------------------------------------------------------------
     def get(self, unit_id: str, *, viewer: Viewer) -> Unit:
@@ -493,7 +496,8 @@ class SQLStore(ABC):
         the same units again and again; rebuilding one took ~13 us of a ~20 us read."""
         cache: dict[str, tuple[Sequence[Any], Unit]] | None = getattr(self, "_units_decoded", None)
         if cache is None:
-            cache = self._units_decoded = {}
+            cache = {}
+            self._units_decoded = cache
         kept = cache.get(row[0])
         if kept is not None and kept[0] == row:
             return kept[1]
@@ -518,7 +522,7 @@ class SQLStore(ABC):
 
     def count(self, *, viewer: Viewer, filter: Filter = Filter()) -> int:
         where, params = self.dialect.where(viewer, filter)
-        return self._q(f"SELECT count(*) FROM units WHERE {where}", params, viewer=viewer)[0][0]
+        return int(self._q(f"SELECT count(*) FROM units WHERE {where}", params, viewer=viewer)[0][0])
 
     def vector(self, unit_id: str, *, viewer: Viewer) -> np.ndarray | None:
         where, params = self.dialect.where(viewer, ANY_STATUS)
@@ -528,14 +532,14 @@ class SQLStore(ABC):
             raise NotFoundError(f"no unit with id {unit_id}")
         return None if row[0][0] is None else self._vector_value(row[0][0])
 
-    def relations(self, unit_id: str, *, viewer: Viewer) -> list[Relation]:
+    def relations(self, unit_id: str, *, viewer: Viewer) -> builtins.list[Relation]:
         """Relations of a unit whose both ends ``viewer`` may see (none if it may not see the unit)."""
         m = self.dialect.mark
         sql, params = self._relations_sql(viewer, f"(r.src = {m} OR r.dst = {m})", [unit_id, unit_id])
         rows = self._q(f"{sql} ORDER BY r.created_at, r.{self._KEY}", params, viewer=viewer)
         return [Relation(*r) for r in rows]
 
-    def _relations_sql(self, viewer: Viewer, cond: str = "", params: Sequence[Any] = ()) -> tuple[str, list[Any]]:
+    def _relations_sql(self, viewer: Viewer, cond: str = "", params: Sequence[Any] = ()) -> tuple[str, builtins.list[Any]]:
         """The relations whose both ends ``viewer`` may see (and that meet ``cond``), as SQL
         and its parameters."""
         sql = "SELECT r.src, r.dst, r.type, r.weight, r.created_at, r.note FROM relations r"
@@ -567,7 +571,7 @@ class SQLStore(ABC):
         viewer: Viewer,
         types: Iterable[RelationType] = (),
         filter: Filter = Filter(),
-    ) -> list[tuple[str, Relation]]:
+    ) -> builtins.list[tuple[str, Relation]]:
         # Seeds the viewer may not see have no neighbours for it: their relations are theirs.
         if not viewer.operator:
             visible = self._visible_ids(ids, viewer)  # one query for all seeds
@@ -607,7 +611,7 @@ class SQLStore(ABC):
         until: float | None = None,
         newest_first: bool = False,
         naming: str | None = None,
-    ) -> list[Event]:
+    ) -> builtins.list[Event]:
         """The change log as ``viewer`` may see it, oldest first (or newest first), narrowed
         by any of the given fields (``naming``: see :meth:`append_events`).
 
@@ -620,7 +624,8 @@ class SQLStore(ABC):
         limit = count_arg(limit, "limit")
         since_seq = int_arg(since_seq, "since_seq")
         ops = sorted(set(ops))
-        narrow, params = "", [since_seq]
+        narrow = ""
+        params: list[Any] = [since_seq]
         for clause, value in (("e.unit_id =", unit_id), ("e.actor =", actor), ("e.ts >=", since), ("e.ts <", until)):
             if value is not None:
                 narrow += f" AND {clause} {m}"
@@ -667,17 +672,17 @@ class SQLStore(ABC):
     def _search_vector(self, query: Any) -> np.ndarray:
         """A vector query as float32, or the error that says what is wrong with it."""
         try:
-            query = np.asarray(query, dtype=np.float32).reshape(-1)
+            vector: np.ndarray = np.asarray(query, dtype=np.float32).reshape(-1)
         except (TypeError, ValueError):
             raise ValidationError("a vector query must be a list of numbers") from None
-        if not np.isfinite(query).all():
+        if not np.isfinite(vector).all():
             raise ValidationError("the query vector contains NaN or infinite values")
         dim = self._current_dim()
-        if dim is not None and query.shape[0] != dim:
-            raise DimensionError(dim, query.shape[0])
-        return query
+        if dim is not None and vector.shape[0] != dim:
+            raise DimensionError(dim, vector.shape[0])
+        return vector
 
-    def _search_words(self, query: Any) -> list[str]:
+    def _search_words(self, query: Any) -> builtins.list[str]:
         """The words a keyword query matches, or the error for a query that is not text."""
         if not isinstance(query, str):
             raise ValidationError(f"a keyword query must be a string, got {type(query).__name__}")

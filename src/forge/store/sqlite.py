@@ -200,7 +200,8 @@ class _SQLite(Dialect):
         return json.dumps(tags)
 
     def decode_tags(self, value: str) -> list[str]:
-        return json.loads(value)
+        tags: list[str] = json.loads(value)
+        return tags
 
 
 SQLITE = _SQLite()
@@ -336,7 +337,7 @@ class SQLiteStore(SQLStore):
 
     # -- set-up ---------------------------------------------------------------------------
     def _owner_check(self) -> int:
-        app_id = self._db.execute("PRAGMA application_id").fetchone()[0]
+        app_id: int = self._db.execute("PRAGMA application_id").fetchone()[0]
         names = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if app_id == 0 and {"meta", "units"} <= names:
             # Our schema without our mark: another process is creating this file right now
@@ -407,7 +408,7 @@ class SQLiteStore(SQLStore):
         self._checked = True
         if self._file is None or not self._file.exists() or self._file.stat().st_size > QUICK_CHECK_MAX_BYTES:
             return
-        rows: list[tuple] = []
+        rows: list[tuple[Any, ...]] = []
         # quick_check first (cheaper); SQLite 3.40's quick_check misreads WITHOUT ROWID
         # tables whose key order differs from their column order (unit_tags), so what it
         # flags is confirmed by the full integrity_check.
@@ -494,7 +495,7 @@ class SQLiteStore(SQLStore):
             row = self._db.execute("SELECT value FROM meta WHERE key = 'dim'").fetchone()
             self._dim = int(row[0]) if row and row[0] else None
 
-    def _q(self, sql: str, params: Sequence[Any] = (), *, viewer: Viewer | None = None) -> list[tuple]:
+    def _q(self, sql: str, params: Sequence[Any] = (), *, viewer: Viewer | None = None) -> list[tuple[Any, ...]]:
         # ``viewer`` is unused: SQLite has no row-level security, the query's clause is the wall.
         # Outside this thread's own write transaction, read committed data on this thread's
         # connection, without waiting for the store lock; else on the writer's connection.
@@ -510,7 +511,7 @@ class SQLiteStore(SQLStore):
 
     def _reader(self) -> tuple[sqlite3.Connection, threading.Lock]:
         """This thread's read connection (made on first use, closed with the store)."""
-        mine = getattr(self._readers, "conn", None)
+        mine: tuple[sqlite3.Connection, threading.Lock] | None = getattr(self._readers, "conn", None)
         if mine is not None:
             return mine
         try:
@@ -926,7 +927,7 @@ class SQLiteStore(SQLStore):
         # and replaying it after the build is harmless (applying a row is idempotent).
         seq = int(self._q("SELECT coalesce(max(seq), 0) FROM unit_log")[0][0])
 
-        def pages() -> Iterator[list[tuple]]:
+        def pages() -> Iterator[list[tuple[Any, ...]]]:
             last = -1
             while rows := self._q(f"SELECT {_MIRROR_COLUMNS} FROM units WHERE rowid > ? ORDER BY rowid LIMIT {MIRROR_PAGE}", (last,)):
                 for i in range(0, len(rows), MIRROR_STEP):
@@ -951,7 +952,7 @@ class SQLiteStore(SQLStore):
     def _catch_up_mirror(self, index: KeywordIndex, facts: Facts) -> None:
         while log := self._q("SELECT seq, unit_rowid FROM unit_log WHERE seq > ? ORDER BY seq LIMIT 20000", (index.seq,)):
             rowids = sorted({r[1] for r in log})
-            rows: dict[int, tuple] = {}
+            rows: dict[int, tuple[Any, ...]] = {}
             for chunk in _chunks(rowids, 900):
                 found = self._q(f"SELECT {_MIRROR_COLUMNS} FROM units WHERE rowid IN ({','.join('?' * len(chunk))})", chunk)
                 rows.update((r[0], r) for r in found)
@@ -1147,6 +1148,6 @@ def fts_query(text: str) -> str | None:
     return " OR ".join(f'"{w}"' for w in words) if words else None
 
 
-def _chunks(items: list, n: int) -> Iterator[list]:
+def _chunks(items: list[Any], n: int) -> Iterator[list[Any]]:
     for i in range(0, len(items), n):
         yield items[i : i + n]

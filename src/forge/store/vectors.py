@@ -30,6 +30,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -73,7 +74,7 @@ SPARSE_KEYS = 8
 
 def expansion_search(n: int) -> int:
     """HNSW's candidate list (ef_search) for an index of ``n`` vectors; see the settings above."""
-    return round(min(EXPANSION_SEARCH_MAX, max(EXPANSION_SEARCH_MIN, EXPANSION_SEARCH_MIN * (n / 100_000) ** 0.5)))
+    return round(min(EXPANSION_SEARCH_MAX, max(EXPANSION_SEARCH_MIN, EXPANSION_SEARCH_MIN * float((n / 100_000) ** 0.5))))
 
 
 class VectorIndex:
@@ -104,9 +105,9 @@ class VectorIndex:
         self._sparse = False
 
     # -- persistence ------------------------------------------------------------------
-    @property
-    def _meta_path(self) -> Path | None:
-        return self.path.with_name(self.path.name + ".json") if self.path else None
+    @staticmethod
+    def _meta_path(path: Path) -> Path:
+        return path.with_name(path.name + ".json")
 
     @property
     def dirty(self) -> bool:
@@ -119,10 +120,11 @@ class VectorIndex:
         ``db_id`` and ``gen`` are the database's; ``max_seq`` its vector counter. False
         means: rebuild it from the database.
         """
-        if not self.path or not self.path.exists() or not self._meta_path.exists():
+        path = self.path
+        if not path or not path.exists() or not self._meta_path(path).exists():
             return False
         try:
-            meta = json.loads(self._meta_path.read_text())
+            meta = json.loads(self._meta_path(path).read_text())
             if meta.get("dim") != self.dim:
                 return False
             if db_id is not None and (meta.get("db_id") != db_id or int(meta.get("gen", -1)) != gen):
@@ -133,12 +135,12 @@ class VectorIndex:
             with self._lock:  # every vector may differ from the copy's
                 self._coded[:] = False
                 self._complete = False
-            self._index.load(str(self.path))
+            self._index.load(str(path))
             if len(self._index) != meta.get("count"):
                 raise ValueError("count mismatch")
             self.seq = seq
         except Exception:  # any unreadable index is just rebuilt from the database
-            self._index.reset()
+            self._index.reset()  # type: ignore[no-untyped-call]  # usearch leaves it unannotated
             self.seq = 0
             with self._lock:
                 self._complete = True  # empty: nothing to code
@@ -147,18 +149,20 @@ class VectorIndex:
 
     def save(self, *, db_id: str | None = None, gen: int = 0) -> None:
         """Write the index and its meta atomically (unique temp files + rename)."""
-        if not self.path:
+        path = self.path
+        if not path:
             return
+        meta_path = self._meta_path(path)
         with self._lock:
             tag = f".{os.getpid()}.{os.urandom(4).hex()}.tmp"
-            tmp = self.path.with_name(self.path.name + tag)
-            meta_tmp = self._meta_path.with_name(self._meta_path.name + tag)
+            tmp = path.with_name(path.name + tag)
+            meta_tmp = meta_path.with_name(meta_path.name + tag)
             try:
                 self._index.save(str(tmp))
                 meta = {"seq": self.seq, "dim": self.dim, "count": len(self._index), "db_id": db_id, "gen": gen}
                 meta_tmp.write_text(json.dumps(meta))
-                os.replace(tmp, self.path)
-                os.replace(meta_tmp, self._meta_path)
+                os.replace(tmp, path)
+                os.replace(meta_tmp, meta_path)
             finally:
                 for leftover in (tmp, meta_tmp):
                     with contextlib.suppress(OSError):
@@ -200,7 +204,8 @@ class VectorIndex:
         exact = len(self._index) <= EXACT_MAX
         ef = expansion_search(len(self._index))
         if not exact and self._index.expansion_search != ef:
-            self._index.expansion_search = ef  # a function of the size: concurrent searches set the same
+            # a function of the size: concurrent searches set the same (usearch types it read-only)
+            self._index.expansion_search = ef  # type: ignore[misc]
         matches = self._index.search(np.asarray(query, dtype=np.float32), k, exact=exact)
         return [(int(key), 1.0 - float(d)) for key, d in zip(matches.keys, matches.distances, strict=True)]
 
@@ -314,8 +319,8 @@ class VectorIndex:
             from usearch.index import ScalarKind
 
             with contextlib.suppress(Exception):
-                return compiled.get_many(keys, ScalarKind.F32)
-        return self._index.get(keys)
+                return cast(Sequence[np.ndarray], compiled.get_many(keys, ScalarKind.F32))
+        return cast(Sequence[np.ndarray], self._index.get(keys))
 
     def stored(self, key: int) -> np.ndarray | None:
         """The vector held under ``key``, or None if the index has no such key."""
