@@ -161,7 +161,7 @@ def run_mode(mode: str, run_seed: int, tasks: list[dict[str, Any]], args: argpar
             cmd = [sys.executable, str(HERE / "online_agent.py"), "--server", server_url or "http://127.0.0.1:9", "--key", keys.get(a, "-"),
                    "--agent", a, "--llm-url", llm_url, "--mode", mode, "--tasks", str(work / f"{a}.tasks.json"),
                    "--out", str(work / f"{a}.jsonl"), "--seed", str(run_seed), "--temperature", str(args.temperature),
-                   *(["--poisoned"] if bad else [])]
+                   *(["--poisoned"] if bad else []), *(["--max-steps", str(args.max_steps)] if args.max_steps else [])]
             agents.append(stack.enter_context(_process(cmd, work / f"{a}.log")))
         deadline = time.monotonic() + args.timeout
         for a, proc in zip(AGENTS, agents, strict=True):
@@ -373,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--poison", action="store_true", help="also run the learning modes with agent-3 poisoned")
     ap.add_argument("--embedder", default=None, help="the server's embedder (default: FORGE's; hash for smoke runs)")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--max-steps", type=int, default=None, help="steps a task may take (default: each env's own, 8-30)")
     ap.add_argument("--timeout", type=float, default=6 * 3600.0, help="seconds a mode's agents may take")
     ap.add_argument("--out", default=None, help="folder for the servers, logs and records (default: a temporary one)")
     ap.add_argument("--plot", default=None, help="PNG path (default: online.png in --out)")

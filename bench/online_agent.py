@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--poisoned", action="store_true")
+    ap.add_argument("--max-steps", type=int, default=None, help="steps a task may take (default: the env's)")
     args = ap.parse_args(argv)
     tasks = json.loads(Path(args.tasks).read_text(encoding="utf-8"))
     model = Model(args.llm_url, name=args.model, user=args.agent, seed=args.seed, temperature=args.temperature)
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs: list[str] = []
     with open(args.out, "w", encoding="utf-8") as out:
         for task in tasks:
-            env = envs.get(task["env"]) or envs.setdefault(task["env"], make_env(task["env"]))
+            env = envs.get(task["env"]) or envs.setdefault(task["env"], make_env(task["env"], **({"max_steps": args.max_steps} if args.max_steps else {})))
             started = time.perf_counter()
             try:
                 row = play(task, env, model, client, args.mode, poisoned=args.poisoned, agent=args.agent)
