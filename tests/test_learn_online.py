@@ -205,7 +205,7 @@ def test_without_an_llm_the_trace_itself_gives_the_rule(mem):
     learned = mem.learn(FAILED, Outcome(success=False), agent="bot-1")
     [u] = [u for u in learned.learned if u.kind is Kind.RULE]
     assert u.rule.when == "refund request: payment_api fails with RateLimited"
-    assert u.rule.prefer == ("use queue_refund",) and learned.reflected_by == "trace"
+    assert u.rule.prefer == ("queue_refund",) and learned.reflected_by == "trace"
     assert not instance_terms(u.content, FAILED)
 
 

@@ -258,7 +258,7 @@ def _from_trace(trace: Trace, outcome: Outcome) -> list[Rule]:
             rules.append(Rule(
                 when=f"{kind}: {step.tool} fails with {_error_kind(step.error)}",
                 avoid=(f"retry {step.tool} unchanged",),
-                prefer=(f"use {after}",) if after else (),
+                prefer=(after,) if after else (),
             ))
         except ValidationError:
             continue
