@@ -520,13 +520,17 @@ def summarise(cells: Sequence[Mapping[str, Any]], *, resamples: int = BOOTSTRAP)
             wins = sum(c["success"] * len(games) for c in group)
             tokens = sum(c["tokens"] for c in group)
             prompt = sum(c["train"]["prompt_tokens"] + c["eval"]["prompt_tokens"] for c in group)
+            cached = sum(c["train"]["cached_tokens"] + c["eval"]["cached_tokens"] for c in group)
             secs = sum(c["train"]["llm_seconds"] + c["eval"]["llm_seconds"] for c in group)
             rows[arm] = row = {
                 "env": env, "arm": arm, "run_seeds": seeds, "games": len(games), "success": mean, "low": lo, "high": hi,
                 "tokens_per_success": tokens / wins if wins else None, "tokens": tokens,
                 "train_episodes": statistics.fmean(c["train_episodes"] for c in group), "budget": group[0]["budget"],
                 "distinct_memories": sum(c["distinct_memories"] for c in group), "instances": sum(c["instances"] for c in group),
-                "prompt_tokens_per_s": round(prompt / secs, 1) if secs else None, "seconds": sum(c["seconds"] for c in group),
+                # prompt tokens per second of model time, and those not served from llama.cpp's prefix cache
+                "prompt_tokens_per_s": round(prompt / secs, 1) if secs else None,
+                "uncached_prompt_tokens_per_s": round((prompt - cached) / secs, 1) if secs else None,
+                "seconds": sum(c["seconds"] for c in group),
             }
             out["rows"].append(row)
         forge = arms.get("forge")
@@ -589,7 +593,8 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         tps = f"{r['tokens_per_success']:,.0f}" if r["tokens_per_success"] is not None else "– (no success)"
         lines.append(f"| {r['env']} | {r['arm']} | {', '.join(map(str, r['run_seeds']))} | {r['games']} | "
                      f"{r['success']:.0%} [{r['low']:.0%}, {r['high']:.0%}] | {diff} | {tps} | {r['train_episodes']:.1f} / {r['budget']} | "
-                     f"{r['distinct_memories']} / {r['instances']} | {r['prompt_tokens_per_s'] or '–'} |")
+                     f"{r['distinct_memories']} / {r['instances']} | {r['seconds'] / 60:.0f} min | "
+                     f"{r['prompt_tokens_per_s'] or '–'} ({r['uncached_prompt_tokens_per_s'] or '–'}) |")
     return "\n".join(lines)
 
 
