@@ -176,6 +176,11 @@ class Learning:
             result, status, error = None, "done", "ran before a restart; what it learned is in memory"
         except ForgeError as exc:  # the user's input or a backend: said in the job, not raised in a thread
             result, status, error = None, "failed", str(exc)
+        except BaseException as exc:
+            # FORGE's own bug: the job says so instead of hanging at "running", and the
+            # exception goes on to huey, which logs its traceback
+            self.huey.put(key, {**record, "status": "failed", "result": None, "error": f"internal error: {type(exc).__name__}"})
+            raise
         self.huey.put(key, {**record, "status": status, "result": result, "error": error})
 
     def _llm(self) -> Any:
