@@ -94,7 +94,13 @@ def test_runs_nested_one_level_are_listed_and_their_rules_shown(tmp_path: Path) 
     runs = tmp_path / "runs"
     learned = _rule("down: hole", "move down", owner="inst-1", scope="private", provenance=Provenance(source="reflection", episodes=("e1",)),
                     meta={"uses": 3, "successes": 3})
-    _run(runs, "quick-demo-20261208/forge", rules=[learned])
+    demo = _run(runs, "quick-demo-20261208/forge", rules=[learned])
+    cfg = {"condition": "forge", "representation": "rules", "env": "frozenlake-random-4x4", "llm": "test", "instances": 2, "stages": 2, "attempts": 1}
+    (demo / "final.json").write_text(json.dumps({
+        "config": cfg, "evaluation": {"mean_return": 0.5, "success_rate": 0.5, "major_failure_rate": 0.0, "episodes": 2, "returns": [0, 1]},
+        "tokens": {"training": {"total_tokens": 10}, "evaluation": {"total_tokens": 5}},
+        "stages": [{"mean_checkpoint_return": 0.0, "graduated_total": 0}, {"mean_checkpoint_return": 0.5, "graduated_total": 1}],
+        "champion": {"instance": 0, "memory": []}}))
     _run(runs, "quick-demo-20261208/zero-shot")
     _run(runs, "forge-1")
     (runs / "quick-demo-20261208" / "forge" / "checkpoints" / "deep").mkdir(parents=True)
@@ -106,11 +112,16 @@ def test_runs_nested_one_level_are_listed_and_their_rules_shown(tmp_path: Path) 
         assert names == ["forge-1", "quick-demo-20261208/forge", "quick-demo-20261208/zero-shot"]
         page = c.get("/ui/runs", headers=setup.h(setup.admin)).text
         assert "quick-demo-20261208/forge" in page and "No runs" not in page
+        assert 'href="/ui/runs/quick-demo-20261208/forge/report"' in page
         service = setup.app.state.service
         assert service._run_dir("quick-demo-20261208/forge") == runs / "quick-demo-20261208" / "forge"
         for bad in ("..", "quick-demo-20261208/..", "quick-demo-20261208", "a/b/c", "quick-demo-20261208/forge/checkpoints", "/etc", ""):
             with pytest.raises(NotFoundError, match="no run named"):
                 service._run_dir(bad)
+
+        pytest.importorskip("matplotlib")
+        report = c.get("/ui/runs/quick-demo-20261208/forge/report", headers=setup.h(setup.admin))
+        assert report.status_code == 200 and "FORGE report" in report.text  # the Runs page's link, for a nested run
 
         html = c.get("/ui/learned?run=quick-demo-20261208/forge", headers=setup.h(setup.admin)).text
         assert "in run quick-demo-20261208/forge" in html
