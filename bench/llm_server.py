@@ -7,7 +7,8 @@
 Then any OpenAI client talks to ``http://127.0.0.1:8766/v1`` (``POST /v1/chat/completions``,
 ``GET /v1/models``), and ``forge serve --llm openai:forge-local`` reflects with it when
 ``FORGE_LLM_BASE_URL=http://127.0.0.1:8766/v1``. ``GET /stats`` says how many prompt and
-completion tokens it served, in how many seconds, per caller (the ``user`` field).
+completion tokens it served per caller (the ``user`` field), the seconds callers waited
+(``seconds``) and the seconds the model worked for them (``busy_seconds``).
 
 Why our own and not ``python -m llama_cpp.server``: that one needs more packages
 (``pydantic-settings``, ``starlette-context``) and a path to a .gguf, where FORGE assembles
@@ -62,12 +63,13 @@ def create_app(llm: LLM, *, name: str = MODEL_NAME) -> FastAPI:
     counting = threading.Lock()
     served: dict[str, dict[str, float]] = {}
 
-    def count(user: str, prompt: int, completion: int, seconds: float) -> None:
-        row = served.setdefault(user or "-", {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0})
+    def count(user: str, prompt: int, completion: int, seconds: float, busy: float) -> None:
+        row = served.setdefault(user or "-", {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "seconds": 0.0, "busy_seconds": 0.0})
         row["requests"] += 1
         row["prompt_tokens"] += prompt
         row["completion_tokens"] += completion
         row["seconds"] += seconds
+        row["busy_seconds"] += busy
 
     @app.get("/v1/models")
     def models() -> dict[str, Any]:
@@ -77,7 +79,7 @@ def create_app(llm: LLM, *, name: str = MODEL_NAME) -> FastAPI:
     def stats() -> dict[str, Any]:
         with counting:
             rows = {u: dict(r) for u, r in served.items()}
-        total = {k: sum(r[k] for r in rows.values()) for k in ("requests", "prompt_tokens", "completion_tokens", "seconds")}
+        total = {k: sum(r[k] for r in rows.values()) for k in ("requests", "prompt_tokens", "completion_tokens", "seconds", "busy_seconds")}
         return {"model": llm.name, "by_user": rows, "total": total}
 
     @app.post("/v1/chat/completions")
@@ -108,13 +110,15 @@ def create_app(llm: LLM, *, name: str = MODEL_NAME) -> FastAPI:
         started = time.perf_counter()
         try:
             with lock:
+                began = time.perf_counter()
                 out = llm.complete(req)
+                busy = time.perf_counter() - began
         except ForgeError as exc:
             return _bad(f"{type(exc).__name__}: {exc}", 500)
         seconds = time.perf_counter() - started
         text = json.dumps({enum[0]: out.text}) if req.choices else out.text
         with counting:
-            count(str(body.get("user") or ""), out.prompt_tokens, out.completion_tokens, seconds)
+            count(str(body.get("user") or ""), out.prompt_tokens, out.completion_tokens, seconds, busy)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()), "model": name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],

@@ -422,8 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "bench": "online", "llm": args.llm if args.llm_url is None else args.llm_url, "envs": envs, "tasks": args.tasks,
         "first_seed": FIRST_SEED, "run_seeds": seeds, "agents": list(AGENTS), "modes": modes_out, "targets": targets(modes_out),
-        "served": {**total, "tokens_per_s": (total.get("prompt_tokens", 0) + total.get("completion_tokens", 0)) / total["seconds"]
-                   if total.get("seconds") else None},
+        "served": {**total, "tokens_per_s": (total.get("prompt_tokens", 0) + total.get("completion_tokens", 0)) / total["busy_seconds"]
+                   if total.get("busy_seconds") else None},
         "plot": str(png) if png else None, "out": str(root), "seconds": round(time.perf_counter() - started, 1), "runs": runs,
     }
     (root / "online.json").write_text(json.dumps(result, indent=1))

@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-steps", type=int, default=None, help="steps a task may take (default: the env's)")
     args = ap.parse_args(argv)
     tasks = json.loads(Path(args.tasks).read_text(encoding="utf-8"))
-    model = Model(args.llm_url, name=args.model, user=args.agent, seed=args.seed, temperature=args.temperature)
+    model = Model(args.llm_url, name=args.model, user=f"{args.agent}@{args.mode}", seed=args.seed, temperature=args.temperature)
     client = None if args.mode == "none" else Client(args.server, args.key, timeout=120.0)
     envs: dict[str, Any] = {}
     jobs: list[str] = []
