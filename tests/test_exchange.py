@@ -437,7 +437,7 @@ def test_a_unit_the_screen_doubts_is_held_for_review_never_accepted_as_useful(me
     model.threshold = 2.0
     ex = Exchange(memory, "me", keyring, clock=clock, screen=Screen(intent=model))
     d = ex.receive(make(keyring, text=text, clock=clock))
-    assert (d.outcome, d.reason) == ("quarantined", "injection")
+    assert (d.outcome, d.reason) == ("quarantined", "doubtful")  # the doubt path (issue 52): out of recall until a second origin sends it
     assert memory.get(d.unit_id, viewer=ADMIN).meta["quarantine"]["findings"][0]["rule"] == "doubtful"
     plain = Exchange(memory, "other", keyring, clock=clock, screen=Screen(intent=None))
     assert plain.receive(make(keyring, text=text, clock=clock, to=("other",))).outcome == "accepted"

@@ -44,6 +44,7 @@ from forge.errors import BackendError, ForgeError, LLMError, NotFoundError, Vali
 from forge.llm.base import LLM
 from forge.llm.structured import complete_json
 from forge.model import Context, Provenance, Status, Unit, Viewer
+from forge.share import doubt
 from forge.share.capsule import SYSTEM_META, Capsule, Keyring, content_hash
 from forge.share.conflicts import (
     ConfidencePolicy,
@@ -492,9 +493,11 @@ class Exchange:
         if self._flooding(capsule.sender, now):
             detail = f"more than {self.limits.flood_limit} capsules in {self.limits.flood_window_s:.0f}s from {capsule.sender}"
             return _Verdict("reject", reason="rate_limited", detail=detail, verified=True)
-        held = hold(self.screen, capsule.unit, block=self.block, redact=self.redact)
-        if held is not None:
+        held = doubt.sort(self.screen, capsule.unit, block=self.block, redact=self.redact)
+        if isinstance(held, Held):
             return _Verdict("quarantine", findings=held.findings, content=held.content, redacted=held.redacted)
+        if held is not None:  # a Doubt: stored out of recall until an independent origin sends it too
+            return _Verdict("doubt", findings=(held,), vector=self.memory.embed_units([capsule.unit])[0])
         # The unit we would store keeps the capsule unit's content, context and search
         # context, so this is the vector it is stored with (found near, then written).
         vector = self.memory.embed_units([capsule.unit])[0]
@@ -519,6 +522,9 @@ class Exchange:
             return self._reject(capsule, verdict.reason, verdict.detail, verified=verdict.verified)
         if verdict.action == "quarantine":
             return self._quarantine(capsule, verdict, now)
+        doubt_ruling = self._doubt(capsule, verdict, now)
+        if doubt_ruling is not None:
+            return doubt_ruling
         incoming = capsule.unit
         vector = verdict.vector
         conflicts, duplicate, related = self._neighbours(incoming, vector, capsule)
@@ -659,6 +665,29 @@ class Exchange:
         self.memory.add(unit, actor=self.actor)
         detail = "; ".join(str(f) for f in findings)
         return self._record(self._decision(capsule, "quarantined", categories[0], detail, unit_id=unit.id, verified=True, data={"findings": [f.to_dict() for f in findings]}))
+
+    def _doubt(self, capsule: Capsule, verdict: _Verdict, now: float) -> Ruling | None:
+        """The doubt path (:mod:`forge.share.doubt`): a doubted unit of ours that this capsule's
+        origin independently confirms is lifted to active and corroborated; a doubtful capsule
+        with no such twin is stored quarantined, out of recall and out of the review queue.
+        None: a clean capsule with no doubted twin, judged on as usual."""
+        channel = self._via(capsule) or capsule.origin
+        twin = doubt.corroborating(self.memory, owner=self.agent_id, vector=verdict.vector, channel=channel, at_least=self.limits.duplicate_at)
+        if twin is not None:
+            doubt.lift(self.memory, twin, witness=capsule.origin, at=now, actor=self.actor)
+            return self._corroborate(capsule, twin, 1.0)
+        if verdict.action != "doubt":
+            return None
+        rep = min(self.consensus.reputation.get(capsule.origin), self.consensus.reputation.get(capsule.sender))
+        if rep >= doubt.TRUSTED:
+            return None  # a known peer's word, earned by outcomes: judged on usefulness; credit retires what fails
+        why: doubt.Doubt = verdict.findings[0]
+        record = {"reason": "doubtful", "review": False, "findings": [why.finding.to_dict()], "redacted": False, "at": now}
+        meta = self._meta(capsule, now, quarantine=record, **{doubt.DOUBT: why.record(now)})
+        unit = self._local(capsule, content=capsule.unit.content, status=Status.QUARANTINED, validation=round(0.3 + 0.4 * rep, 4), meta=meta)
+        self.memory.add(unit, vectors=verdict.vector, actor=self.actor)
+        return self._record(self._decision(capsule, "quarantined", "doubtful", str(why), unit_id=unit.id, verified=True,
+                                           data={"findings": [why.finding.to_dict()], "doubt": why.record(now), "review": False}))
 
     def _corroborate(self, capsule: Capsule, unit: Unit, similarity: float) -> Ruling:
         key = (capsule.origin, capsule.hash)
