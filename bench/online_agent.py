@@ -120,6 +120,7 @@ def play(task: Mapping[str, Any], env: Any, model: Model, client: Client | None,
     obs = env.reset(seed=int(task["seed"]))
     spec = env.spec
     goal = obs.splitlines()[0]
+    goal = spec.abstract(goal) if spec.abstract else goal  # the names of this one game made kinds ("a key", "a room")
     query = f"{kind_of(spec.name)}: {goal} {situation_of(spec, obs)}"
     memory, rules, recall_ids, tokens, memory_s = "", [], [], 0, 0.0
     t0 = time.perf_counter()
