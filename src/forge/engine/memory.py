@@ -349,7 +349,7 @@ class Memory:
 
     def nearest(
         self, vector: Any, *, k: int, viewer: Viewer, filter: Filter = Filter(), at_least: float = -1.0
-    ) -> list[tuple[Unit, float]]:
+    ) -> builtins.list[tuple[Unit, float]]:
         """The ``k`` units closest to ``vector`` (cosine at least ``at_least``) that ``viewer``
         may see, closest first, with their cosines: the exchange's and consensus's
         duplicate and conflict checks, without recall's fusion or access counting."""
@@ -361,7 +361,7 @@ class Memory:
         """The memory's own settings (``embedder``, ``reputation/<book>/<agent>``...)."""
         return self.store.settings()
 
-    def events(self, *, viewer: Viewer, **narrow: Any) -> list[Event]:
+    def events(self, *, viewer: Viewer, **narrow: Any) -> builtins.list[Event]:
         """The event log as ``viewer`` may see it, narrowed as :meth:`forge.store.Store.events` takes."""
         return self.store.events(viewer=viewer, **narrow)
 

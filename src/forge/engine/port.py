@@ -19,7 +19,7 @@ from forge.model import Episode, Relation, RelationType, Status, Unit, Viewer
 from forge.store import Event, Filter
 
 if TYPE_CHECKING:
-    from forge.engine.recall import Packed, Recalls
+    from forge.engine.recall import Packed, Recalls, Reranker, Weights
     from forge.engine.tickets import Ticket
 
 __all__ = ["MemoryPort", "Recalling"]
@@ -30,7 +30,10 @@ class Recalling(Protocol):
     """What writing a prompt needs: recall alone. A :class:`MemoryPort` is one, and so is a
     view that hides part of a memory (:class:`~forge.curate.exposure.GatedMemory`)."""
 
-    def recall(self, query: str, *, viewer: Viewer, k: int = 10, **kw: Any) -> Sequence[Any]: ...
+    def recall(
+        self, query: str, *, viewer: Viewer, k: int = 10, filter: Filter = ..., weights: Weights = ..., hops: int = 1,
+        rerank: Reranker | None = None, touch: bool = True, min_score: float = 0.0,
+    ) -> Sequence[Any]: ...
 
 
 @runtime_checkable
@@ -98,7 +101,10 @@ class MemoryPort(Recalling, Protocol):
 
     def events(self, *, viewer: Viewer, **narrow: Any) -> builtins.list[Event]: ...
 
-    def recall(self, query: str, *, viewer: Viewer, k: int = 10, **kw: Any) -> Recalls: ...
+    def recall(
+        self, query: str, *, viewer: Viewer, k: int = 10, filter: Filter = ..., weights: Weights = ..., hops: int = 1,
+        rerank: Reranker | None = None, touch: bool = True, min_score: float = 0.0,
+    ) -> Recalls: ...
 
     def context(self, query: str, *, viewer: Viewer, budget: int = 512, k: int = 20, **kw: Any) -> Packed: ...
 
