@@ -2,9 +2,11 @@
 final evaluation, and report everything as plain JSON-ready data.
 
 The instance's memory arrives as unit records (its active units in the run's store, in its
-private scope). The worker loads them into a scratch in-memory :class:`~forge.engine.memory.Memory`,
+private scope) with the vectors they are stored with. The worker loads them into a scratch
+in-memory :class:`~forge.engine.memory.Memory` without embedding them again,
 so every prompt is written by the engine's recall (:mod:`forge.learn.prompt`) exactly as for any
-other agent; what it learns comes back as store ops (new units, archived units, use counts)
+other agent; what it learns comes back as store ops (:mod:`forge.protocols.ops`: new units with their
+vectors, archived units, use counts)
 for the parent, the run store's single writer. Given the same task and a deterministic LLM a
 worker returns the same result, which is what makes ``resume`` equal an uninterrupted run.
 """
@@ -19,13 +21,13 @@ from forge.engine.memory import Memory
 from forge.engine.recall import Weights
 from forge.envs import Env, make_env
 from forge.learn.loop import (
+    Caps,
     Recaller,
     Trajectory,
     failure_point,
+    learn_from,
     play_episode,
     reflect_on,
-    Caps,
-    learn_from,
     retire_failing,
 )
 from forge.learn.policy import make_policy
@@ -33,6 +35,7 @@ from forge.llm.accounting import MeteredLLM, TokenLedger
 from forge.llm.base import LLM
 from forge.model import Context, Episode, Unit, Viewer
 from forge.protocols.config import ForgeConfig
+from forge.protocols.ops import Add, Archive, Op, SetCounts
 from forge.store import open_store
 
 __all__ = ["RUN_WEIGHTS", "build_env", "evaluate_instance", "play_stage", "scratch_memory"]
@@ -49,13 +52,18 @@ def build_env(config: ForgeConfig) -> Env:
     return make_env(config.env, **kwargs)
 
 
-def scratch_memory(config: ForgeConfig, units: Sequence[Mapping[str, Any]]) -> Memory:
-    """An in-memory engine holding ``units``: what a worker recalls from."""
+def scratch_memory(config: ForgeConfig, units: Sequence[Mapping[str, Any]], vectors: Any = None) -> Memory:
+    """An in-memory engine holding ``units``: what a worker recalls from. ``vectors`` (one row
+    per unit, from the run's store) are stored as given; without them the units are embedded."""
     memory = Memory(open_store(":memory:"), open_embedder(config.embedder))
     records = [Unit.from_dict(u) for u in units]
     if records:
-        memory.add(records, actor="forge")
+        memory.add(records, vectors=vectors, actor="forge")
     return memory
+
+
+def _task_memory(config: ForgeConfig, task: Mapping[str, Any]) -> Memory:
+    return scratch_memory(config, task.get("units") or [], task.get("vectors"))
 
 
 def _episode(traj: Trajectory, *, agent: str, config: ForgeConfig, env: Env, meta: Mapping[str, Any]) -> Episode:
@@ -85,12 +93,16 @@ def _thresholds(config: ForgeConfig, env: Env) -> tuple[float, float]:
     return tau, theta
 
 
-def _counts(memory: Memory, ids: Sequence[str]) -> list[dict[str, Any]]:
+def _counts(memory: Memory, ids: Sequence[str]) -> list[Op]:
     """Absolute use counts of ``ids`` after this worker's uses: idempotent store ops."""
-    out = []
-    for u in memory.store.get_many(list(dict.fromkeys(ids)), viewer=Viewer.admin()):
-        out.append({"op": "counts", "id": u.id, "validation": u.validation, **{k: int(u.meta.get(k, 0)) for k in ("uses", "successes", "failures")}})
-    return out
+    return [SetCounts.of(u) for u in memory.get_many(list(dict.fromkeys(ids)), viewer=Viewer.admin())]
+
+
+def _added(memory: Memory, units: Sequence[Unit]) -> list[Op]:
+    """Add ops for units this worker stored, each with the vector it embedded them with, so
+    the run's store keeps that vector instead of embedding the unit again."""
+    admin = Viewer.admin()
+    return [Add(u, memory.vector(u.id, viewer=admin)) for u in units]
 
 
 def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> dict[str, Any]:
@@ -105,7 +117,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
     inst, stage, seed = int(task["instance"]), int(task["stage"]), int(task["seed"])
     sampling = dict(task.get("sampling") or {})
     env = build_env(config)
-    memory = scratch_memory(config, task.get("units") or [])
+    memory = _task_memory(config, task)
     agent = f"inst-{inst}"
     try:
         tau, _ = _thresholds(config, env)
@@ -131,7 +143,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
 
         episodes: list[dict[str, Any]] = []
         attempts: list[dict[str, Any]] = []
-        ops: list[dict[str, Any]] = []
+        ops: list[Op] = []
 
         def reflect_and_learn(traj: Any, policy: Any, episode_id: str, record: dict[str, Any], *, phase: str) -> tuple[int, bool] | None:
             """Reflect on ``traj`` if it failed and write what reflection says into memory (its
@@ -153,8 +165,8 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                 context=context, caps=Caps(rules=config.rule_cap, examples=config.example_cap),
                 episodes=[episode_id], stage=stage, valid_actions=env.valid_actions(),
             )
-            ops.extend({"op": "add", "unit": u.to_dict()} for u in applied.added)
-            ops.extend({"op": "archive", "id": u.id, "reason": why} for u, why in applied.removed)
+            ops.extend(_added(memory, applied.added))
+            ops.extend(Archive(u.id, why) for u, why in applied.removed)
             record["reflection"] = reflection.to_dict()
             record["memory_size"] = len(applied.units)
             return point
@@ -168,7 +180,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
                 ep = _episode(traj, agent=agent, config=config, env=env, meta={"stage": stage, "attempt": attempt, "phase": "train", "seed": seed})
                 episodes.append(ep.to_dict())
                 for unit in retire_failing(memory, memory.record_use(traj.used, success=bool(ep.outcome["success"]), actor=agent), actor=agent):
-                    ops.append({"op": "archive", "id": unit.id, "reason": "retired: kept failing"})
+                    ops.append(Archive(unit.id, "retired: kept failing"))
                 used += traj.used
                 record: dict[str, Any] = {
                     "attempt": attempt, "return": traj.total, "aborted": traj.aborted,
@@ -206,7 +218,7 @@ def play_stage(task: Mapping[str, Any], llm: LLM, hook: Hook | None = None) -> d
             "sampling": sampling,
             "attempts": attempts,
             "episodes": episodes,
-            "ops": ops,
+            "ops": [op.to_dict() for op in ops],
             "checkpoint": checkpoint,
             "tokens": ledger.to_dict(),
         }
@@ -220,7 +232,7 @@ def evaluate_instance(task: Mapping[str, Any], llm: LLM, hook: Hook | None = Non
     config = ForgeConfig.from_dict(task["config"])
     inst = int(task["instance"])
     env = build_env(config)
-    memory = scratch_memory(config, task.get("units") or [])
+    memory = _task_memory(config, task)
     try:
         tau, _ = _thresholds(config, env)
         ledger = TokenLedger()

@@ -45,8 +45,10 @@ from forge.model import Provenance, Unit, new_id
 from forge.population.ray_support import check_executor, import_ray, start_ray
 from forge.protocols.config import ForgeConfig, derive_seed
 from forge.protocols.episode import build_env, evaluate_instance, play_stage
+from forge.protocols.ops import Add, Op, Relate, Supersede
 from forge.protocols.progress import ProgressSink, make_sink
 from forge.protocols.runs import RunDir, RunStore
+from forge.store import indexed_text
 
 __all__ = ["ChampionDelivery", "DirectDelivery", "RunResult", "evolve", "resume"]
 
@@ -339,7 +341,7 @@ def evolve(
             store = RunStore(run, config)
             try:
                 for owner, units in seeds.items():
-                    store.apply([{"op": "add", "unit": u.to_dict()} for u in units], owner=owner)
+                    store.apply([Add(u) for u in units], owner=owner)
             finally:
                 store.close()
             run.event("seeded", pack=config.seed_pack, units={owner: len(units) for owner, units in seeds.items()})
@@ -528,7 +530,7 @@ class _Protocol:
                 "stage": stage,
                 "seed": cfg.stage_seed(stage, inst.index),
                 "sampling": self._sampling(inst.index, stage),
-                "units": self.store.units(inst.index),
+                **self._memory_of(inst.index),
                 "episodes": inst.episodes,
             }
             for inst in active
@@ -553,6 +555,12 @@ class _Protocol:
 
         self.runner.run("stage", tasks, commit)
         self._finish_stage(stage, active, results)
+
+    def _memory_of(self, index: int) -> dict[str, Any]:
+        """A task's view of an instance's memory: its unit records and the vectors they are
+        stored with (the worker's scratch memory embeds nothing again)."""
+        units = self.store.units(index)
+        return {"units": [u.to_dict() for u in units], "vectors": self.store.vectors(units)}
 
     def _sampling(self, index: int, stage: int) -> dict[str, Any]:
         n = self.config.instances
@@ -596,22 +604,25 @@ class _Protocol:
                 graduated_now.append(idx)
         champion = None
         skipped = None
-        broadcast_ops: dict[int, list[dict[str, Any]]] = {}
+        broadcast_ops: dict[int, list[Op]] = {}
+        source: list[Unit] = []
         if flags.broadcast and scores:
             champion = max(sorted(scores), key=lambda i: scores[i])  # first max: lowest index
-            source = [Unit.from_dict(u) for u in self.store.units(champion)]
+            source = self.store.units(champion)
             if not source:
                 # A champion that won with no memory has nothing to teach: copying its empty
                 # memory would erase what the others learned (a CAGE-2 run trained two stages
                 # on wiped memories this way). Receivers keep theirs.
                 skipped = f"champion inst-{champion} has no memory"
         if skipped is None and champion is not None:
+            vectors = self.store.vectors(source)
+            stored = dict(zip((u.id for u in source), vectors, strict=True)) if vectors is not None else {}
             for inst in self.instances:
                 if inst.index == champion or inst.graduated or inst.index not in scores or inst.index in self.config.isolated:
                     continue
                 new = self.delivery.deliver(champion=champion, receiver=inst.index, units=source, stage=stage)
-                old = [Unit.from_dict(u) for u in self.store.units(inst.index)]
-                broadcast_ops[inst.index] = _replacement_ops(old, new, champion=champion, stage=stage)
+                old = self.store.units(inst.index)
+                broadcast_ops[inst.index] = _replacement_ops(old, new, champion=champion, stage=stage, sources=source, vectors=stored)
         summary = {
             "stage": stage,
             "returns": [inst.returns[-1] for inst in self.instances],
@@ -635,7 +646,7 @@ class _Protocol:
             "stage": stage,
             "summary": summary,
             "instances": [i.to_dict() for i in self.instances],
-            "broadcast_ops": {str(k): v for k, v in broadcast_ops.items()},
+            "broadcast_ops": {str(k): [op.to_dict() for op in v] for k, v in broadcast_ops.items()},
             "tokens": self.ledger.to_dict(),
         }
         self.run.write_json(self.run.stage_path(stage), checkpoint)  # the commit point
@@ -661,7 +672,7 @@ class _Protocol:
             if path.is_file():
                 results[inst.index] = self.run.read_json(path)
                 self.store.add_episodes(results[inst.index]["episodes"])
-        tasks = [{"config": cfg.to_dict(), "instance": i.index, "seeds": seeds, "units": self.store.units(i.index), "episodes": i.episodes} for i in self.instances if i.index not in results]
+        tasks = [{"config": cfg.to_dict(), "instance": i.index, "seeds": seeds, **self._memory_of(i.index), "episodes": i.episodes} for i in self.instances if i.index not in results]
         self.run.event("eval_started", pending=[t["instance"] for t in tasks])
         self._emit("eval_started", pending=len(tasks))
 
@@ -697,7 +708,7 @@ class _Protocol:
                     "aborted": inst.aborted,
                     "reflections": inst.reflections,
                     "fallbacks": inst.fallbacks,
-                    "memory_size": {k: sum(1 for u in self.store.units(inst.index) if u["kind"] == k) for k in ("rule", "example")},
+                    "memory_size": {k: sum(1 for u in self.store.units(inst.index) if u.kind.value == k) for k in ("rule", "example")},
                 }
             )
         best = max(rows, key=lambda r: (r["mean_return"], -r["instance"]))["instance"]
@@ -728,7 +739,7 @@ class _Protocol:
             "budget": self.budget,
             "reflections": reflections,
             "fallback_rate": (sum(i.fallbacks for i in self.instances) / reflections) if reflections else 0.0,
-            "champion": {"instance": best, "memory": self.store.units(best)},
+            "champion": {"instance": best, "memory": [u.to_dict() for u in self.store.units(best)]},
             "tokens": {
                 "training": train.total().to_dict(),
                 "evaluation": eval_ledger.total().to_dict(),
@@ -742,14 +753,27 @@ class _Protocol:
         }
 
 
-def _replacement_ops(old: Sequence[Unit], new: Sequence[Unit], *, champion: int, stage: int) -> list[dict[str, Any]]:
+def _replacement_ops(
+    old: Sequence[Unit], new: Sequence[Unit], *, champion: int, stage: int,
+    sources: Sequence[Unit] = (), vectors: Mapping[str, Any] | None = None,
+) -> list[Op]:
     """Store ops for "receiver's memory replaced by the champion's": add copies, relate each
     copy to its origin (derived_from) and to the old unit it stands in for (supersedes), mark
-    every old unit SUPERSEDED with the reason."""
-    ops: list[dict[str, Any]] = [{"op": "add", "unit": u.to_dict()} for u in new]
+    every old unit SUPERSEDED with the reason.
+
+    A copy whose indexed text is its origin's carries the origin's stored vector (``vectors``
+    by origin id): a broadcast embeds nothing."""
+    vectors = vectors or {}
+    origin_text = {u.id: indexed_text(u) for u in sources}
+
+    def vector_of(copy: Unit) -> Any:
+        origin = copy.provenance.derived_from[0] if copy.provenance.derived_from else ""
+        return vectors.get(origin) if origin_text.get(origin) == indexed_text(copy) else None
+
+    ops: list[Op] = [Add(u, vector_of(u)) for u in new]
     for u in new:
         for origin in u.provenance.derived_from:
-            ops.append({"op": "relate", "src": u.id, "dst": origin, "type": "derived_from", "note": f"broadcast from inst-{champion}"})
+            ops.append(Relate(u.id, origin, "derived_from", f"broadcast from inst-{champion}"))
     by_slot: dict[tuple[str, str], list[Unit]] = {}
     for u in new:
         by_slot.setdefault((u.context.role, u.kind.value), []).append(u)
@@ -759,9 +783,9 @@ def _replacement_ops(old: Sequence[Unit], new: Sequence[Unit], *, champion: int,
         key = (u.context.role, u.kind.value)
         n = slots_old.get(key, 0)
         slots_old[key] = n + 1
-        ops.append({"op": "supersede", "id": u.id, "reason": reason})
+        ops.append(Supersede(u.id, reason))
         candidates = by_slot.get(key) or list(new)
         if candidates:
             successor = candidates[min(n, len(candidates) - 1)]
-            ops.append({"op": "relate", "src": successor.id, "dst": u.id, "type": "supersedes", "note": reason})
+            ops.append(Relate(successor.id, u.id, "supersedes", reason))
     return ops

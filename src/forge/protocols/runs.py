@@ -14,7 +14,7 @@ at most the work in flight.
 
 JSON files are written to a temporary name and renamed, so a file either exists whole or not
 at all. The store holds every instance's memory (its units, in its private scope): workers get
-their memory from it and their results come back as store ops recorded in the result files.
+their memory from it and their results come back as store ops (:mod:`forge.protocols.ops`) recorded in the result files.
 Every op is idempotent (unit and episode ids come from the files, use counts are absolute), so
 replaying a file after a crash is harmless.
 """
@@ -24,14 +24,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from forge.engine.memory import Memory
 from forge.errors import ConfigError, ForgeError, NotFoundError, StoreError
 from forge.model import Episode, Scope, Status, Unit, Viewer
 from forge.protocols.config import ForgeConfig
+from forge.protocols.ops import Add, Archive, Op, Relate, SetCounts, Supersede, parse_all
 from forge.store import Filter
 
 __all__ = ["RunDir", "RunStore"]
@@ -139,7 +142,7 @@ class RunDir:
 
     def events(self) -> list[dict[str, Any]]:
         """Every complete event line; a torn last line (killed mid-write) is skipped."""
-        out = []
+        out: list[dict[str, Any]] = []
         if not self.events_path.exists():
             return out
         for line in self.events_path.read_text(encoding="utf-8").splitlines():
@@ -168,55 +171,70 @@ class RunStore:
         self.memory.close()
 
     def add_episodes(self, episodes: Iterable[Mapping[str, Any]]) -> None:
-        store = self.memory.store
         for data in episodes:
             try:
-                store.get_episode(data["id"])
+                self.memory.get_episode(data["id"])
                 continue
             except NotFoundError:
                 pass
-            store.add_episode(Episode.from_dict(data), actor="forge")
+            self.memory.add_episode(Episode.from_dict(data), actor="forge")
 
-    def units(self, instance: int) -> list[dict[str, Any]]:
+    def units(self, instance: int) -> list[Unit]:
         """Instance ``instance``'s memory: its active units as its own viewer sees them, oldest first."""
         viewer = Viewer.of(f"inst-{instance}")
-        return [u.to_dict() for u in self.memory.store.list(viewer=viewer, filter=Filter.make(owner=f"inst-{instance}"), limit=1_000_000)]
+        return self.memory.list(viewer=viewer, filter=Filter.make(owner=f"inst-{instance}"), limit=1_000_000)
 
-    def apply(self, ops: Iterable[Mapping[str, Any]], *, owner: str) -> None:
-        """Apply memory ops (add / archive / supersede / relate / counts); safe to apply twice."""
-        ops = list(ops)
-        adds = [Unit.from_dict(op["unit"]) for op in ops if op["op"] == "add"]
+    def vectors(self, units: Sequence[Unit]) -> np.ndarray | None:
+        """The vectors ``units`` are stored with, one row each (None if any has none): what a
+        worker's scratch memory and a broadcast copy store, instead of embedding again."""
+        vecs = [self.memory.vector(u.id, viewer=_ADMIN) for u in units]
+        if not vecs or any(v is None for v in vecs):
+            return None
+        return np.stack([v for v in vecs if v is not None])
+
+    def apply(self, ops: Iterable[Op | Mapping[str, Any]], *, owner: str) -> None:
+        """Apply store ops (typed, or their dicts from a run file); safe to apply twice.
+
+        Every op is parsed before any is applied: an unknown or malformed one is a
+        :class:`~forge.errors.ValidationError` and nothing is written."""
+        parsed = parse_all(ops)
+        adds = [op for op in parsed if isinstance(op, Add)]
         if adds:
-            present = {u.id for u in self.memory.store.get_many([u.id for u in adds], viewer=_ADMIN)}
-            new = [u for u in adds if u.id not in present]
-            if any(u.owner != owner or u.scope != Scope("private") for u in new):
+            present = {u.id for u in self.memory.get_many([op.unit.id for op in adds], viewer=_ADMIN)}
+            new = [op for op in adds if op.unit.id not in present]
+            if any(op.unit.owner != owner or op.unit.scope != Scope("private") for op in new):
                 raise StoreError(f"a result for {owner} adds units outside its private scope; nothing was applied")
-            if new:
-                self.memory.add(new, actor="forge")
-        for op in ops:
-            if op["op"] == "counts":
+            dim = self.memory.embedder.dim
+            carried = [op for op in new if op.vector is not None and op.vector.shape == (dim,)]
+            bare = [op.unit for op in new if op not in carried]  # from a file written before ops carried vectors
+            with self.memory.transaction():
+                if carried:  # what the worker embedded is stored as it is
+                    self.memory.add([op.unit for op in carried], vectors=np.stack([op.vector for op in carried if op.vector is not None]), actor="forge")
+                if bare:
+                    self.memory.add(bare, actor="forge")
+        for op in parsed:
+            if isinstance(op, SetCounts):
                 self._counts(op)
-                continue
-            if op["op"] == "archive":
-                self._status(op["id"], Status.ARCHIVED, op.get("reason", ""))
-            elif op["op"] == "supersede":
-                self._status(op["id"], Status.SUPERSEDED, op.get("reason", ""))
-            elif op["op"] == "relate":
-                self.memory.relate(op["src"], op["dst"], op["type"], note=op.get("note", ""), actor="forge")
+            elif isinstance(op, Archive):
+                self._status(op.id, Status.ARCHIVED, op.reason)
+            elif isinstance(op, Supersede):
+                self._status(op.id, Status.SUPERSEDED, op.reason)
+            elif isinstance(op, Relate):
+                self.memory.relate(op.src, op.dst, op.type, note=op.note, actor="forge")
 
-    def _counts(self, op: Mapping[str, Any]) -> None:
+    def _counts(self, op: SetCounts) -> None:
         try:
-            unit = self.memory.store.get(op["id"], viewer=_ADMIN)
+            unit = self.memory.get(op.id, viewer=_ADMIN)
         except NotFoundError:
             return
-        counts = {k: int(op.get(k, 0)) for k in ("uses", "successes", "failures")}
-        if all(unit.meta.get(k, 0) == v for k, v in counts.items()) and unit.validation == op["validation"]:
+        counts = {"uses": op.uses, "successes": op.successes, "failures": op.failures}
+        if all(unit.meta.get(k, 0) == v for k, v in counts.items()) and unit.validation == op.validation:
             return
-        self.memory.update(unit.replace(meta={**unit.meta, **counts}, validation=float(op["validation"])), actor="forge", reembed=False)
+        self.memory.update(unit.replace(meta={**unit.meta, **counts}, validation=op.validation), actor="forge", reembed=False)
 
     def _status(self, unit_id: str, status: Status, reason: str) -> None:
         try:
-            unit = self.memory.store.get(unit_id, viewer=_ADMIN)
+            unit = self.memory.get(unit_id, viewer=_ADMIN)
         except NotFoundError:
             return
         if unit.status != status:
@@ -227,7 +245,7 @@ class RunStore:
         out: list[dict[str, Any]] = []
         offset = 0
         while True:
-            page = self.memory.store.list(viewer=_ADMIN, filter=Filter.make(owner=owner), limit=500, offset=offset)
+            page = self.memory.list(viewer=_ADMIN, filter=Filter.make(owner=owner), limit=500, offset=offset)
             out += [u.to_dict() for u in page]
             if len(page) < 500:
                 return out
