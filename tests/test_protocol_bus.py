@@ -91,6 +91,32 @@ def test_an_injection_in_the_champions_memory_is_quarantined_not_copied():
     assert delivery.decisions.get("quarantined") == 1
 
 
+def test_each_capsule_is_parsed_once_and_a_stray_message_is_skipped(monkeypatch):
+    from forge.share.capsule import Capsule
+
+    parsed = []
+    real = Capsule.from_json.__func__
+
+    def counting(cls, text):
+        parsed.append(text)
+        return real(cls, text)
+
+    monkeypatch.setattr(Capsule, "from_json", classmethod(counting))
+    bus = open_bus("memory://")
+
+    class Noisy:  # a malformed message lands on the topic before the batch
+        def subscribe(self, topic, **kw):
+            return bus.subscribe(topic, **kw)
+
+        def publish_many(self, topic, capsules):
+            bus.publish_many(topic, [b"not a capsule", *capsules])
+
+    delivery = BusDelivery(Noisy())  # type: ignore[arg-type]
+    got = delivery.deliver(champion=0, receiver=1, units=_units(), stage=0)
+    assert len(got) == 2 and delivery.decisions == {"accepted": 2}
+    assert len(parsed) == 3  # the stray message and each of the two capsules, once
+
+
 def test_a_silent_bus_times_out_with_a_clear_error():
     class Mute:
         def subscribe(self, *a, **k):

@@ -2,10 +2,20 @@
 
 The in-process :class:`~forge.protocols.forge.DirectDelivery` copies the champion's units
 straight into each receiver. :class:`BusDelivery` sends the same units as signed capsules over
-any :class:`~forge.share.bus.base.Bus` (in-process or Redis Streams) to the receiver's topic; each
-capsule goes through the receiver's :class:`~forge.share.exchange.Exchange` (verify, screen, judge),
-and only the units it accepts replace the receiver's memory, so a population spread over
-processes or machines evolves like one in a single process, with the same defences.
+any :class:`~forge.share.bus.base.Bus` (in-process or Redis Streams) to the receiver's topic, and
+only the units a receiving :class:`~forge.share.exchange.Exchange` admits replace the receiver's
+memory, so a population spread over processes or machines evolves like one in a single process.
+
+What that exchange checks, plainly: it is a real ``Exchange`` (signature against the keyring,
+replay, flooding, the screen for injections and secrets, the assessor's usefulness), but over
+a scratch in-memory store that holds only this delivery's capsules, on ``embedder`` (``hash``
+by default). So its duplicate, novelty and conflict checks compare a capsule with the rest of
+its batch, not with the receiver's memory, and what it writes (units, ledger) is thrown away.
+It cannot be the receiver's own exchange over the run's memory: a broadcast *replaces* that
+memory (comparing with the units about to be superseded would keep or drop champion units by
+what they replace), and the run's store is written only by the parent, as replayable ops
+(:mod:`forge.protocols.ops`), which is what makes a resumed run equal an uninterrupted one;
+an exchange writing there would not replay.
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from forge.engine.memory import Memory
-from forge.errors import BusError
+from forge.errors import BusError, ValidationError
 from forge.model import Unit, new_id
 from forge.protocols.forge import champion_copy
 from forge.share.bus.base import Bus
@@ -28,7 +38,8 @@ _ADMITTED = ("accepted", "merged", "corroborated")
 class BusDelivery:
     """Broadcast with replacement through a bus; one topic per receiving instance.
 
-    ``embedder`` names the embedder of the receivers' exchanges (novelty and conflict checks).
+    ``embedder`` names the embedder of the scratch store the receiving exchange judges in
+    (duplicates and conflicts within one delivery; see the module docstring).
     ``decisions`` counts what the exchanges decided, e.g. ``{"accepted": 12, "quarantined": 1}``.
     """
 
@@ -73,10 +84,10 @@ class BusDelivery:
                         )
                     continue
                 for msg in messages:
-                    decision = exchange.receive_raw(msg.payload)
-                    capsule = _parse(msg.payload)
+                    capsule = _parse(msg.payload)  # once: the exchange takes the parsed capsule
                     if capsule is None or capsule.reply_to != batch:
-                        continue  # an older delivery's leftover: acked below, not applied
+                        continue  # malformed, or an older delivery's leftover: acked below, not applied
+                    decision = exchange.receive(capsule)
                     seen += 1
                     self.decisions[decision.outcome] = self.decisions.get(decision.outcome, 0) + 1
                     if decision.outcome in _ADMITTED:
@@ -91,7 +102,9 @@ class BusDelivery:
 
 
 def _parse(payload: bytes | str) -> Capsule | None:
+    """The capsule a bus message holds; None for one that is not a capsule (it cannot belong
+    to this delivery's batch, which only well-formed capsules name)."""
     try:
         return Capsule.from_json(payload)
-    except Exception:  # noqa: BLE001 - the exchange already recorded why it is malformed
+    except ValidationError:  # from_json says every malformed input with it
         return None
