@@ -12,8 +12,10 @@ callbacks) and hands it to :func:`report` / :func:`areport`, which send it throu
 learning entry of the memory given: ``POST /v1/learn`` for a :class:`forge.client.Client` or
 :class:`~forge.client.AsyncClient` (a job; ``wait=True`` waits for what it learned), or
 :meth:`forge.Memory.learn` in this process (as ``agent``). What a framework hands over is made
-to fit a trace here, once: texts clipped to the trace's limits, arguments made JSON, and a run
-longer than a trace holds kept as its start and its end.
+to fit a trace here, once: each text clipped to 4,000 characters (a tool that returns a web
+page still leaves a trace the server takes: reflection reads far less), arguments made JSON
+(and kept as their text when they are not, or too long), and a run longer than a trace holds
+kept as its start and its end.
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from forge.errors import ConfigError, ValidationError
 from forge.learn.trace import MAX_TRACE_STEPS, Outcome, Trace
-from forge.model import MAX_FIELD_CHARS, MAX_STEP_CHARS
+from forge.model import MAX_FIELD_CHARS
 
 __all__ = ["TraceRecorder", "areport", "report"]
 
 _HEAD = 100  # steps kept from the start of a run longer than a trace holds (the rest from its end)
+_CLIP = 4000  # characters of a recorded text (and bytes of a step's arguments): 500 steps stay far below a request's 8 MiB
 
 
-def _clip(text: Any, limit: int = MAX_STEP_CHARS) -> str:
+def _clip(text: Any, limit: int = _CLIP) -> str:
     text = text if isinstance(text, str) else ("" if text is None else str(text))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -46,7 +50,11 @@ def _json(args: Any) -> dict[str, Any]:
             return {"input": _clip(args)} if args.strip() else {}
     if not isinstance(args, Mapping):
         return {} if args is None else {"input": _clip(args)}
-    return json.loads(json.dumps({str(k): v for k, v in args.items()}, default=str, allow_nan=False))
+    try:
+        text = json.dumps({str(k): v for k, v in args.items()}, default=str, allow_nan=False)
+    except ValueError:  # NaN or infinity: not JSON
+        return {"input": _clip(repr(dict(args)))}
+    return json.loads(text) if len(text) <= _CLIP else {"input": _clip(text)}
 
 
 @dataclass
@@ -122,11 +130,11 @@ def report(memory: Any, trace: Mapping[str, Any], *, success: bool | None = None
     """
     outcome = Outcome(success=success, score=score, feedback=feedback)
     if _is_async(memory):
-        raise TypeError("this memory is an AsyncClient: use areport (or the adapter's async method)")
+        raise ConfigError("this memory is an AsyncClient: use areport (or the adapter's async method)")
     if _is_remote(memory):
         return memory.learn(Trace.from_dict(trace), outcome, wait=wait, timeout=timeout)
     if not agent:
-        raise ValueError("learning into a Memory needs the agent that did the task: agent=...")
+        raise ValidationError("learning into a Memory needs the agent that did the task: agent=...")
     return memory.learn(Trace.from_dict(trace), outcome, agent=agent).to_dict()
 
 
