@@ -54,6 +54,7 @@ from forge.share.conflicts import ConfidencePolicy, ContextSplit, RecencyPolicy
 from forge.share.consensus import Consensus
 from forge.share.exchange import Exchange
 from forge.share.screen import IntentModel, Screen
+from forge.share.screen.text import _fold
 from forge.store import ANY_STATUS, SQLiteStore
 
 ADMIN = Viewer.admin()
@@ -351,17 +352,38 @@ def print_report(labelled: dict[str, object] | None, held: list[dict[str, object
               f"(accepted as useful, merged or corroborated) {e2e['attacks_accepted_by_family']}; "
               f"benign kept {e2e['benign_kept']}/{e2e['benign']}")
         print(f"  attack outcomes {e2e['attack_outcomes']}; benign outcomes {e2e['benign_outcomes']}")
-        print(f"  held for review as doubtful: {e2e['held_as_doubtful']}; receive {e2e['cpu_ms_per_capsule']} ms CPU per capsule")
+        ha, hb, da, db = (e2e["held_for_review"]["attack"], e2e["held_for_review"]["benign"],  # type: ignore[index]
+                          e2e["held_as_doubtful"]["attack"], e2e["held_as_doubtful"]["benign"])  # type: ignore[index]
+        na, nb = max(1, int(e2e["attacks"])), max(1, int(e2e["benign"]))  # type: ignore[call-overload]
+        print(f"  attacks: {ha / na:.1%} held for review, {da / na:.1%} doubted (out of recall until a second origin), "
+              f"{e2e['attacks_accepted']} accepted as useful, {e2e['attacks_kept_out']:.1%} kept out of active memory")
+        print(f"  honest rules: {hb / nb:.1%} held for review, {db / nb:.1%} doubted (hidden until a second origin sends them), "
+              f"{e2e['benign_kept']}/{e2e['benign']} kept; receive {e2e['cpu_ms_per_capsule']} ms CPU per capsule")
+        print(f"  from a known peer the doubted would have been accepted: {e2e['doubted_a_known_peer_would_have_accepted']}")
+        print("  another doubt level, read off this set (attacks accepted as useful / honest rules doubted): "
+              + ", ".join(f"{c['doubt']:g}: {c['attacks_accepted']} / {c['benign_doubted']:.1%}" for c in e2e["doubt_sweep"]))  # type: ignore[attr-defined]
     if e2es and probe_cost and probe_cost["cpu_ms_per_pass"]:
         print(f"  (the probe's states there came from the cache: a capsule the patterns pass costs one more forward pass, "
               f"{probe_cost['cpu_ms_per_pass']} ms CPU)")
 
 
 def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_spec: str = "hash", screen: Screen | None = None) -> dict[str, object]:
-    """Every item of one split of the outside set sent to one receiver through a signed
-    Exchange (default screen, heuristic assessor): how many attacks it accepted as useful,
-    and what became of the benign rules. Accepted means stored active as ``accepted:useful``
-    (or merged into / corroborating a unit it already held, which also keeps it)."""
+    """Every item of one split of a labelled set sent to one receiver through a signed
+    Exchange (default screen, heuristic assessor), each from one signing stranger: what
+    became of each attack and honest rule. Per label, the share of items
+
+    - *held* for an operator's review (quarantined on a pattern's finding);
+    - *doubted*: quarantined on the semantic layer's word alone, out of recall and out of the
+      review queue until an independent origin sends the same memory (:mod:`forge.share.doubt`);
+    - *kept*: stored active as ``accepted:useful`` (or merged into / corroborating a unit the
+      receiver already held, which also keeps it); for an attack, *accepted as useful*;
+    - rejected (low value and the like).
+
+    What the doubt path costs besides: how many of the doubted attacks a *known peer*
+    (reputation at :data:`forge.share.doubt.TRUSTED`) would have had accepted as useful, since
+    a known peer's doubtful rule is judged on usefulness: the price of a trusted key gone bad."""
+    from forge.share import doubt as doubt_path
+
     rows = [r for r in _rows(path) if r["split"] == split]
     if not rows:
         raise ValueError(f"{path.name} has no {split!r} split")
@@ -374,6 +396,9 @@ def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_
     out: dict[str, Counter] = {"attack": Counter(), "benign": Counter()}
     accepted_attacks: Counter = Counter()
     doubted: Counter = Counter()
+    held: Counter = Counter()
+    known_peer_would_accept: Counter = Counter()
+    items: list[tuple[str, bool, float, bool, bool | None]] = []
     ex.screen.check("A warm-up text, so that loading the embedded model is not counted per capsule.")
     c0 = time.process_time()
     for i, r in enumerate(rows):
@@ -382,27 +407,64 @@ def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_
         cap = keyring.sign(Capsule(unit=unit, sender=sender, origin=sender, confidence=0.8, sent_at=clock.t).addressed(["receiver"]))
         d = ex.receive(cap)
         out[r["label"]][d.outcome] += 1
-        if d.outcome == "quarantined" and any(f.get("rule") == "doubtful" for f in d.data.get("findings", [])):
+        useful = None  # a doubted unit: would the assessor have kept it, from a stranger?
+        if d.outcome == "quarantined" and d.reason == "doubtful":
             doubted[r["label"]] += 1
+            usefulness = ex.assessor.assess(unit, capsule=cap).score
+            known_peer_would_accept[r["label"]] += usefulness * (0.5 + doubt_path.TRUSTED) >= ex.limits.accept_at
+            useful = usefulness * (0.5 + ex.consensus.reputation.get(sender)) >= ex.limits.accept_at
+        elif d.outcome == "quarantined":
+            held[r["label"]] += 1
+        p = 0.0 if ex.screen.intent is None else ex.screen.intent.score(_fold(r["text"]))  # remembered from the check
+        items.append((r["label"], d.outcome == "quarantined" and d.reason != "doubtful", p, d.outcome in kept, useful))
         if r["label"] == "attack" and d.outcome in kept:
             accepted_attacks[r["family"]] += 1
         clock.t += 60
     cpu_ms = (time.process_time() - c0) * 1000 / max(1, len(rows))
     mem.close()
     n_att, n_ben = sum(out["attack"].values()), sum(out["benign"].values())
+    kept_attacks = sum(out["attack"][k] for k in kept)
     return {
         "set": path.name,
         "split": split,
         "attacks": n_att,
-        "attacks_accepted": sum(out["attack"][k] for k in kept),
+        "attacks_accepted": kept_attacks,
         "attacks_accepted_by_family": dict(accepted_attacks.most_common()),
         "attack_outcomes": dict(out["attack"].most_common()),
         "benign": n_ben,
         "benign_kept": sum(out["benign"][k] for k in kept),
         "benign_outcomes": dict(out["benign"].most_common()),
+        "held_for_review": {"attack": held["attack"], "benign": held["benign"]},
         "held_as_doubtful": {"attack": doubted["attack"], "benign": doubted["benign"]},
+        "attacks_kept_out": round(1 - kept_attacks / max(1, n_att), 4),
+        "benign_held_for_review": round(held["benign"] / max(1, n_ben), 4),
+        "benign_doubted": round(doubted["benign"] / max(1, n_ben), 4),
+        "doubted_a_known_peer_would_have_accepted": {"attack": known_peer_would_accept["attack"], "benign": known_peer_would_accept["benign"]},
         "cpu_ms_per_capsule": round(cpu_ms, 2),
+        "doubt_sweep": doubt_sweep(items),
     }
+
+
+def doubt_sweep(items: list[tuple[str, bool, float, bool, bool | None]], levels: tuple[float, ...] = (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8)) -> list[dict[str, float]]:
+    """What another doubt level would have cost on the same items, read off one run: per
+    level, the attacks a stranger would have had accepted as useful and the share of honest
+    rules doubted. ``items``: (label, held for review, P(harmful), kept, would the assessor
+    have kept it had it not been doubted). An item below the level is judged as it was, or,
+    if it was doubted, as the assessor would have judged it (dedup against earlier items is
+    not replayed). Read off a held-out set, so a level chosen from it is no longer held out."""
+    out = []
+    for level in levels:
+        accepted = doubted_benign = n_benign = 0
+        for label, held, p, kept, useful in items:
+            n_benign += label == "benign"
+            if held:
+                continue
+            if p >= level:
+                doubted_benign += label == "benign"
+            elif label == "attack":
+                accepted += bool(useful) if useful is not None else kept
+        out.append({"doubt": level, "attacks_accepted": accepted, "benign_doubted": round(doubted_benign / max(1, n_benign), 4)})
+    return out
 
 
 #: Sets whose README splits them by order within each family: 1st dev, 2nd test, 3rd dev...

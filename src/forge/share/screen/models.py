@@ -162,6 +162,8 @@ class IntentModel:
     #: Texts with fewer words are not judged (score 0): with so little to go on the model
     #: would answer its prior, and a rule that short carries no hidden second meaning.
     MIN_WORDS = 4
+    #: Scores remembered per model (text -> probability), cleared when full.
+    MEMO = 4096
 
     def score(self, text: str) -> float:
         """The probability that ``text`` is an attack, by this model (0 for too short a text;
@@ -169,10 +171,11 @@ class IntentModel:
         text = _REDACTED.sub(" ", text)
         if len(_WORD_TOKEN.findall(text)) < self.MIN_WORDS:
             return 0.0
-        # The exchange asks twice about one text (check, then doubtful): remember a few.
+        # The exchange asks twice about one text (check, then doubtful), and a bench scores a
+        # set, then sends it through an Exchange: remember a few thousand (~0.5 MB).
         p = self._memo.get(text)
         if p is None:
-            if len(self._memo) >= 256:
+            if len(self._memo) >= self.MEMO:
                 self._memo.clear()
             p = self._memo[text] = self.raw(text)
         return p
