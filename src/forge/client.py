@@ -17,6 +17,7 @@ its ``Retry-After`` (up to ``retries`` times).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import dataclasses
 import functools
 import json
@@ -395,13 +396,13 @@ class Client:
         says what was learned and which peers received it."""
         return dict(self._call("GET", f"/v1/jobs/{job_id}").json())
 
-    def relations(self, unit_id: str) -> list[Relation]:
+    def relations(self, unit_id: str) -> builtins.list[Relation]:
         return [Relation.from_dict(r) for r in self._call("GET", f"/v1/units/{unit_id}/relations").json()]
 
     def trace(self, unit_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/units/{unit_id}/trace").json()
 
-    def events(self, **params: Any) -> list[Event]:
+    def events(self, **params: Any) -> builtins.list[Event]:
         return [_event(e) for e in self._call("GET", "/v1/events", params=params).json()["events"]]
 
     def stats(self) -> dict[str, Any]:
@@ -536,7 +537,7 @@ class AsyncClient:
     async def get_episode(self, episode_id: str) -> Episode:
         return Episode.from_dict((await self._call("GET", f"/v1/episodes/{episode_id}")).json())
 
-    async def relations(self, unit_id: str) -> list[Relation]:
+    async def relations(self, unit_id: str) -> builtins.list[Relation]:
         return [Relation.from_dict(r) for r in (await self._call("GET", f"/v1/units/{unit_id}/relations")).json()]
 
     async def trace(self, unit_id: str) -> dict[str, Any]:
@@ -558,7 +559,7 @@ class AsyncClient:
         params = {"include_history": "true"} if history else None
         return (await self._call("POST", "/v1/import", content=_Calls.ndjson(records), headers=_NDJSON, params=params)).json()["records"]
 
-    async def events(self, **params: Any) -> list[Event]:
+    async def events(self, **params: Any) -> builtins.list[Event]:
         return [_event(e) for e in (await self._call("GET", "/v1/events", params=params)).json()["events"]]
 
     async def aclose(self) -> None:

@@ -121,7 +121,9 @@ class HeuristicImportance:
         base = KIND_IMPORTANCE.get(unit.kind, 0.5)
         why = [f"kind {unit.kind.value} {base:.2f}"]
         total = base
-        outcome = unit.meta.get("outcome") if isinstance(unit.meta.get("outcome"), Mapping) else {}
+        outcome = unit.meta.get("outcome")
+        if not isinstance(outcome, Mapping):
+            outcome = {}
         success = outcome.get("success", unit.meta.get("success"))
         if isinstance(success, bool):
             bump = 0.05 if success else 0.15

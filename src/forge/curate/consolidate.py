@@ -328,7 +328,7 @@ class ConsolidationPolicy:
         to_centre = [float(v @ centre) for v in unit_vecs]
         central = mem[int(np.argmax(to_centre))]
         gid = derived_id("gen", *sorted(u.id for u in mem))
-        base = dict(group=cluster.group, members=tuple(u.id for u in mem), similarities=tuple(round(s, 4) for s in to_centre))
+        base: dict[str, Any] = dict(group=cluster.group, members=tuple(u.id for u in mem), similarities=tuple(round(s, 4) for s in to_centre))
         if memory.get_many([gid], viewer=Viewer.admin()):
             return ClusterPlan(Cluster(**base, action="unchanged", reason="a generalisation of exactly these units exists", unit_id=gid))
         target = {Kind.EPISODE: Kind.PROCEDURE, Kind.FACT: Kind.FACT}.get(central.kind, Kind.RULE)

@@ -143,6 +143,8 @@ def parse_messages(messages: Any) -> list[Message]:
     if len(messages) > MAX_TURNS:
         raise ValidationError(f"{len(messages)} turns; at most {MAX_TURNS} at once (send a long conversation in parts)")
     out = []
+    role: Any
+    content: Any
     for i, m in enumerate(messages, 1):
         if isinstance(m, Message):
             role, content = m.role, m.content

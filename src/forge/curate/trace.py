@@ -68,7 +68,9 @@ def trace(memory: MemoryPort, unit_id: str, *, viewer: Viewer | None = None, dep
         if not admin.operator and ep.agent not in ("", admin.agent):
             continue
         episodes.append({"id": ep.id, "agent": ep.agent, "task": ep.task[:200], "env": ep.env, "outcome": dict(ep.outcome), "steps": len(ep.steps)})
-    corr = meta.get("corroboration") if isinstance(meta.get("corroboration"), dict) else {}
+    corr = meta.get("corroboration")
+    if not isinstance(corr, dict):
+        corr = {}
     relations = [r.to_dict() for r in memory.relations(unit_id, viewer=admin)]
     history = memory.events(viewer=admin, unit_id=unit_id, limit=10_000)
     recalls = []
@@ -78,7 +80,7 @@ def trace(memory: MemoryPort, unit_id: str, *, viewer: Viewer | None = None, dep
         hits = [h for h in e.data.get("hits", []) if isinstance(h, dict) and h.get("id") == unit_id]
         if hits:
             recalls.append({"seq": e.seq, "ts": e.ts, "actor": e.actor, "query": str(e.data.get("query", ""))[:200], "reasons": hits[0].get("reasons")})
-    decisions = []
+    decisions: list[dict[str, Any]] = []
     if admin.operator:  # the receivers' ledgers: exchange and consensus decisions about this unit
         from forge.share.ledger import Ledger
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,16 +140,16 @@ def _by_role(state: Mapping[str, tuple[str, str]]) -> str:
     kinds = [*_ACTIVITY, *sorted({a for a, _ in state.values()} - {*_ACTIVITY, "none"})]
     levels = [*_LEVELS, *sorted({c for _, c in state.values()} - {*_LEVELS, "no"})]
 
-    def count(role: str, pick: Callable[[tuple[str, str]], bool]) -> int:
-        return sum(1 for h, v in state.items() if host_role(h) == role and pick(v))
+    def count(role: str, index: int, value: str) -> int:  # hosts of ``role`` whose (activity, level)[index] is ``value``
+        return sum(1 for h, v in state.items() if host_role(h) == role and v[index] == value)
 
     seen = [
         f"{kind} on {_hosts(role, n)}"
-        for kind in kinds for role in roles if (n := count(role, lambda v, k=kind: v[0] == k))
+        for kind in kinds for role in roles if (n := count(role, 0, kind))
     ]
     held = [
         f"{_hosts(role, n)} ({level})"
-        for role in roles for level in levels if (n := count(role, lambda v, lv=level: v[1] == lv))
+        for role in roles for level in levels if (n := count(role, 1, level))
     ]
     return f"Activity: {', '.join(seen) or 'none'}; compromised: {', '.join(held) or 'none'}"
 
@@ -253,10 +253,10 @@ def _grammar(actions: Sequence[str]) -> str:
         [*bare, *(["VERB HOST"] if groups else [])]
     )]
     many = len(groups) > 1
-    for n, (hosts, verbs) in enumerate(groups.items(), 1):
+    for n, (shared, verbs) in enumerate(groups.items(), 1):
         tag = str(n) if many else ""
         lines.append(f"VERB{tag}: {' '.join(verbs)}")
-        lines.append(f"HOST{tag}: {' '.join(hosts)}")
+        lines.append(f"HOST{tag}: {' '.join(shared)}")
     return "\n".join(lines)
 
 

@@ -888,7 +888,7 @@ _QUERIES: dict[str, Callable[[Any, PostgresDiagnosisEnv], list[dict[str, Any]]]]
 }
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if abs(n) < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from forge.envs.base import EnvSpec, StepResult, check_action
@@ -325,7 +325,7 @@ class GuessTheNumberEnv(_TextArenaGame):
         return str((low + high) // 2)
 
 
-_GAMES: dict[str, type[_TextArenaGame]] = {
+_GAMES: dict[str, Callable[..., _TextArenaGame]] = {
     "TowerOfHanoi-v0": TowerOfHanoiEnv,
     "TowerOfHanoi-v0-medium": TowerOfHanoiEnv,
     "TowerOfHanoi-v0-hard": TowerOfHanoiEnv,

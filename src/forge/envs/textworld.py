@@ -415,7 +415,8 @@ class _Lexicon:
         k = i - 1
         while k >= 0 and i - k <= 5 and joined(k) and lows[k] not in _ARTICLES:
             k -= 1
-        start, states, article = i, (), ""
+        start, article = i, ""
+        states: tuple[str, ...] = ()
         if k >= 0 and i - k <= 5 and lows[k] in _ARTICLES and joined(k):
             middle = lows[k + 1:i]
             lead = 0

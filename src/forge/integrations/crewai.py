@@ -265,7 +265,8 @@ class ForgeStorage(StorageBackend):
 
     def _all(self, scope_prefix: str | None) -> list[Unit]:
         """Every active unit this door wrote under ``scope_prefix``, oldest first."""
-        f, out = self._filter(scope_prefix), []
+        f = self._filter(scope_prefix)
+        out: list[Unit] = []
         while True:
             page = self._backend.page(f, _PAGE, len(out))
             out += page

@@ -345,8 +345,9 @@ class ForgeStore(BaseStore):
         taken = await self._backend.find(uid) is not None
         if taken:  # the key's own id went to a unit that holds other keys now: tag the new one
             context = Context(task=context.task, tags=(*tags, _key_tag(namespace, op.key)))
+        named: dict[str, Any] = {} if taken else {"id": uid}
         unit = Unit(content=content, kind=self.kind, context=context, scope=scope, owner=owner,  # type: ignore[arg-type]
-                    provenance=Provenance(source=f"langgraph:{owner}"), meta=meta, **({} if taken else {"id": uid}))
+                    provenance=Provenance(source=f"langgraph:{owner}"), meta=meta, **named)
         decision = await self._backend.write(unit, self.admit)
         if decision.action == NOOP and decision.unit_id != unit.id:
             decision = await self._alias(decision, unit, namespace, op.key, value)
@@ -430,10 +431,10 @@ def _namespace_matches(cond: MatchCondition, ns: tuple[str, ...]) -> bool:
 _OPS = {
     "$eq": lambda a, b: a == b,
     "$ne": lambda a, b: a != b,
-    "$gt": lambda a, b: _num(a) is not None and _num(a) > _num(b),
-    "$gte": lambda a, b: _num(a) is not None and _num(a) >= _num(b),
-    "$lt": lambda a, b: _num(a) is not None and _num(a) < _num(b),
-    "$lte": lambda a, b: _num(a) is not None and _num(a) <= _num(b),
+    "$gt": lambda a, b: (x := _num(a)) is not None and x > _bound(b),
+    "$gte": lambda a, b: (x := _num(a)) is not None and x >= _bound(b),
+    "$lt": lambda a, b: (x := _num(a)) is not None and x < _bound(b),
+    "$lte": lambda a, b: (x := _num(a)) is not None and x <= _bound(b),
 }
 
 
@@ -442,6 +443,14 @@ def _num(v: Any) -> float | None:
         return float(v)
     except (TypeError, ValueError):
         return None
+
+
+def _bound(v: Any) -> float:
+    """A comparison's bound: a number (anything else is a TypeError, as comparing with None was)."""
+    n = _num(v)
+    if n is None:
+        raise TypeError(f"a comparison bound must be a number, got {v!r}")
+    return n
 
 
 def _matches(value: Mapping[str, Any], flt: Mapping[str, Any] | None) -> bool:

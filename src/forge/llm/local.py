@@ -718,7 +718,7 @@ class HiddenStates:
         if max_tokens < 16:
             raise UserError("max_tokens must be at least 16")
         self._registered = None if model_path is not None else (model or DEFAULT_MODEL)
-        self.model_path = Path(model_path).expanduser() if model_path is not None else resolve_model(self._registered, build=False)
+        self.model_path = Path(model_path).expanduser() if model_path is not None else resolve_model(model or DEFAULT_MODEL, build=False)
         if not self.model_path.is_file() and self._registered is None:
             raise ConfigError(f"no model file at {self.model_path}; pass the path of a .gguf file")
         self.n_threads = n_threads or _threads_from_env() or default_threads()

@@ -93,7 +93,7 @@ class OpenAICompatLLM:
         prompt = usage.get("prompt_tokens")
         completion = usage.get("completion_tokens")
         estimated = not isinstance(prompt, int) or not isinstance(completion, int)
-        if estimated:
+        if not isinstance(prompt, int) or not isinstance(completion, int):
             prompt = sum(self.count_tokens(m.content) + 4 for m in request.messages)
             completion = self.count_tokens(text)
         return Completion(

@@ -45,8 +45,11 @@ class Trust(Protocol):
     and how far each origin is trusted (``reputation.get(agent)``). :class:`forge.share.consensus.Consensus`
     is one; the policies need nothing else of it, so they do not import it."""
 
-    agent_id: str
-    reputation: _Reputations
+    @property
+    def agent_id(self) -> str: ...
+
+    @property
+    def reputation(self) -> _Reputations: ...
 
 @dataclass(frozen=True, slots=True)
 class Conflict:

@@ -33,7 +33,7 @@ from typing import Any
 
 from forge.engine.port import MemoryPort
 from forge.errors import NotFoundError, ValidationError
-from forge.model import Context, Provenance, Status, Unit, Viewer, origin_of
+from forge.model import Context, Provenance, Scope, Status, Unit, Viewer, origin_of
 from forge.share.conflicts import Conflict, Detector, Resolution, ResolutionPolicy
 from forge.share.ledger import Ledger, Records, Ruling
 from forge.store import Filter
@@ -198,7 +198,7 @@ class Consensus:
         self, unit_id: str, *, origin: str, via: str | None, sender: str, capsule_id: str, hash: str, similarity: float
     ) -> Ruling:
         unit = self._get(unit_id)
-        base = {"agent": self.agent_id, "capsule_id": capsule_id, "sender": sender, "origin": origin, "hash": hash, "unit_id": unit.id, "verified": True}
+        base: dict[str, Any] = {"agent": self.agent_id, "capsule_id": capsule_id, "sender": sender, "origin": origin, "hash": hash, "unit_id": unit.id, "verified": True}
         witnesses = self.witnesses(unit)
         if origin in witnesses:
             who = "the author" if origin == witnesses[0] else "an earlier corroborator"
@@ -277,7 +277,7 @@ class Consensus:
             content=unit.content,
             kind=unit.kind,
             context=Context(unit.context.domain, unit.context.task, unit.context.role, (*unit.context.tags, "consensus")),
-            scope=f"group:{self.group}",
+            scope=Scope("group", self.group),
             owner=self.agent_id,
             confidence=unit.confidence,
             validation=unit.validation,

@@ -122,7 +122,7 @@ class _Base:
         while queue:
             at, prev = queue.popleft()
             relayed = prev is not None and capsule is not None and self.accept is not None
-            if relayed and not self.accept(at, capsule.forwarded(by=prev)):  # type: ignore[misc, union-attr]
+            if relayed and not self.accept(at, capsule.forwarded(by=prev)):  # type: ignore[misc, union-attr, arg-type]
                 continue
             for nxt in sorted(self._next(at, prev, origin)):
                 edges.append((at, nxt))
@@ -240,7 +240,7 @@ class Similarity(_Base):
             table = {}
             for i, a in enumerate(names):
                 # stable tie-break by name so routes are reproducible
-                order = sorted(range(len(names)), key=lambda j, i=i: (-sims[i, j], names[j]))
+                order = sorted(range(len(names)), key=lambda j, i=i: (-sims[i, j], names[j]))  # type: ignore[misc]
                 table[a] = frozenset(names[j] for j in order[:k] if j != i)
             self._cache = table
         return self._cache

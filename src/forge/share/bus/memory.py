@@ -195,7 +195,7 @@ class MemorySubscription:
     def _replay(self, t: _Topic, g: _Group, count: int) -> list[BusMessage]:
         now = time.monotonic()
         mine = sorted(k for k, p in g.pending.items() if p.consumer == self.consumer and k > self._cursor)
-        out = []
+        out: list[BusMessage] = []
         for key in mine:
             if len(out) >= count:
                 break
@@ -252,7 +252,7 @@ class MemorySubscription:
 
     def claim(self, *, min_idle_ms: int, count: int = 100) -> list[BusMessage]:
         now = time.monotonic()
-        out = []
+        out: list[BusMessage] = []
         with self._bus._cond:
             t, g = self._group()
             for key in sorted(g.pending):

@@ -88,7 +88,7 @@ class CapsuleInbox:
                 reason = self.keyring.verify(capsule, recipient=self.recipient) if self.keyring is not None else None
                 if reason is None and capsule.expired(self.clock()):
                     reason = "expired"
-                detail = reason
+                detail = reason or ""
             except ValidationError as exc:  # Capsule.from_json says every malformed payload with it
                 reason, detail = "malformed", f"malformed: {exc}"
             if reason is None:

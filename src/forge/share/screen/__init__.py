@@ -146,8 +146,11 @@ class Screen:
             probe = intent == "shipped" and probe_from_env()
         if probe and intent != "shipped":
             raise ValidationError("probe=True reads the shipped intent model's probe; pass IntentModel.load(probe=...) as intent instead")
-        self.intent = _shipped_intent(probe=probe) if intent == "shipped" else intent
-        if self.intent is not None and not isinstance(self.intent, IntentModel):
+        if intent == "shipped":
+            self.intent: IntentModel | None = _shipped_intent(probe=probe)
+        elif intent is None or isinstance(intent, IntentModel):
+            self.intent = intent
+        else:
             raise ValidationError("intent must be an IntentModel, None, or 'shipped'")
 
     # -- checks ---------------------------------------------------------------------------

@@ -408,7 +408,11 @@ def redact(text: str) -> str:
             out = rx.sub(f"[REDACTED:{rule}]", out)
     out = _EMAIL.sub("[REDACTED:email]", _pii_view(out))
     for rx, region in ((_INTL_PHONE, "GB"), (_US_PHONE, "US"), (_NATIONAL_PHONE, "GB")):
-        out = rx.sub(lambda m, r=region: "[REDACTED:phone]" if _phone_ok(m.group(0), r) else m.group(0), out)
+
+        def phone(m: re.Match[str], region: str = region) -> str:
+            return "[REDACTED:phone]" if _phone_ok(m.group(0), region) else m.group(0)
+
+        out = rx.sub(phone, out)
     out = _SSN.sub("[REDACTED:ssn]", out)
     out = _NINO.sub("[REDACTED:uk_national_insurance]", out)
     out = _IBAN.sub(lambda m: "[REDACTED:iban]" if _iban_ok(m.group(0)) else m.group(0), out)
