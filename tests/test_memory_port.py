@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+
+import pytest
 
 from forge.curate.exposure import Exposure
 from forge.engine.memory import Memory
@@ -47,3 +50,21 @@ def test_a_gated_view_is_something_to_recall_from():
     with Memory.open(":memory:", embedder="hash") as memory:
         view = Exposure().view(memory, agent="a", episodes=0)
         assert isinstance(view, Recalling) and not isinstance(view, MemoryPort)
+
+
+@pytest.mark.parametrize("adapter", ["_learn", "langchain", "llamaindex", "openai_agents", "langgraph", "crewai"])
+def test_each_adapter_takes_a_memory_or_a_client_but_a_client_is_no_memory_port(adapter):
+    """A Client talks HTTP: no transaction, claim or vectors, so it is not a MemoryPort; each
+    adapter types what it is handed with a small protocol of the verbs it calls, which a
+    Memory, a Client and an AsyncClient all satisfy."""
+    from forge.client import AsyncClient, Client
+
+    module = pytest.importorskip(f"forge.integrations.{adapter}")
+    with Memory.open(":memory:", embedder="hash") as memory, Client("http://127.0.0.1:9") as client:
+        remote = AsyncClient("http://127.0.0.1:9")
+        assert not isinstance(client, MemoryPort)
+        try:
+            for held in (memory, client, remote):
+                assert isinstance(held, module.ForgeMemory)
+        finally:
+            asyncio.run(remote.aclose())

@@ -22,13 +22,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from forge.errors import ConfigError, ValidationError
 from forge.learn.trace import MAX_TRACE_STEPS, Outcome, Trace
 from forge.model import MAX_FIELD_CHARS
+
+
+@runtime_checkable
+class ForgeMemory(Protocol):
+    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
+    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
+    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
+    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
+
+    @property
+    def learn(self) -> Callable[..., Any]: ...
 
 __all__ = ["TraceRecorder", "areport", "report"]
 
@@ -108,19 +119,19 @@ class TraceRecorder:
                 "recall_ids": list(self.recall_ids)}
 
 
-def _is_async(memory: Any) -> bool:
+def _is_async(memory: ForgeMemory) -> bool:
     from forge.client import AsyncClient
 
     return isinstance(memory, AsyncClient)
 
 
-def _is_remote(memory: Any) -> bool:
+def _is_remote(memory: ForgeMemory) -> bool:
     from forge.client import AsyncClient, Client
 
     return isinstance(memory, Client | AsyncClient)
 
 
-def report(memory: Any, trace: Mapping[str, Any], *, success: bool | None = None, score: float | None = None, feedback: str = "",
+def report(memory: ForgeMemory, trace: Mapping[str, Any], *, success: bool | None = None, score: float | None = None, feedback: str = "",
            agent: str = "", wait: bool = False, timeout: float = 120.0) -> dict[str, Any]:
     """Send ``trace`` and its outcome to ``memory``'s learning entry; what came back, as a dict.
 
@@ -138,7 +149,7 @@ def report(memory: Any, trace: Mapping[str, Any], *, success: bool | None = None
     return memory.learn(Trace.from_dict(trace), outcome, agent=agent).to_dict()
 
 
-async def areport(memory: Any, trace: Mapping[str, Any], *, success: bool | None = None, score: float | None = None,
+async def areport(memory: ForgeMemory, trace: Mapping[str, Any], *, success: bool | None = None, score: float | None = None,
                   feedback: str = "", agent: str = "", wait: bool = False, timeout: float = 120.0) -> dict[str, Any]:
     """:func:`report` for async code: awaited over an AsyncClient, in a worker thread otherwise."""
     if _is_async(memory):

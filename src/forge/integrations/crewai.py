@@ -52,9 +52,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from crewai.agents.parser import AgentAction, AgentFinish
@@ -69,6 +69,35 @@ from forge.errors import ConfigError, NotFoundError
 from forge.integrations._learn import TraceRecorder, areport, report
 from forge.model import MAX_TAGS, Context, Provenance, Status, Unit, Viewer
 from forge.store import Filter
+
+
+@runtime_checkable
+class ForgeMemory(Protocol):
+    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
+    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
+    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
+    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
+
+    @property
+    def recall(self) -> Callable[..., Any]: ...
+
+    @property
+    def add(self) -> Callable[..., Any]: ...
+
+    @property
+    def get(self) -> Callable[..., Any]: ...
+
+    @property
+    def list(self) -> Callable[..., Any]: ...
+
+    @property
+    def set_status(self) -> Callable[..., Any]: ...
+
+    @property
+    def update(self) -> Callable[..., Any]: ...
+
+    @property
+    def learn(self) -> Callable[..., Any]: ...
 
 __all__ = ["ForgeCrewTrace", "ForgeStorage"]
 
@@ -137,7 +166,7 @@ class _Embedder:
 class _Local:
     """A :class:`forge.Memory` in this process; admission by :func:`forge.curate.admit`."""
 
-    def __init__(self, memory: Any, viewer: Viewer | None, actor: str) -> None:
+    def __init__(self, memory: ForgeMemory, viewer: Viewer | None, actor: str) -> None:
         self.memory, self.viewer, self.actor = memory, viewer or Viewer.admin(), actor
 
     def write(self, units: list[Unit], admit: bool) -> list[Admitted]:
@@ -200,7 +229,7 @@ class ForgeStorage(StorageBackend):
     tags. Over a memory, ``viewer`` reads (default: the operator's); over a client, the key.
     """
 
-    def __init__(self, memory: Any, *, viewer: Viewer | None = None, scope: str = "global", owner: str = "",
+    def __init__(self, memory: ForgeMemory, *, viewer: Viewer | None = None, scope: str = "global", owner: str = "",
                  kind: str = "fact", actor: str = "crewai", admit: bool = True, scores: str = "cosine",
                  embedder_dim: int = 256) -> None:
         from forge.client import AsyncClient, Client
@@ -434,12 +463,12 @@ class ForgeCrewTrace:
             self.recorder.task = output.description
         self.recorder.finish(output.raw)
 
-    def report(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
+    def report(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
                wait: bool = False) -> dict[str, Any]:
         """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
         or what a Memory learned, as ``agent``)."""
         return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
 
-    async def areport(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "",
+    async def areport(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "",
                       agent: str = "", wait: bool = False) -> dict[str, Any]:
         return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)

@@ -26,8 +26,8 @@ it with its outcome to FORGE's learning entry (``POST /v1/learn`` over a client,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
 from uuid import UUID
 
 from langchain_core.callbacks import (
@@ -46,16 +46,30 @@ from forge.integrations._learn import TraceRecorder, areport, report
 from forge.model import Unit, Viewer
 from forge.store import Filter
 
+
+@runtime_checkable
+class ForgeMemory(Protocol):
+    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
+    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
+    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
+    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
+
+    @property
+    def recall(self) -> Callable[..., Any]: ...
+
+    @property
+    def learn(self) -> Callable[..., Any]: ...
+
 __all__ = ["ForgeRetriever", "ForgeTraceHandler", "forge_tools", "record_messages"]
 
 
-def _is_async(memory: Any) -> bool:
+def _is_async(memory: ForgeMemory) -> bool:
     from forge.client import AsyncClient
 
     return isinstance(memory, AsyncClient)
 
 
-def _is_remote(memory: Any) -> bool:
+def _is_remote(memory: ForgeMemory) -> bool:
     from forge.client import AsyncClient, Client
 
     return isinstance(memory, Client | AsyncClient)
@@ -74,7 +88,7 @@ class ForgeRetriever(BaseRetriever):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    memory: Any
+    memory: ForgeMemory
     viewer: Viewer | None = None
     k: int = 5
     min_score: float = 0.0
@@ -99,7 +113,7 @@ class ForgeRetriever(BaseRetriever):
         return await asyncio.to_thread(lambda: [_document(r) for r in self.memory.recall(query, **self._recall_kw())])
 
 
-def forge_tools(memory: Any, *, viewer: Viewer | None = None, actor: str = "langchain", k: int = 5,
+def forge_tools(memory: ForgeMemory, *, viewer: Viewer | None = None, actor: str = "langchain", k: int = 5,
                 min_score: float = 0.1) -> list[BaseTool]:
     """Two tools for a tool-calling agent: ``recall_memory(query)`` and ``remember(content, kind)``."""
     retriever = ForgeRetriever(memory=memory, viewer=viewer, k=k, min_score=min_score)
@@ -235,12 +249,12 @@ class ForgeTraceHandler(BaseCallbackHandler):
         self.recorder.observation(said, tool=self._tools.pop(run_id, ""), error=said)
 
     # -- reporting --------------------------------------------------------------------------
-    def report(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
+    def report(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
                wait: bool = False) -> dict[str, Any]:
         """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
         or what a Memory learned, as ``agent``)."""
         return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
 
-    async def areport(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "",
+    async def areport(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "",
                       agent: str = "", wait: bool = False) -> dict[str, Any]:
         return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)

@@ -50,7 +50,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from langgraph.store.base import (
     BaseStore,
@@ -71,6 +71,32 @@ from forge.integrations._learn import TraceRecorder, areport, report
 from forge.learn.trace import Outcome
 from forge.model import Context, Provenance, Status, Unit, Viewer, derived_id
 from forge.store import Filter
+
+
+@runtime_checkable
+class ForgeMemory(Protocol):
+    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
+    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
+    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
+    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
+
+    @property
+    def recall(self) -> Callable[..., Any]: ...
+
+    @property
+    def add(self) -> Callable[..., Any]: ...
+
+    @property
+    def list(self) -> Callable[..., Any]: ...
+
+    @property
+    def set_status(self) -> Callable[..., Any]: ...
+
+    @property
+    def update(self) -> Callable[..., Any]: ...
+
+    @property
+    def learn(self) -> Callable[..., Any]: ...
 
 __all__ = ["ForgeStore", "learn_node"]
 
@@ -127,7 +153,7 @@ class _Local:
 
     blocking = True
 
-    def __init__(self, memory: Any, agent: str, groups: frozenset[str]) -> None:
+    def __init__(self, memory: ForgeMemory, agent: str, groups: frozenset[str]) -> None:
         self.memory, self.agent, self.groups = memory, agent, groups
         self.viewer = Viewer.of(agent, groups)
 
@@ -213,7 +239,7 @@ class _AsyncRemote(_Remote):
         return await getattr(self.client, name)(*args, **kw)
 
 
-def _backend(memory: Any, agent: str | None, groups: frozenset[str]) -> Any:
+def _backend(memory: ForgeMemory, agent: str | None, groups: frozenset[str]) -> Any:
     from forge.client import AsyncClient, Client
 
     if isinstance(memory, AsyncClient):
@@ -231,7 +257,7 @@ class ForgeStore(BaseStore):
     memory); ``admit=False`` stores every put as given, without admission.
     """
 
-    def __init__(self, memory: Any, *, agent: str | None = None, groups: Iterable[str] = (), kind: str = "fact",
+    def __init__(self, memory: ForgeMemory, *, agent: str | None = None, groups: Iterable[str] = (), kind: str = "fact",
                  admit: bool = True) -> None:
         self.memory = memory
         self.kind = kind
@@ -482,7 +508,7 @@ def _field_of(state: Any, key: str) -> Any:
     return state.get(key) if isinstance(state, Mapping) else getattr(state, key, None)
 
 
-def learn_node(memory: Any, *, outcome: Callable[[Any], Mapping[str, Any] | Outcome], kind: str = "", agent: str = "",
+def learn_node(memory: ForgeMemory, *, outcome: Callable[[Any], Mapping[str, Any] | Outcome], kind: str = "", agent: str = "",
                wait: bool = False, messages_key: str = "messages", recall_ids_key: str = "recall_ids",
                result_key: str | None = None) -> Callable[[Any], Any]:
     """A graph node that reports the run in the state to ``memory``'s learning entry (see the

@@ -34,7 +34,8 @@ Over a client, the key is the viewer; over a memory, ``viewer`` (default: the op
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from llama_index.core.agent.workflow import AgentInput, AgentOutput, ToolCallResult
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -49,25 +50,45 @@ from forge.integrations._learn import TraceRecorder, areport, report
 from forge.model import Context, Provenance, Unit, Viewer
 from forge.store import Filter
 
+
+@runtime_checkable
+class ForgeMemory(Protocol):
+    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
+    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
+    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
+    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
+
+    @property
+    def recall(self) -> Callable[..., Any]: ...
+
+    @property
+    def add(self) -> Callable[..., Any]: ...
+
+    @property
+    def add_messages(self) -> Callable[..., Any]: ...
+
+    @property
+    def learn(self) -> Callable[..., Any]: ...
+
 __all__ = ["ForgeAgentTrace", "ForgeMemoryBlock", "ForgeRetriever"]
 
 MARK = "llamaindex"  # tag on every unit this door writes
 _HIDDEN = ["id", "scope", "owner", "score", "reasons", "source"]  # metadata the LLM and embedders do not read
 
 
-def _is_async(memory: Any) -> bool:
+def _is_async(memory: ForgeMemory) -> bool:
     from forge.client import AsyncClient
 
     return isinstance(memory, AsyncClient)
 
 
-def _is_remote(memory: Any) -> bool:
+def _is_remote(memory: ForgeMemory) -> bool:
     from forge.client import AsyncClient, Client
 
     return isinstance(memory, Client | AsyncClient)
 
 
-def _recall_kw(memory: Any, viewer: Viewer | None, k: int, min_score: float, f: Filter) -> dict[str, Any]:
+def _recall_kw(memory: ForgeMemory, viewer: Viewer | None, k: int, min_score: float, f: Filter) -> dict[str, Any]:
     kw: dict[str, Any] = {"k": k, "filter": f, "min_score": min_score}
     if not _is_remote(memory):
         kw["viewer"] = viewer or Viewer.admin()
@@ -76,7 +97,7 @@ def _recall_kw(memory: Any, viewer: Viewer | None, k: int, min_score: float, f: 
     return kw
 
 
-async def _arecall(memory: Any, query: str, kw: dict[str, Any]) -> list[Any]:
+async def _arecall(memory: ForgeMemory, query: str, kw: dict[str, Any]) -> list[Any]:
     if _is_async(memory):
         return await memory.recall(query, **kw)
     return await asyncio.to_thread(lambda: memory.recall(query, **kw))
@@ -96,7 +117,7 @@ def _node(r: Any) -> NodeWithScore:
 class ForgeRetriever(BaseRetriever):
     """FORGE's hybrid recall as a LlamaIndex retriever (``retrieve`` and ``aretrieve``)."""
 
-    def __init__(self, memory: Any, *, viewer: Viewer | None = None, k: int = 5, min_score: float = 0.0,
+    def __init__(self, memory: ForgeMemory, *, viewer: Viewer | None = None, k: int = 5, min_score: float = 0.0,
                  filter: Filter = Filter(), callback_manager: CallbackManager | None = None) -> None:
         super().__init__(callback_manager=callback_manager)
         self.memory, self.viewer, self.k, self.min_score, self.filter = memory, viewer, k, min_score, filter
@@ -123,7 +144,7 @@ class ForgeMemoryBlock(BaseMemoryBlock[str]):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     name: str = Field(default="forge_memory", description="The name of the memory block.")
-    memory: Any = Field(exclude=True, description="A forge Memory, Client or AsyncClient.")
+    memory: ForgeMemory = Field(exclude=True, description="A forge Memory, Client or AsyncClient.")
     viewer: Viewer | None = Field(default=None, description="Who reads, over a Memory (default: the operator).")
     k: int = Field(default=5, description="How many memories to recall into the prompt.")
     min_score: float = Field(default=0.1, description="The least recall score (0-1) a memory needs.")
@@ -243,12 +264,12 @@ class ForgeAgentTrace:
             self.recorder.finish(_text(result.response))
         return result
 
-    def report(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
+    def report(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
                wait: bool = False) -> dict[str, Any]:
         """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
         or what a Memory learned, as ``agent``)."""
         return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
 
-    async def areport(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "",
+    async def areport(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "",
                       agent: str = "", wait: bool = False) -> dict[str, Any]:
         return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from agents import (
     Agent,
@@ -49,16 +50,39 @@ from forge.integrations._learn import TraceRecorder, areport, report
 from forge.model import Context, Status, Unit, Viewer
 from forge.store import Filter
 
+
+@runtime_checkable
+class ForgeMemory(Protocol):
+    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
+    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
+    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
+    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
+
+    @property
+    def recall(self) -> Callable[..., Any]: ...
+
+    @property
+    def add(self) -> Callable[..., Any]: ...
+
+    @property
+    def list(self) -> Callable[..., Any]: ...
+
+    @property
+    def set_status(self) -> Callable[..., Any]: ...
+
+    @property
+    def learn(self) -> Callable[..., Any]: ...
+
 __all__ = ["ForgeRunHooks", "ForgeSession", "forge_function_tools"]
 
 
-def _remote(memory: Any) -> bool:
+def _remote(memory: ForgeMemory) -> bool:
     from forge.client import Client
 
     return isinstance(memory, Client)
 
 
-def forge_function_tools(memory: Any, *, viewer: Viewer | None = None, actor: str = "agents", k: int = 5,
+def forge_function_tools(memory: ForgeMemory, *, viewer: Viewer | None = None, actor: str = "agents", k: int = 5,
                          min_score: float = 0.1) -> list[FunctionTool]:
     """``recall_memory`` and ``remember`` as the SDK's function tools (a blocking memory or client
     runs in a worker thread, off the agent's event loop)."""
@@ -98,7 +122,7 @@ def forge_function_tools(memory: Any, *, viewer: Viewer | None = None, actor: st
 class ForgeSession(SessionABC):
     """An Agents SDK session whose items are FORGE units (see the module docstring)."""
 
-    def __init__(self, session_id: str, memory: Any, *, owner: str = "", scope: str = "global") -> None:
+    def __init__(self, session_id: str, memory: ForgeMemory, *, owner: str = "", scope: str = "global") -> None:
         self.session_id = session_id
         self.memory = memory
         self.owner = owner
@@ -246,12 +270,12 @@ class ForgeRunHooks(RunHooks):
     async def on_agent_end(self, context: RunContextWrapper[Any], agent: Agent[Any], output: Any) -> None:
         self.recorder.finish(output if isinstance(output, str) else json.dumps(output, default=str))
 
-    def report(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
+    def report(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
                wait: bool = False) -> dict[str, Any]:
         """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
         or what a Memory learned, as ``agent``)."""
         return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
 
-    async def areport(self, memory: Any, *, success: bool | None = None, score: float | None = None, feedback: str = "",
+    async def areport(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "",
                       agent: str = "", wait: bool = False) -> dict[str, Any]:
         return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from forge.engine.port import MemoryPort
 from forge.model import Status, Unit, Viewer
 from forge.share.screen import BLOCKING, Finding, Screen
 from forge.store import Filter
@@ -97,7 +98,7 @@ def review_queue(units: Iterable[Unit]) -> list[Unit]:
     return [u for u in units if u.status is Status.QUARANTINED and not doubted(u)]
 
 
-def corroborating(memory: Any, *, owner: str, vector: Any, channel: str, at_least: float, k: int = 5) -> Unit | None:
+def corroborating(memory: MemoryPort, *, owner: str, vector: Any, channel: str, at_least: float, k: int = 5) -> Unit | None:
     """A doubted unit of ``owner`` within cosine ``at_least`` of ``vector`` that reached it
     through another channel than ``channel`` (an origin we can authenticate, or the forwarder
     we only have its word from), or None. The same key sending again is no witness."""
@@ -108,7 +109,7 @@ def corroborating(memory: Any, *, owner: str, vector: Any, channel: str, at_leas
     return None
 
 
-def lift(memory: Any, unit: Unit, *, witness: str, at: float, actor: str) -> Unit:
+def lift(memory: MemoryPort, unit: Unit, *, witness: str, at: float, actor: str) -> Unit:
     """Release a doubted unit to active: an independent origin sent the same memory."""
     record = {**unit.meta[DOUBT], "lifted": {"by": witness, "at": at}}
     unit = memory.update(unit.replace(meta={**unit.meta, DOUBT: record}), actor=actor, reembed=False)
