@@ -96,7 +96,8 @@ def test_rest_client_and_mcp_doors(tmp_path: Path) -> None:
 
     setup = make_setup(tmp_path, llm=ScriptedLLM([REPLY], repeat_last=True))
     with TestClient(setup.app) as c:
-        r = c.post("/v1/messages", json={"messages": CHAT}, headers=setup.h(setup.alice))
+        # private: an agent's group and global memories pass the screen first (tests/test_hardening_round3.py)
+        r = c.post("/v1/messages", json={"messages": CHAT, "scope": "private"}, headers=setup.h(setup.alice))
         assert r.status_code == 201, r.text
         body = r.json()
         assert len(body["ids"]) == 3 and body["extracted"][3]["skipped"].startswith("not grounded")
@@ -122,7 +123,7 @@ def test_rest_client_and_mcp_doors(tmp_path: Path) -> None:
 
     async def main() -> dict:
         async with MCPClient(build_mcp(served.app.state.service, lambda ctx: Principal("scout", frozenset()))) as client:
-            res = await client.call_tool("remember_messages", {"messages": CHAT})
+            res = await client.call_tool("remember_messages", {"messages": CHAT, "scope": "private"})
             assert not res.is_error, res.content
             return res.structured_content or json.loads(res.content[0].text)
 

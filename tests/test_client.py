@@ -62,8 +62,10 @@ def test_admin_client_exports_and_imports(served, tmp_path: Path) -> None:
         assert sum(r["record"] == "unit" for r in records) == 5
         other = make_setup(tmp_path / "b" if (tmp_path / "b").mkdir() is None else tmp_path)
         with running(other.app) as url2, Client(url2, other.admin) as mem2:
-            # every record counts: the units, and the operator's settings and appended events
-            assert mem2.import_records(records) == len(records) and mem2.stats()["units"] == 5
+            # every record counts: the units, and the operator's settings and appended events (history: asked for)
+            with pytest.raises(ValidationError, match="history"):
+                mem2.import_records(records)
+            assert mem2.import_records(records, history=True) == len(records) and mem2.stats()["units"] == 5
         other.memory.close()
     with Client(served.url, served.bob) as bob, pytest.raises(AccessError):
         list(bob.export())

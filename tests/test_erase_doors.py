@@ -77,7 +77,8 @@ def test_rest_and_client_erase_for_admins_only(tmp_path: Path) -> None:
 
     setup = make_setup(tmp_path)
     with TestClient(setup.app) as c:
-        [uid] = c.post("/v1/units", json={"units": [{"content": SECRET}]}, headers=setup.h(setup.alice)).json()["ids"]
+        # private: written global, the screen would hold (and redact) a passport number before anyone recalled it
+        [uid] = c.post("/v1/units", json={"units": [{"content": SECRET, "scope": "private"}]}, headers=setup.h(setup.alice)).json()["ids"]
         c.post("/v1/recall", json={"query": "passport number", "k": 3}, headers=setup.h(setup.alice))
         r = c.delete(f"/v1/units/{uid}", params={"reason": "mine"}, headers=setup.h(setup.alice))
         assert r.status_code == 403 and "admin" in r.json()["error"]["message"]  # an agent archives; only an admin erases

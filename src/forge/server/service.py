@@ -448,7 +448,9 @@ class Service:
         and a ``contradicts`` lets a curation pass supersede the older end), so a link to
         another agent's unit would change what that agent recalls and keeps."""
         for end in (src, dst):
-            self._writable(who, end)  # NotFound for what it cannot see, AccessError for what is not its own
+            self.memory.get(end, viewer=who.viewer)  # NotFound for what it cannot see, whichever end it is
+        for end in (src, dst):
+            self._writable(who, end)  # then AccessError for what is not its own
         return self.memory.relate(src, dst, type, weight=weight, note=note, actor=who.actor)
 
     def relations(self, who: Principal, unit_id: str) -> list[Relation]:
