@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from forge.engine.embed import HashingEmbedder
 from forge.engine.memory import Memory
 from forge.errors import LLMError, ValidationError
 from forge.llm.testing import ScriptedLLM
@@ -28,13 +27,6 @@ from forge.store import SQLiteStore
 
 ADMIN = Viewer.admin()
 CONFLICT = Conflict("negation", "test", 0.9)
-
-
-@pytest.fixture
-def memory():
-    m = Memory(SQLiteStore(":memory:"), HashingEmbedder(256))
-    yield m
-    m.close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from forge.engine.memory import Memory
 from forge.envs import make_env
 from forge.errors import ConfigError, UserError
 from forge.learn.loop import Recaller
-from forge.llm.base import forbid_real_llms
 from forge.model import Context, Provenance, Unit, Viewer
 from forge.population.agent import Agent
 from forge.population.member import exposure_of
@@ -30,12 +29,6 @@ from test_protocol_toy import toy_factory, toy_llm
 MINE = "when you are at row 0, col 1, on a frozen tile, then do not down"
 THEIRS = "when you are at row 0, col 2, on a frozen tile, then do not down"
 FACT = "The lake is frozen at row 0 and row 1."
-
-
-@pytest.fixture(autouse=True)
-def _no_real_llms():
-    with forbid_real_llms():
-        yield
 
 
 def received(text: str, *, owner: str = "ann", sender: str = "bob", validation: float = 0.5, **kw) -> Unit:

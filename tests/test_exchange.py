@@ -37,13 +37,6 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def memory():
-    m = Memory(SQLiteStore(":memory:"), HashingEmbedder(256))
-    yield m
-    m.close()
-
-
-@pytest.fixture
 def ex(memory: Memory, keyring: Keyring, clock: Clock) -> Exchange:
     return Exchange(memory, "me", keyring, clock=clock)
 

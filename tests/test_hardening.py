@@ -38,13 +38,6 @@ def keyring() -> Keyring:
     return Keyring.from_secret(SECRET)
 
 
-@pytest.fixture
-def memory():
-    m = Memory(SQLiteStore(":memory:"), HashingEmbedder(256))
-    yield m
-    m.close()
-
-
 def capsule_dict(keyring: Keyring, text: str = RULE, **fields) -> dict:
     """A signed, valid capsule as a dict, then ``fields`` overwritten (signature kept)."""
     unit = Unit(text, kind="rule", owner="alice")

@@ -46,13 +46,6 @@ def population() -> Keyring:
     return Keyring.generate(["alice", "bob", "mallory", "me"])
 
 
-@pytest.fixture
-def memory():
-    m = Memory(SQLiteStore(":memory:"), HashingEmbedder(256))
-    yield m
-    m.close()
-
-
 def exchange(memory: Memory, keyring: Keyring, agent: str = "me") -> Exchange:
     # What a receiver holds: its own private key and everyone's public keys.
     return Exchange(memory, agent, keyring.for_agent(agent), clock=Clock(T0))

@@ -15,15 +15,8 @@ from forge.llm import (
     Request,
     TokenLedger,
     complete_json,
-    forbid_real_llms,
 )
 from forge.llm.testing import ScriptedLLM
-
-
-@pytest.fixture(autouse=True)
-def _no_real_llms():
-    with forbid_real_llms():
-        yield
 
 
 def _req(text: str = "one two three") -> Request:

@@ -59,6 +59,7 @@ def test_open_test_spec_gives_a_scripted_llm():
     assert [llm.complete(_req("x")).text for _ in range(2)] == ["A", "B"]
 
 
+@pytest.mark.real_llm  # the llama.cpp backend's own error, before any model loads
 def test_local_spec_with_a_missing_file_is_a_config_error(tmp_path):
     if importlib.util.find_spec("llama_cpp") is None:
         with pytest.raises(ConfigError, match=r"pip install 'forge-memory\[local\]'"):
@@ -68,6 +69,7 @@ def test_local_spec_with_a_missing_file_is_a_config_error(tmp_path):
             open_llm(f"local:{tmp_path / 'missing.gguf'}")
 
 
+@pytest.mark.real_llm  # allowed again once the guard is left
 def test_guard_forbids_real_backends_and_nests():
     with forbid_real_llms():
         with forbid_real_llms():

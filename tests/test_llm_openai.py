@@ -15,6 +15,9 @@ from forge.errors import ConfigError, LLMError, UserError
 from forge.llm import Message, Request, choose, complete_json, forbid_real_llms, open_llm
 from forge.llm.openai import OpenAICompatLLM
 
+# The client is a real backend, talking to a stand-in server on loopback.
+pytestmark = pytest.mark.real_llm
+
 URL = "http://llm.test/v1"
 KEY = "sk-secret-do-not-leak"
 

@@ -13,14 +13,7 @@ import pytest
 from forge.envs.base import EnvSpec
 from forge.learn.policy import FlatPolicy, HierarchicalPolicy
 from forge.learn.prompt import Recollection
-from forge.llm import forbid_real_llms
 from forge.llm.testing import ScriptedLLM
-
-
-@pytest.fixture(autouse=True)
-def _no_real_llms():
-    with forbid_real_llms():
-        yield
 
 
 def _spec(*, in_description: bool = False) -> EnvSpec:

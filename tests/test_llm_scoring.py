@@ -12,17 +12,10 @@ import random
 import pytest
 
 from forge.errors import UserError
-from forge.llm import Completion, Message, MeteredLLM, Request, TokenLedger, forbid_real_llms
+from forge.llm import Completion, Message, MeteredLLM, Request, TokenLedger
 from forge.llm.states import PrefixStates, PrefixStats, common_prefix
 from forge.llm.structured import pick_by_logits
 from forge.llm.testing import ScriptedLLM
-
-
-@pytest.fixture(autouse=True)
-def _no_real_llms():
-    with forbid_real_llms():
-        yield
-
 
 END = 0
 VOCAB = {"restore": 1, " User": 2, "1": 3, "2": 4, "remove": 5, "sleep": 6, "go": 7, " north": 8, "analyse": 9}

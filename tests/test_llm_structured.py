@@ -7,16 +7,9 @@ import json
 import pytest
 
 from forge.errors import LLMError, UserError
-from forge.llm import Message, StructuredOutputError, choose, complete_json, forbid_real_llms
+from forge.llm import Message, StructuredOutputError, choose, complete_json
 from forge.llm.structured import match_option, parse_json_lenient, validate_json
 from forge.llm.testing import ScriptedLLM
-
-
-@pytest.fixture(autouse=True)
-def _no_real_llms():
-    with forbid_real_llms():
-        yield
-
 
 RULE = {
     "type": "object",

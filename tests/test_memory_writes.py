@@ -3,8 +3,6 @@ and one text embedded and indexed whichever caller writes (exchange, consensus, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -25,13 +23,6 @@ from forge.team import Outcome, TaskLesson, TeamMemory, consolidate
 ADMIN = Viewer.admin()
 RULE = "When the door is locked, look for a key first."
 CONTEXT = "earlier: the cellar door would not open and the lamp had gone out"
-
-
-@pytest.fixture
-def memory() -> Iterator[Memory]:
-    m = Memory(SQLiteStore(":memory:"), HashingEmbedder(256))
-    yield m
-    m.close()
 
 
 def assert_embedded_as_indexed(memory: Memory) -> int:

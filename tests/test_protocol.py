@@ -19,7 +19,6 @@ from forge.envs import make_env
 from forge.errors import ConfigError, NotFoundError, StoreError
 from forge.learn.loop import play_episode
 from forge.learn.policy import FlatPolicy, HierarchicalPolicy
-from forge.llm.base import forbid_real_llms
 from forge.model import Viewer
 from forge.protocols import ForgeConfig, evolve, resume
 from forge.protocols.cli import evolve_command, report_command
@@ -28,12 +27,6 @@ from test_protocol_toy import toy_factory, toy_llm, valid_factory
 
 ADMIN = Viewer.admin()
 SLIPPERY = dict(env="frozenlake-4x4-slippery", llm="test", instances=3, stages=3, attempts=2, eval_episodes=2)
-
-
-@pytest.fixture(autouse=True)
-def _no_real_llms():
-    with forbid_real_llms():
-        yield
 
 
 def essence(final: dict) -> dict:

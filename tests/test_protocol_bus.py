@@ -8,7 +8,6 @@ import uuid
 import pytest
 
 from forge.errors import BusError
-from forge.llm.base import forbid_real_llms
 from forge.model import Context, Kind, Unit
 from forge.protocols import ForgeConfig, evolve
 from forge.protocols.broadcast import BusDelivery
@@ -16,12 +15,6 @@ from forge.share.bus import open_bus
 from forge.share.capsule import Keyring
 from test_protocol import SLIPPERY, essence, exported
 from test_protocol_toy import toy_factory
-
-
-@pytest.fixture(autouse=True)
-def _no_real_llms():
-    with forbid_real_llms():
-        yield
 
 
 def _redis_bus():

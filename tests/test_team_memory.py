@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -40,13 +39,6 @@ VACUUM = "Dead tuples pile up when autovacuum is off; run vacuum analyze on the 
 AGENTS = ["planner", "dba", "analyst"]
 HOLE = write_rule("You are at row 1, col 0", "down", ["right"])  # a rule as forge.learn.reflect writes it
 MOVES = ["left", "down", "right", "up"]
-
-
-@pytest.fixture
-def memory(tmp_path: Path) -> Iterator[Memory]:
-    m = Memory.open(tmp_path / "team.db", embedder="hash")
-    yield m
-    m.close()
 
 
 def team(memory: Memory, layout: str = "shared", llm: ScriptedLLM | None = None) -> TeamMemory:
