@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 #: README's two set-up commands: shown, not run here (the second is .ci/run's own line).
 SETUP = (
-    "python3 -m venv .venv && .venv/bin/pip install -e '.[all]' && .venv/bin/forge evolve --quick-demo",
+    "python3 -m venv .venv && CMAKE_ARGS=-DLLAVA_BUILD=OFF .venv/bin/pip install -e '.[local,gym,report]' && .venv/bin/forge evolve --quick-demo",
     "python3 -m venv .venv && .venv/bin/pip install -e '.[dev]' && .venv/bin/pytest",
 )
 SHELLS = {"bash", "sh", "shell", "console"}
