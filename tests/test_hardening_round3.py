@@ -348,3 +348,27 @@ def test_mcp_remember_passes_the_screen(tmp_path: Path) -> None:
     assert mem.get(uid, viewer=ADMIN).status is Status.QUARANTINED
     service.close()
     mem.close()
+
+
+def test_a_write_only_the_semantic_layer_doubts_waits_out_of_recall_without_paging_an_operator(tmp_path: Path) -> None:
+    """The exchange's doubt path for an agent's group write: quarantined with meta doubt, review false."""
+    from forge.server.keys import Principal
+    from forge.server.service import Service
+
+    class Doubting:  # the patterns find nothing; the semantic layer doubts everything at p=0.6
+        def check_unit(self, unit):
+            return []
+
+        def doubtful(self, unit):
+            return 0.6
+
+    mem = Memory(SQLiteStore(tmp_path / "d.db"), HashingEmbedder(64))
+    service = Service(mem, screen=Doubting())
+    [d] = service.write(Principal("scout", frozenset({"ops"})), [{"content": "The relay port is 8080.", "scope": "group:ops"}])
+    unit = mem.get(d.unit_id, viewer=ADMIN)
+    assert d.held and unit.status is Status.QUARANTINED and "doubted" in d.reason
+    assert unit.meta["quarantine"]["review"] is False and unit.meta["doubt"]["p"] == 0.6
+    [mine] = service.write(Principal("scout", frozenset({"ops"})), [{"content": "The relay port is 8080.", "scope": "private"}])
+    assert not mine.held and mem.get(mine.unit_id, viewer=ADMIN).status is Status.ACTIVE
+    service.close()
+    mem.close()

@@ -28,7 +28,14 @@ from forge.curate import admission
 from forge.curate.admission import ADD, Admitted
 from forge.engine.memory import Memory
 from forge.engine.recall import Packed, Recalled, Recalls
-from forge.errors import AccessError, BackendError, ConfigError, ConflictError, NotFoundError, ValidationError
+from forge.errors import (
+    AccessError,
+    BackendError,
+    ConfigError,
+    ConflictError,
+    NotFoundError,
+    ValidationError,
+)
 from forge.model import Episode, Kind, Relation, Scope, Status, Unit, Viewer
 from forge.server.keys import Principal
 from forge.share.capsule import SYSTEM_META
@@ -199,6 +206,7 @@ class Service:
         held = {i: h for i, u in enumerate(built) if u.scope.kind != "private" and (h := self._held(u)) is not None}
         if not held:
             return self._write(who, built, admit=admit)
+        from forge.share.doubt import Doubt
         with self.memory.transaction():
             passed = self._write(who, [u for i, u in enumerate(built) if i not in held], admit=admit) if len(held) < len(built) else []
             kept = iter(passed)
@@ -206,7 +214,9 @@ class Service:
             for i, u in enumerate(built):
                 if i in held:
                     uid = self.memory.add([self._quarantined(u, held[i])], actor=who.actor)[0]
-                    out.append(Admitted(ADD, uid, f"held for review ({held[i].reason}: {held[i]}); an operator releases it", uid, held=True))
+                    why = (f"doubted ({held[i]}); kept out of recall until an operator releases it" if isinstance(held[i], Doubt)
+                           else f"held for review ({held[i].reason}: {held[i]}); an operator releases it")
+                    out.append(Admitted(ADD, uid, why, uid, held=True))
                 else:
                     out.append(next(kept))
             return out
@@ -218,15 +228,22 @@ class Service:
         return [Admitted(ADD, uid, "stored as given (admission off)", uid) for uid in ids]
 
     def _held(self, unit: Unit) -> Any:
-        """The screen's verdict on an agent's unit bound for other agents (:func:`forge.share.exchange.hold`)."""
-        from forge.share.exchange import hold
+        """The screen's verdict on an agent's unit bound for other agents, as the exchange's
+        (:func:`forge.share.doubt.sort`): a ``Held`` for review, a ``Doubt`` (only the semantic
+        layer doubts it: kept out of recall, not paged to an operator), or None."""
+        from forge.share import doubt
 
-        return hold(self.screen, unit)
+        return doubt.sort(self.screen, unit)
 
     def _quarantined(self, unit: Unit, held: Any) -> Unit:
+        from forge.share import doubt
         from forge.share.exchange import redact_tree
 
-        meta = {**unit.meta, "quarantine": held.record(time.time())}
+        now = time.time()
+        if isinstance(held, doubt.Doubt):
+            record = {"reason": "doubtful", "review": False, "findings": [held.finding.to_dict()], "redacted": False, "at": now}
+            return unit.replace(status=Status.QUARANTINED, meta={**unit.meta, "quarantine": record, doubt.DOUBT: held.record(now)})
+        meta = {**unit.meta, "quarantine": held.record(now)}
         if held.redacted:  # no clear copy of a leaked secret in the store
             meta = redact_tree(meta, self.screen)
         return unit.replace(content=held.content, status=Status.QUARANTINED, meta=meta)

@@ -62,7 +62,7 @@ SYSTEM_META = frozenset({
     "origin", "via", "sender", "capsule", "remote_id", "hops", "received_scope", "received_at", "authored_at", "hash",
     "origin_sig",
     # screening and review
-    "assessment", "quarantine", "released",
+    "assessment", "quarantine", "released", "doubt",
     # consensus
     "promoted_to", "promoted_at", "consensus_of", "witnesses", "corroboration", "merged", "merges", "holds_when",
     # curation
