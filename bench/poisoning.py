@@ -381,7 +381,8 @@ def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_
 
     What the doubt path costs besides: how many of the doubted attacks a *known peer*
     (reputation at :data:`forge.share.doubt.TRUSTED`) would have had accepted as useful, since
-    a known peer's doubtful rule is judged on usefulness: the price of a trusted key gone bad."""
+    a known peer's rule doubted below the block level is judged on usefulness: the price of a
+    trusted key gone bad."""
     from forge.share import doubt as doubt_path
 
     rows = [r for r in _rows(path) if r["split"] == split]
@@ -411,7 +412,8 @@ def exchange_end_to_end(split: str = "test", path: Path = OUTSIDE_SET, embedder_
         if d.outcome == "quarantined" and d.reason == "doubtful":
             doubted[r["label"]] += 1
             usefulness = ex.assessor.assess(unit, capsule=cap).score
-            known_peer_would_accept[r["label"]] += usefulness * (0.5 + doubt_path.TRUSTED) >= ex.limits.accept_at
+            below_block = d.data.get("findings", [{}])[0].get("rule") == "doubtful"  # a known peer's is judged on usefulness
+            known_peer_would_accept[r["label"]] += below_block and usefulness * (0.5 + doubt_path.TRUSTED) >= ex.limits.accept_at
             useful = usefulness * (0.5 + ex.consensus.reputation.get(sender)) >= ex.limits.accept_at
         elif d.outcome == "quarantined":
             held[r["label"]] += 1

@@ -17,8 +17,9 @@ reads like advice. So the exchange sorts what it receives three ways (:func:`sor
   nobody else ever learns it, stays hidden); an attack stays out unless a second key signs
   it. Once active, credit from outcomes (:mod:`forge.learn.online`) retires a released unit
   that keeps failing;
-- **pass**: everything else goes on to the usefulness assessment, and so does a doubtful unit
-  from a known peer (origin and sender at :data:`TRUSTED` reputation or more).
+- **pass**: everything else goes on to the usefulness assessment, and so does a unit from a
+  known peer (origin and sender at :data:`TRUSTED` reputation or more) that the semantic layer
+  doubts below its block level.
 
 What each path costs on the outside writers' held-out sets is in docs/figures/sharing.md
 (``bench/poisoning.py --held-out-only``).

@@ -678,10 +678,10 @@ class Exchange:
             return self._corroborate(capsule, twin, 1.0)
         if verdict.action != "doubt":
             return None
-        rep = min(self.consensus.reputation.get(capsule.origin), self.consensus.reputation.get(capsule.sender))
-        if rep >= doubt.TRUSTED:
-            return None  # a known peer's word, earned by outcomes: judged on usefulness; credit retires what fails
         why: doubt.Doubt = verdict.findings[0]
+        rep = min(self.consensus.reputation.get(capsule.origin), self.consensus.reputation.get(capsule.sender))
+        if rep >= doubt.TRUSTED and why.finding.rule == "doubtful":
+            return None  # a known peer's word, earned by outcomes, below the block level: judged on usefulness; credit retires what fails
         record = {"reason": "doubtful", "review": False, "findings": [why.finding.to_dict()], "redacted": False, "at": now}
         meta = self._meta(capsule, now, quarantine=record, **{doubt.DOUBT: why.record(now)})
         unit = self._local(capsule, content=capsule.unit.content, status=Status.QUARANTINED, validation=round(0.3 + 0.4 * rep, 4), meta=meta)
