@@ -5,7 +5,7 @@ The screen's semantic layer is a classifier, and on writers it never saw it flag
 flags to the operator's review queue drowns the operator; accepting it risks an attack that
 reads like advice. So the exchange sorts what it receives three ways (:func:`sort`):
 
-- **review** (:class:`~forge.share.exchange.Held`): what a pattern names (an instruction
+- **review** (:class:`~forge.share.verdict.Held`): what a pattern names (an instruction
   override, a secret, personal data, malformed or oversized text) is quarantined for an
   operator, as before;
 - **doubt** (:class:`Doubt`): what only the semantic layer flags, at or above its ``doubt``
@@ -34,6 +34,7 @@ from typing import Any
 from forge.engine.port import MemoryPort
 from forge.model import Status, Unit, Viewer
 from forge.share.screen import BLOCKING, Finding, Screen
+from forge.share.verdict import Held
 from forge.store import Filter
 
 __all__ = ["DOUBT", "TRUSTED", "Doubt", "corroborating", "doubted", "lift", "review_queue", "sort"]
@@ -65,15 +66,13 @@ class Doubt:
 
 
 def sort(screen: Screen, unit: Unit, *, block: Iterable[str] = BLOCKING, redact: bool = True) -> Any:
-    """The screen's verdict for the doubt path: a :class:`~forge.share.exchange.Held` (for
+    """The screen's verdict for the doubt path: a :class:`~forge.share.verdict.Held` (for
     review), a :class:`Doubt` (wait for a witness), or None (judge its usefulness).
 
     A unit is reviewed when a pattern finds something, doubted when only the semantic layer
     does (its block level or its doubt level): the patterns name what they saw, the model
     gives a probability, and a probability alone is not a reason to page an operator.
     """
-    from forge.share.exchange import Held  # exchange imports this module
-
     block = frozenset(block)
     findings = [f for f in screen.check_unit(unit) if f.category in block]
     named = [f for f in findings if f.rule != "intent"]
