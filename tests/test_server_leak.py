@@ -42,10 +42,11 @@ def world(request: pytest.FixtureRequest, tmp_path: Path):
         c.post("/v1/relations", json={"src": ids[0], "dst": ids[1], "type": "supports"}, headers=h)
         c.post(f"/v1/units/{ids[0]}/status", json={"status": "quarantined", "reason": "held for review"}, headers=h)
         c.post(f"/v1/units/{ids[0]}/status", json={"status": "active", "reason": "released"}, headers=setup.h(setup.admin))  # an operator's to release
-        c.post("/v1/recall", json={"query": SECRET}, headers=h)
+        rid = c.post("/v1/recall", json={"query": SECRET}, headers=h).json()["recall_id"]
+        job = c.post("/v1/learn", json={"trace": {"task": SECRET, "recall_ids": [rid]}, "outcome": {"success": False}}, headers=h).json()["job_id"]
         eid = c.post("/v1/episodes", json={"task": SECRET, "env": "lake"}, headers=h).json()["id"]
         c.post("/v1/units", json={"units": [{"content": "bob's own public note about lakes"}]}, headers=setup.h(setup.bob))
-        setup.c, setup.ids, setup.eid = c, ids, eid  # type: ignore[attr-defined]
+        setup.c, setup.ids, setup.eid, setup.rid, setup.job = c, ids, eid, rid, job  # type: ignore[attr-defined]
         yield setup
     setup.memory.close()
 
@@ -86,6 +87,10 @@ def test_no_rest_endpoint_leaks(world) -> None:
         ("POST", "/v1/capsules", {"unit": {"content": "x"}}),
         ("GET", "/v1/quarantine", None),
         ("GET", "/v1/runs", None), ("GET", "/v1/runs/x", None), ("GET", "/v1/runs/x/report", None),
+        # Alice's recall and learning job: Bob can neither credit, learn from, nor read them
+        ("POST", "/v1/outcomes", {"recall_id": world.rid, "success": False}),
+        ("POST", "/v1/learn", {"trace": {"task": Q_SECRET, "recall_ids": [world.rid]}, "outcome": {"success": False}}),
+        ("GET", f"/v1/jobs/{world.job}", None),
     ]
     covered = set()
     for method, path, body in calls:
@@ -94,7 +99,7 @@ def test_no_rest_endpoint_leaks(world) -> None:
         assert r.status_code < 500, (method, path, r.text)
         _clean(r.text, ids, path + json.dumps(body))
         covered.add((method, path.split("?")[0].replace(a, "{unit_id}").replace(g, "{unit_id}").replace(eid, "{episode_id}")
-                     .replace("/runs/x/report", "/runs/{name}/report").replace("/runs/x", "/runs/{name}")))
+                     .replace("/runs/x/report", "/runs/{name}/report").replace("/runs/x", "/runs/{name}").replace(world.job, "{job_id}")))
     spec = c.get("/openapi.json").json()["paths"]
     every = {(m.upper(), p) for p, ops in spec.items() for m in ops}
     assert every - covered == set(), f"endpoints the leak test does not call: {sorted(every - covered)}"
@@ -108,7 +113,7 @@ def test_no_mcp_tool_or_resource_leaks(world) -> None:
 
     a, g = world.ids
     bob = Principal("bob", frozenset({"blue"}))
-    server = build_mcp(world.app.state.service, lambda ctx: bob)
+    server = build_mcp(world.app.state.service, lambda ctx: bob, world.app.state.learning)
 
     async def main() -> list[str]:
         out = []
@@ -118,7 +123,9 @@ def test_no_mcp_tool_or_resource_leaks(world) -> None:
                      ("remember_messages", {"messages": [{"role": "user", "content": Q_SECRET}]}),
                      ("forget", {"unit_id": a, "reason": "x"}), ("erase", {"unit_id": a, "reason": "x"}), ("erase", {"unit_id": g, "reason": "x"}),
                      ("trace", {"unit_id": a}), ("trace", {"unit_id": g}),
-                     ("stats", {}), ("remember", {"content": "probe", "scope": "group:red"})]
+                     ("stats", {}), ("remember", {"content": "probe", "scope": "group:red"}),
+                     ("feedback", {"recall_id": world.rid, "success": False}),
+                     ("learn", {"task": Q_SECRET, "recall_ids": [world.rid], "success": False, "wait": 5})]
             assert {n for n, _ in calls} == {t.name for t in (await client.list_tools()).tools}
             for name, args in calls:
                 res = await client.call_tool(name, args)

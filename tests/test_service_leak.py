@@ -48,6 +48,7 @@ class Live:
         self.url = server.url
         self.ids: list[str] = []  # SECRET's and GROUP's ids: nobody but Alice (and Carol, GROUP) may learn them
         self.public = ""
+        self.rid = ""  # a recall of Alice's: nobody else may credit it or learn from it
 
     def http(self, who: str) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.tokens[who]}"}, timeout=120)
@@ -88,7 +89,9 @@ def live(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             assert a.post(f"/v1/units/{secret}/status", json={"status": "quarantined", "reason": "review"}).status_code == 200
             with world.http("admin") as op:  # releasing from quarantine is an operator's
                 assert op.post(f"/v1/units/{secret}/status", json={"status": "active", "reason": "review"}).status_code == 200
-            assert a.post("/v1/recall", json={"query": SECRET}).status_code == 200
+            r = a.post("/v1/recall", json={"query": SECRET})
+            assert r.status_code == 200
+            world.rid = r.json()["recall_id"]
             assert a.post("/v1/episodes", json={"task": SECRET, "env": "lake"}).status_code == 201
         with world.http("bob") as b:
             assert b.post("/v1/units", json={"units": [{"content": "bob's own public note about lakes"}]}).status_code == 201
@@ -148,7 +151,9 @@ def test_no_mcp_tool_or_resource_leaks_over_streamable_http(live: Live) -> None:
              ("remember_messages", {"messages": [{"role": "user", "content": Q_SECRET}]}),
              ("forget", {"unit_id": a, "reason": "x"}), ("erase", {"unit_id": a, "reason": "x"}), ("erase", {"unit_id": g, "reason": "x"}),
              ("trace", {"unit_id": a}), ("trace", {"unit_id": g}), ("trace", {"unit_id": p}),
-             ("stats", {}), ("remember", {"content": "probe", "scope": "group:red"})]
+             ("stats", {}), ("remember", {"content": "probe", "scope": "group:red"}),
+             ("feedback", {"recall_id": live.rid, "success": False}),
+             ("learn", {"task": Q_SECRET, "recall_ids": [live.rid], "success": False, "wait": 5})]
     resources = (f"forge://units/{a}", f"forge://units/{g}", f"forge://units/{p}", "forge://units", "forge://units?limit=1000", "forge://runs")
     tools, out = anyio.run(_mcp, live.url, live.tokens["bob"], calls, resources)
     assert {n for n, _ in calls} == tools, "an MCP tool the probes do not call"
