@@ -36,15 +36,15 @@ from forge.learn.loop import (
     Recaller,
     Trajectory,
     failure_point,
+    learn_from,
     play_episode,
     reflect_on,
-    learn_from,
     retire_failing,
 )
 from forge.learn.online import Learned
 from forge.learn.policy import Policy
-from forge.learn.trace import Outcome, Trace
 from forge.learn.prompt import Recollection
+from forge.learn.trace import Outcome, Trace
 from forge.llm.base import LLM
 from forge.model import Context, Episode, Unit, Viewer
 from forge.share.bus import Bus, CapsuleInbox, Network, open_bus
