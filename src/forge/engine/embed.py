@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+import httpx
 import numpy as np
 
 from forge.errors import ConfigError, EmbedError
@@ -40,8 +41,13 @@ __all__ = [
 
 @runtime_checkable
 class Embedder(Protocol):
-    name: str  # recorded in the store, so a store is always queried with the embedder it was built with
-    dim: int
+    @property
+    def name(self) -> str:
+        """Recorded in the store, so a store is always queried with the embedder it was built with."""
+        ...
+
+    @property
+    def dim(self) -> int: ...
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
@@ -50,7 +56,8 @@ def _normalise(m: np.ndarray) -> np.ndarray:
     m = np.asarray(m, dtype=np.float32)
     norms = np.linalg.norm(m, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
-    return m / norms
+    out: np.ndarray = m / norms
+    return out
 
 
 class HashingEmbedder:
@@ -274,9 +281,8 @@ class OpenAIEmbedder:
         batch_size: int = 128,
         timeout: float = 60.0,
         retries: int = 3,
-        transport: object | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
-        import httpx
 
         key = os.environ.get(api_key_env, "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -351,5 +357,5 @@ def open_embedder(spec: str = "local", **kwargs: object) -> Embedder:
         if not arg:
             raise ConfigError("say which model: openai:MODEL")
         kwargs.setdefault("base_url", os.environ.get("FORGE_EMBED_BASE_URL", "https://api.openai.com/v1"))
-        return OpenAIEmbedder(model=arg, **kwargs)  # type: ignore[arg-type]
+        return OpenAIEmbedder(model=arg, **kwargs)  # type: ignore[arg-type]  # the caller's keywords, checked by OpenAIEmbedder
     raise ConfigError(f"unknown embedder {spec!r}; expected local[:MODEL], hash[:DIM] or openai:MODEL")

@@ -164,7 +164,7 @@ def recall(
     # for the units returned, not for every candidate
     lists: list[tuple[str, str, dict[str, tuple[int, float]]]] = []
 
-    def fuse(hits: list, signal: str, weight: float, raw_name: str) -> None:
+    def fuse(hits: list[Any], signal: str, weight: float, raw_name: str) -> None:
         if weights.fusion == "rrf":
             credit = [weight / (weights.rrf_k + rank) for rank in range(1, len(hits) + 1)]
         else:

@@ -6,6 +6,7 @@ function (:func:`forge.learn.loop.learn_from`) writes the result into memory.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,19 +61,19 @@ def apply_reflection(
 
     def make(kind: Kind, role: str, content: str, meta: Mapping[str, Any]) -> Unit:
         nonlocal clock
-        extra = {"created_at": clock} if clock is not None else {}
+        made = clock if clock is not None else time.time()
         if clock is not None:
             clock += 1e-3  # keeps creation order, hence the prompt's order, stable
         return Unit(
             content=content,
             kind=kind,
             context=Context(context.domain, context.task, role, context.tags),
-            scope=scope,  # type: ignore[arg-type]
+            scope=Scope.parse(scope),
             owner=owner,
             confidence=0.3 if reflection.fallback else 0.5,
             provenance=Provenance(source="reflection", episodes=tuple(episodes)),
             meta={"stage": stage, **meta, **flag},
-            **extra,
+            created_at=made,
         )
 
     for edit in reflection.edits:

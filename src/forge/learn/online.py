@@ -361,7 +361,7 @@ def _others(trace: Trace, outcome: Outcome, *, agent: str, scope: Scope | str, c
         if terms:
             dropped.append(f"{kind_.value} names what belongs to this one case ({'; '.join(terms[:3])}): {text[:80]!r}")
             continue
-        units.append(Unit(text, kind=kind_, owner=agent, scope=scope, context=context,
+        units.append(Unit(text, kind=kind_, owner=agent, scope=Scope.parse(scope), context=context,
                           provenance=Provenance(source=f"learned:{agent}"), meta=meta))
     return units
 

@@ -208,8 +208,8 @@ class FlatPolicy:
     ``temperature``/``seed`` make instances of a population differ reproducibly.
     """
 
-    roles = ("actor",)
-    acting_roles = ("actor",)
+    roles: tuple[str, ...] = ("actor",)
+    acting_roles: tuple[str, ...] = ("actor",)
 
     def __init__(
         self,
@@ -274,8 +274,8 @@ class HierarchicalPolicy:
     planner must copy one of them (enforced by constrained choice over the proposals).
     """
 
-    roles = ("planner", "action_chooser", "analyst")
-    acting_roles = ("planner", "action_chooser")
+    roles: tuple[str, ...] = ("planner", "action_chooser", "analyst")
+    acting_roles: tuple[str, ...] = ("planner", "action_chooser")
 
     def __init__(
         self,
@@ -388,9 +388,8 @@ def make_policy(
     seed: int | None = None,
 ) -> Policy:
     """``"flat"`` or ``"hierarchical"``; unknown names are a ConfigError."""
-    kw = {"llm": llm, "spec": spec, "rule_guard": rule_guard, "show_map": show_map, "temperature": temperature, "seed": seed}
     if name == "flat":
-        return FlatPolicy(**kw)
+        return FlatPolicy(llm=llm, spec=spec, rule_guard=rule_guard, show_map=show_map, temperature=temperature, seed=seed)
     if name == "hierarchical":
-        return HierarchicalPolicy(**kw)
+        return HierarchicalPolicy(llm=llm, spec=spec, rule_guard=rule_guard, show_map=show_map, temperature=temperature, seed=seed)
     raise ConfigError(f"unknown policy {name!r}; expected one of: {', '.join(POLICIES)}")

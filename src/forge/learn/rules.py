@@ -135,9 +135,9 @@ def parse(text: str, valid_actions: Sequence[str] = ()) -> ParsedRule | None:
         # The action right after the negation first: "do not go north" forbids the TextWorld
         # command "go north"; only then past a verb of the negation's own ("never move left").
         verb = _VERB.match(then, n.end())
-        starts = [n.end(), *([verb.end()] if verb else [])]
+        after = [n.end(), *([verb.end()] if verb else [])]
         if valid_actions:
-            hit = next((a for at in starts for a in longest if re.match(re.escape(a) + r"(?![\w-])", then[at:], re.IGNORECASE)), None)
+            hit = next((a for at in after for a in longest if re.match(re.escape(a) + r"(?![\w-])", then[at:], re.IGNORECASE)), None)
             if hit is not None and hit not in avoid:
                 avoid.append(hit)
         elif (w := _PHRASE.match(then, n.end())) and (phrase := w.group().strip().lower()) and phrase not in avoid:
@@ -148,13 +148,12 @@ def parse(text: str, valid_actions: Sequence[str] = ()) -> ParsedRule | None:
         # the template's "X, Y were safe there")
         do = []
         for clause in re.split(r"\s*[;,]\s*", then):
-            c = clause.strip(" .").lower()
-            if not c or _NEGATION.search(c):
+            words = clause.strip(" .").lower()
+            if not words or _NEGATION.search(words):
                 continue
-            c = _SAFE_TAIL_WORDS.sub("", c)
-            c = re.sub(r"^(?:then|instead)\s+", "", c).strip()
-            if c and c not in avoid and c not in do:
-                do.append(c)
+            words = re.sub(r"^(?:then|instead)\s+", "", _SAFE_TAIL_WORDS.sub("", words)).strip()
+            if words and words not in avoid and words not in do:
+                do.append(words)
     return ParsedRule(when=" ".join(when.split()), avoid=tuple(avoid), prefer=tuple(do))
 
 
@@ -363,7 +362,7 @@ def check(
         return None, why
     rule, why = _checked(text, original, valid_actions, situations, failing_situation, failing_action, safe_actions)
     kept = parse(rule, valid_actions) if rule is not None else None
-    if kept is None:
+    if rule is None or kept is None:
         return rule, why
     if against := [a for a in kept.avoid if normalize(a) in goal_ways(kept.when)]:
         return None, f"forbids what the goal names next ({', '.join(against)}): {original[:80]!r}"
