@@ -1058,6 +1058,11 @@ def run(*, n_agents: int, n_rules: int, policy_name: str, embedder_spec: str, se
         if d.outcome == "conflict" and any(r.get("action") == "supersede" for r in d.data.get("resolutions", []))  # type: ignore[attr-defined]
     )
     promoted = sum(len(pop.exchanges[n].decisions(outcome="promoted")) for n in names)
+    # The doubt path's price here: honest units doubted on arrival, and how many a peer's
+    # independent rediscovery lifted back to active by the end of the benign phase.
+    doubt_marks = [u.meta["doubt"] for n in names for u in pop.memories[n].store.list(viewer=ADMIN, filter=ANY_STATUS, limit=100_000)
+                   if isinstance(u.meta.get("doubt"), dict)]
+    benign_doubt = {"doubted": len(doubt_marks), "lifted_by_a_second_origin": sum("lifted" in m for m in doubt_marks)}
 
     # Phase 2: attacks from an insider.
     attacks: dict[str, dict[str, object]] = {}
@@ -1165,6 +1170,7 @@ def run(*, n_agents: int, n_rules: int, policy_name: str, embedder_spec: str, se
         "benign_deliveries": len(benign),
         "benign_false_positive_rate": round(sum(benign_bad.values()) / len(benign), 4),
         "benign_false_positives": dict(benign_bad.most_common()),
+        "benign_doubt": benign_doubt,
         "benign_conflicts_superseding": benign_lost,
         "promotions": promoted,
         "rediscoveries_merged": round(
@@ -1259,6 +1265,7 @@ def main() -> None:
     print(f"{'benign deliveries':34}" + "".join(f"{r['benign_deliveries']:>16}" for r in results))
     print(f"{'benign false-positive rate':34}" + "".join(f"{r['benign_false_positive_rate']:>16.3f}" for r in results))
     print(f"{'  ...of which superseded a unit':34}" + "".join(f"{r['benign_conflicts_superseding']:>16}" for r in results))
+    print(f"{'honest units doubted / then lifted':34}" + "".join(f"{str(r['benign_doubt']['doubted']) + ' / ' + str(r['benign_doubt']['lifted_by_a_second_origin']):>16}" for r in results))  # type: ignore[index]
     print(f"{'promotions to consensus':34}" + "".join(f"{r['promotions']:>16}" for r in results))
     print(f"{'rediscoveries merged, not copied':34}" + "".join(f"{r['rediscoveries_merged']:>16.3f}" for r in results))
     for attack in results[0]["attacks"]:

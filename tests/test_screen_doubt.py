@@ -162,3 +162,16 @@ def test_a_known_peer_is_not_trusted_above_the_block_level(memory: Memory, keyri
     ex.consensus.reputation.set("alice", successes=9, failures=0)
     d = ex.receive(send(keyring, clock, HONEST))
     assert (d.outcome, d.reason) == ("quarantined", "doubtful") and d.data["findings"][0]["rule"] == "intent"
+
+
+def test_a_doubted_rediscovery_of_an_active_rule_corroborates_it(memory: Memory, keyring: Keyring, clock: Clock, doubting: Screen) -> None:
+    """In bench/poisoning.py's population, paraphrases of rules already accepted were doubted
+    and kept as hidden copies; they are a second origin's support for the rule we hold."""
+    plain = Exchange(memory, "me", keyring, clock=clock, screen=Screen(intent=None))
+    first = plain.receive(send(keyring, clock, HONEST))
+    assert first.outcome == "accepted"
+    clock.t += 60
+    ex = Exchange(memory, "me", keyring, clock=clock, screen=doubting)
+    d = ex.receive(send(keyring, clock, HONEST, sender="bob"))
+    assert (d.outcome, d.unit_id) == ("corroborated", first.unit_id)
+    assert [u.status for u in memory.store.list(viewer=ADMIN, filter=ANY_STATUS, limit=10)] == [Status.ACTIVE]

@@ -12,7 +12,8 @@ reads like advice. So the exchange sorts what it receives three ways (:func:`sor
   level, is stored *quarantined* with ``meta["doubt"]`` and ``meta["quarantine"]["review"]
   = False``: out of recall (only active units are recalled), out of the review queue
   (:func:`review_queue`), and released to active when an independent origin sends the same
-  memory (:func:`corroborating`): two agents that found the same rule on their own are
+  memory (:func:`corroborating`; a doubted rediscovery of a memory already active
+  corroborates that one instead of being kept): two agents that found the same rule on their own are
   evidence a single insider cannot forge with one key. An honest rule pays a delay (or, if
   nobody else ever learns it, stays hidden); an attack stays out unless a second key signs
   it. Once active, credit from outcomes (:mod:`forge.learn.online`) retires a released unit

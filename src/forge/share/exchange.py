@@ -490,6 +490,11 @@ class Exchange:
             return self._corroborate(capsule, twin, 1.0)
         if verdict.action != "doubt":
             return None
+        conflicts, duplicate, _ = self._neighbours(capsule.unit, verdict.vector, capsule)
+        if duplicate is not None and not conflicts:
+            # A doubted rediscovery of a memory we already hold active is support for that
+            # one (counted once per origin); its own wording is not kept.
+            return self._corroborate(capsule, duplicate[0], duplicate[1])
         why: doubt.Doubt = verdict.findings[0]
         rep = min(self.consensus.reputation.get(capsule.origin), self.consensus.reputation.get(capsule.sender))
         if rep >= doubt.TRUSTED and why.finding.rule == "doubtful":
