@@ -317,6 +317,9 @@ def learn(
             rules.append(rule)
 
     context = Context(domain=trace.kind, task=trace.kind, tags=("learned",))
+    # what the dashboard shows a learned unit came from: the job and how it went, never the
+    # task's own text or feedback (a copy travels to peers; the case's particulars stay here)
+    origin = {"job": once, "kind": trace.kind, "success": won, "score": outcome.score, "recalls": len(trace.recall_ids)}
     others = _others(trace, outcome, agent=agent, scope=scope, context=context, dropped=dropped)
     credited: list[str] = []
     retired: list[str] = []
@@ -334,12 +337,13 @@ def learn(
         if rules:
             applied = learn_from(
                 memory, Reflection(edits=(RuleEdit("", (), tuple(rules)),)), owner=agent, actor=f"agent:{agent}",
-                shown={}, context=context, scope=scope, caps=caps, add=lambda units: _admitted(memory, units, agent),
+                shown={}, context=context, scope=scope, caps=caps,
+                add=lambda units: _admitted(memory, [_from(u, origin) for u in units], agent),
             )
             stored += applied.added
             retired += [u.id for u, _ in applied.removed]
         if others:
-            stored += _admitted(memory, others, agent)
+            stored += _admitted(memory, [_from(u, origin) for u in others], agent)
     shared = tuple(share(stored)) if share is not None and stored else ()
     return Learned(tuple(stored), tuple(dict.fromkeys(credited)), tuple(dict.fromkeys(retired)), shared, tuple(dropped), reflected_by)
 
@@ -364,6 +368,10 @@ def _others(trace: Trace, outcome: Outcome, *, agent: str, scope: Scope | str, c
         units.append(Unit(text, kind=kind_, owner=agent, scope=Scope.parse(scope), context=context,
                           provenance=Provenance(source=f"learned:{agent}"), meta=meta))
     return units
+
+
+def _from(unit: Unit, origin: Mapping[str, Any]) -> Unit:
+    return unit.replace(meta={**unit.meta, "learned_from": dict(origin)})
 
 
 def _admitted(memory: MemoryPort, units: Sequence[Unit], agent: str) -> list[Unit]:

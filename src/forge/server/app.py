@@ -506,13 +506,15 @@ def create_app(
         """Run directories under the server's --runs folder."""
         return service.runs(p)
 
-    @app.get("/v1/runs/{name}", tags=["runs"], responses={404: E[404]})
-    def run_summary(name: str, p: Who) -> dict[str, Any]:
-        return service.run(p, name)
-
-    @app.get("/v1/runs/{name}/report", tags=["runs"], responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}}, 404: E[404]})
+    # A run may be nested one level (the quick demo's quick-demo-<stamp>/forge): names are paths;
+    # the report's route comes first, or the summary's would take ".../report" as a name.
+    @app.get("/v1/runs/{name:path}/report", tags=["runs"], responses={200: {"content": {"text/html": {"schema": {"type": "string"}}}}, 404: E[404]})
     def run_report(name: str, p: Who) -> HTMLResponse:
         return HTMLResponse(service.run_report(p, name))
+
+    @app.get("/v1/runs/{name:path}", tags=["runs"], responses={404: E[404]})
+    def run_summary(name: str, p: Who) -> dict[str, Any]:
+        return service.run(p, name)
 
     @app.get("/", include_in_schema=False)
     def root() -> Response:

@@ -184,9 +184,12 @@ class Learning:
         self.huey.put(key, {**record, "status": status, "result": result, "error": error})
 
     def _llm(self) -> Any:
-        if self.llm is not None:
-            return self.llm
-        return self.service.llm
+        """What reflects: this door's LLM, else the service's, else the memory's (``forge serve
+        --llm`` sets the memory's); None reflects on the trace alone."""
+        for llm in (self.llm, self.service.llm):
+            if llm is not None:
+                return llm
+        return self.memory.get_llm() if self.memory.llm is not None else None
 
     def _share(self, agent: str, groups: frozenset[str], units: Sequence[Unit]) -> list[dict[str, Any]]:
         peers = [(a, g) for a, g in self.peers(Principal(agent=agent, groups=groups)) if a != agent]
