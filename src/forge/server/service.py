@@ -608,9 +608,15 @@ class Service:
                 ex = self._exchanges[agent] = Exchange(self.memory, agent, self.capsule_keyring, groups=groups)
             return ex
 
-    def quarantine(self, who: Principal, *, limit: int = 100, offset: int = 0) -> list[Unit]:
+    def quarantine(self, who: Principal, *, limit: int = 100, offset: int = 0, doubted: bool = False) -> list[Unit]:
+        """The review queue: quarantined units an operator should look at. A unit only the
+        screen's model doubted waits for a second origin instead (:mod:`forge.share.doubt`)
+        and is left out unless ``doubted``; a page may then hold fewer than ``limit``."""
+        from forge.share.doubt import review_queue
+
         f = Filter.make(status=["quarantined"], owner=None if who.admin else who.agent)
-        return self.shown(who, self.store.list(viewer=who.viewer, filter=f, limit=limit, offset=offset))
+        units = self.store.list(viewer=who.viewer, filter=f, limit=limit, offset=offset)
+        return self.shown(who, units if doubted else review_queue(units))
 
     def decisions(self, who: Principal, *, outcomes: Iterable[str] = ("conflict", "resolved"), limit: int = 200) -> list[dict[str, Any]]:
         """Ledger decisions (conflicts and resolutions by default) across every agent's ledger."""
