@@ -86,6 +86,7 @@ def test_the_memory_opens_its_configured_llm_once(tmp_path: Path) -> None:
         assert got.extracted == () and mem.get_llm() is mem.get_llm()
 
 
+@pytest.mark.slow
 def test_rest_client_and_mcp_doors(tmp_path: Path) -> None:
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient

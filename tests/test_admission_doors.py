@@ -35,6 +35,7 @@ def setup(tmp_path: Path):
     s.memory.close()
 
 
+@pytest.mark.slow
 def test_rest_admits_by_default_and_says_what_it_did(setup) -> None:
     with TestClient(setup.app) as c:
         first = c.post("/v1/units", json={"units": [{"content": FACT}]}, headers=setup.h(setup.alice)).json()
@@ -164,6 +165,7 @@ def test_cli_add_admits_by_default(tmp_path: Path, capsys) -> None:
     assert third != first
 
 
+@pytest.mark.slow
 def test_langgraph_put_over_the_service_admits_too(setup) -> None:
     pytest.importorskip("langgraph")
     from forge.integrations.langgraph import ForgeStore

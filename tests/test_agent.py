@@ -64,6 +64,7 @@ def known(agent: Agent) -> list[Unit]:
     return [u for u in units if "consensus_of" not in u.meta]
 
 
+@pytest.mark.slow
 def test_a_learned_rule_travels_with_provenance(population, env):
     a1, a2, a3 = population.values()
     [rule] = fall(a1, env)

@@ -65,6 +65,7 @@ def test_locomo_bench_runs_with_hashing_embedder() -> None:
     assert "overall" in locomo.render(r)
 
 
+@pytest.mark.slow
 def test_locomo_bench_runs_on_postgres_and_leaves_no_schema_behind(pg_server) -> None:
     r = locomo.run(embedder="hash", db=pg_server.base_url)
     assert r["backend"] == "postgres" and r["questions"] >= 40
@@ -99,6 +100,7 @@ def test_locomo_accepts_other_files(tmp_path: Path) -> None:
     assert r["per_question"][0]["evidence"] == ["D1:1", "D1:2"]
 
 
+@pytest.mark.slow
 def test_ingest_bench_runs_tiny(tmp_path: Path) -> None:
     r = ingest.run(300, 40, embedder="hash", workdir=tmp_path)
     assert [x["units"] for x in r["precomputed"]] == [300, 300]
@@ -123,6 +125,7 @@ def test_common_helpers() -> None:
     assert percentiles_ms([0.001, 0.002, 0.003])["p50_ms"] == pytest.approx(2.0)
 
 
+@pytest.mark.slow
 def test_poisoning_bench_runs_and_reports_the_labelled_set() -> None:
     import poisoning
 
@@ -208,6 +211,7 @@ def test_locomo_rejects_files_that_are_not_locomo(tmp_path: Path) -> None:
         locomo.load(bad)
 
 
+@pytest.mark.slow
 def test_curation_bench_runs_and_curation_helps_on_its_stream() -> None:
     r = curation.run(writes=300, queries=40, pass_sizes=(200,))
     off, on = r["off"], r["on"]
@@ -217,6 +221,7 @@ def test_curation_bench_runs_and_curation_helps_on_its_stream() -> None:
     assert "Curation off vs on" in curation.render(r)
 
 
+@pytest.mark.slow
 def test_lifecycle_bench_checks_the_issue_targets_side_by_side() -> None:
     r = lifecycle.run(writes=400, queries=40)
     off, on = r["off"], r["on"]
@@ -228,6 +233,7 @@ def test_lifecycle_bench_checks_the_issue_targets_side_by_side() -> None:
     assert "Targets with curation on" in text and "ms per write p50 over a bare add" in text
 
 
+@pytest.mark.slow
 def test_learning_bench_has_a_cold_start_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Plumbing only (the scripted model): forge/rules with the seed pack beside forge/rules without."""
     learning.main(["--llm", "test", "--quick", "--env", "frozenlake-4x4", "--condition", "forge", "--seeds", "1",
@@ -248,6 +254,7 @@ def test_learning_bench_states_what_a_cell_can_show() -> None:
     assert learning.success_ceiling("textarena:TowerOfHanoi-v0", 10) is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads CPU times from /proc")
 def test_service_bench_counts_the_cpu_of_a_process_and_its_children() -> None:
     import service
@@ -264,6 +271,7 @@ def test_service_bench_counts_the_cpu_of_a_process_and_its_children() -> None:
     assert service.cpu_seconds(child.pid) == 0.0  # gone: nothing to count, no error
 
 
+@pytest.mark.slow
 def test_ann_choice_compares_filtered_exact_search_methods() -> None:
     import importlib.util
 
@@ -279,6 +287,7 @@ def test_ann_choice_compares_filtered_exact_search_methods() -> None:
     assert "filtered exact search" in ann_choice.render_filtered(r)
 
 
+@pytest.mark.slow
 def test_cage2_protocols_keep_their_runs_and_refuse_other_settings(tmp_path: Path) -> None:
     """bench/cage2.py --protocols on the CAGE-2 stand-in: a cell kept in --out is read back,
     not played again (an hour-long cell can be split over calls), and other settings there
@@ -297,6 +306,7 @@ def test_cage2_protocols_keep_their_runs_and_refuse_other_settings(tmp_path: Pat
     assert "other settings" in other.stderr
 
 
+@pytest.mark.slow
 def test_lifelong_keeps_its_modes_and_refuses_other_settings(tmp_path: Path) -> None:
     """bench/lifelong.py with --out: a finished mode is read back, not played again (a
     TextWorld stream is hours on two cores, so it is split over calls), and a run there
@@ -454,7 +464,6 @@ def test_online_stream_is_distinct_unseen_tasks_split_between_three_agents() -> 
 
     import online
     import online_agent
-
     from forge.envs.textworld import held_out_seeds, train_seeds
 
     tasks = online.stream(online.ENVS, 42, 0)
@@ -486,6 +495,7 @@ def test_online_stream_is_distinct_unseen_tasks_split_between_three_agents() -> 
     assert {m for m in imported if m and m.split(".")[0] == "forge"} <= {"forge", "forge.client", "forge.envs", "forge.errors"}
 
 
+@pytest.mark.slow
 def test_online_bench_runs_three_agent_processes_over_rest(tmp_path: Path) -> None:
     """The whole bench on a scripted model: its model server, a FORGE server per mode, three
     agent processes each; every task is recorded, raw memory stores episodes, and learning

@@ -128,6 +128,7 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_killed_subscriber_resumes_and_processes_each_capsule_exactly_once(rbus, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

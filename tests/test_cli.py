@@ -208,6 +208,7 @@ def test_absurd_k_is_a_user_error(capsys, db, k):
         ([1, 2], "JSON object"),
     ],
 )
+@pytest.mark.slow
 def test_imports_with_wrong_field_types(capsys, db, tmp_path, record, fragment):
     add(capsys, db, "seed")
     bad = tmp_path / "bad.jsonl"

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = str(Path(__file__).parents[1] / "src")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -45,6 +47,7 @@ def _plain(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "PYTHONPATH": SRC}, timeout=300)
 
 
+@pytest.mark.slow
 def test_import_export_curate_and_seed_show_progress_on_a_terminal_only(tmp_path: Path) -> None:
     lines = [json.dumps({"record": "unit", "id": f"u{i}", "content": f"warehouse item {i} sits on shelf {i % 40}"}) for i in range(600)]
     (tmp_path / "units.jsonl").write_text("\n".join(lines) + "\n")

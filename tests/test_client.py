@@ -104,6 +104,7 @@ def test_async_client_has_every_verb_of_the_sync_client() -> None:
     assert public <= {n for n in dir(AsyncClient) if not n.startswith("_")}
 
 
+@pytest.mark.slow
 def test_sixteen_clients_mixing_writes_and_reads_lose_nothing(served) -> None:
     """16 clients, each with its own key, add / recall / relate for a bounded number of rounds."""
     tokens = [served.keys.create(agent=f"agent-{i}", groups=["team"]) for i in range(16)]

@@ -182,6 +182,7 @@ def _needs(block: Block, tmp: Path) -> Iterator[dict[str, str]]:
         mem.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", PYTHON, ids=[b.id for b in PYTHON])
 def test_python_example_runs_as_pasted(block: Block, tmp_path: Path) -> None:
     with _needs(block, tmp_path) as extra:
@@ -191,6 +192,7 @@ def test_python_example_runs_as_pasted(block: Block, tmp_path: Path) -> None:
         _run([sys.executable, "-c", PRELUDE], cwd=work, env=_env(tmp_path, extra), block=block)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", SHELL, ids=[b.id for b in SHELL])
 def test_shell_example_runs_as_pasted(block: Block, tmp_path: Path) -> None:
     if block.marker == "server" and "curl" in block.code and not any(
@@ -224,6 +226,7 @@ def test_every_example_is_collected() -> None:
 # -- the site -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_site_builds_strictly_and_offline(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")

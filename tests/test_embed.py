@@ -78,6 +78,7 @@ def test_local_names_resolve_or_fail_clearly():
         open_embedder("local:word2vec")
 
 
+@pytest.mark.slow
 def test_the_default_embedder_needs_no_torch_and_no_torch_wheel():
     """The main job installs no torch (issue 51): ``local`` is the int8 ONNX MiniLM, and its
     tokenizer ships with forge, so neither torch, sentence-transformers nor the torch model's

@@ -33,11 +33,13 @@ def c(tmp_path: Path):
     setup.memory.close()
 
 
+@pytest.mark.slow
 def test_ui_without_the_slash_is_the_dashboard(c) -> None:
     r = c.get("/ui", follow_redirects=False)
     assert r.status_code == 307 and r.headers["location"] == "/ui/"  # was a JSON 404
 
 
+@pytest.mark.slow
 def test_docs_and_redoc_are_served_from_the_package(c) -> None:
     for path, asset in (("/docs", "swagger-ui-bundle.js"), ("/redoc", "redoc.standalone.js")):
         page = c.get(path)
@@ -48,6 +50,7 @@ def test_docs_and_redoc_are_served_from_the_package(c) -> None:
     assert c.get("/docs/static/swagger-ui.css").status_code == 200
 
 
+@pytest.mark.slow
 def test_docs_without_the_assets_is_a_plain_page_from_the_schema(tmp_path: Path, monkeypatch) -> None:
     from forge.server import docs
 
@@ -117,6 +120,7 @@ def test_db_help_names_forge_db(capsys) -> None:
     assert code == 0 and "FORGE_DB" in " ".join(out.split())
 
 
+@pytest.mark.slow
 def test_serve_on_a_busy_port_says_so_in_one_line(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -242,6 +242,7 @@ def test_the_spy_catches_a_caller_that_asks_before_reset(spy: list[str]) -> None
     spy.clear()  # this test broke the rule on purpose
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["1", "2"])  # in this process (the spy sees it), and in workers
 def test_forge_evolve_plays_minicage(spy: list[str], tmp_path: Path, workers: str) -> None:
     from forge.cli import cli
@@ -336,6 +337,7 @@ def _redis_or_skip() -> None:
         client.close()
 
 
+@pytest.mark.slow
 def test_forge_swarm_plays_minicage(tmp_path: Path) -> None:
     """Agents in their own processes: an error there ends the child and fails the run."""
     _redis_or_skip()

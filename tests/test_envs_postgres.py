@@ -159,6 +159,7 @@ SECOND_LOOK = {
 }
 
 
+@pytest.mark.slow
 @needs_server
 @pytest.mark.parametrize("anomaly", ANOMALIES)
 def test_each_anomaly_is_injected_visible_and_solved_by_the_oracle(
@@ -218,6 +219,7 @@ def test_each_anomaly_is_injected_visible_and_solved_by_the_oracle(
         assert top["seq_scans"] >= 10 and top["seq_rows_read"] >= 150_000
 
 
+@pytest.mark.slow
 @needs_server
 def test_oracle_graduates_on_a_clean_episode(env: PostgresDiagnosisEnv) -> None:
     env.reset(seed=seed_for("INSERT_LARGE_DATA", difficulty=0))  # the longest oracle plan
@@ -262,6 +264,7 @@ def test_step_limit_ends_an_episode_without_an_answer(env: PostgresDiagnosisEnv)
     assert env.spec.major_failure_return < total < env.spec.success_return
 
 
+@pytest.mark.slow
 @needs_server
 def test_same_seed_injects_the_same_episode(env: PostgresDiagnosisEnv) -> None:
     seed = seed_for("REDUNDANT_INDEX", difficulty=1)
@@ -276,6 +279,7 @@ def test_same_seed_injects_the_same_episode(env: PostgresDiagnosisEnv) -> None:
     assert seen[0] == seen[1]
 
 
+@pytest.mark.slow
 @needs_server
 def test_close_mid_episode_releases_locks_sessions_and_database(admin: Any) -> None:
     env = PostgresDiagnosisEnv(dsn=DSN)
@@ -291,6 +295,7 @@ def test_close_mid_episode_releases_locks_sessions_and_database(admin: Any) -> N
     env.close()  # idempotent
 
 
+@pytest.mark.slow
 @needs_server
 def test_reset_abandons_the_previous_episode_cleanly(admin: Any) -> None:
     env = PostgresDiagnosisEnv(dsn=DSN)
@@ -304,6 +309,7 @@ def test_reset_abandons_the_previous_episode_cleanly(admin: Any) -> None:
         env.close()
 
 
+@pytest.mark.slow
 @needs_server
 def test_an_env_dropped_unclosed_still_cleans_up(admin: Any) -> None:
     env = PostgresDiagnosisEnv(dsn=DSN)
@@ -326,6 +332,7 @@ def _dead_pid() -> int:
         pid -= 1
 
 
+@pytest.mark.slow
 @needs_server
 def test_leftovers_of_crashed_runs_are_dropped_but_live_runs_are_kept(admin: Any) -> None:
     import psycopg

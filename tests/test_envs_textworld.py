@@ -29,6 +29,8 @@ from forge.envs.textworld import (  # noqa: E402
     train_seeds,
 )
 
+pytestmark = pytest.mark.slow  # generating the games takes seconds
+
 # (env, seed) of every game the module plays; generated once, shared by the tests.
 GAMES = [("coin-1", 0), ("coin-1", 1), ("treasure-2", 1), ("simple-1", 0), ("cooking-1", 0)]
 KIND_WORDS = {"room", "door", "container", "supporter", "key", "food", "object", "coin", "meal",

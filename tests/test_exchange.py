@@ -419,6 +419,7 @@ def test_an_invented_author_and_its_invented_witnesses_count_as_one(memory: Memo
     assert ex.decisions(outcome="promoted") == []
 
 
+@pytest.mark.slow
 def test_a_unit_the_screen_doubts_is_held_for_review_never_accepted_as_useful(memory: Memory, keyring: Keyring, clock: Clock) -> None:
     """Usefulness and safety are separate verdicts: a capsule the semantic layer doubts is
     quarantined even though the assessor would call it useful (issue 25)."""

@@ -41,6 +41,8 @@ from forge.store import ANY_STATUS, SQLiteStore
 from forge.store.vectors import EXACT_MAX
 from test_bus_support import REDIS_URL, cleanup, redis_bus
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: processes started, killed and checked
+
 ADMIN = Viewer.admin()
 SECRET = "fault-secret"
 SEED = int(os.environ.get("FORGE_FAULT_SEED", "20261130"))

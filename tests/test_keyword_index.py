@@ -288,6 +288,7 @@ def test_tokens_and_stems_are_fts5s_for_any_unicode():
         assert [stem(t) for t in tokens(text)] == want, repr(text)
 
 
+@pytest.mark.slow
 def test_unicode_texts_score_as_fts5():
     from forge.store.common import STOPWORDS, query_words
     from forge.store.keywords import tokens

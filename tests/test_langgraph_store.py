@@ -26,6 +26,8 @@ from forge.integrations.langgraph import ForgeStore  # noqa: E402
 from forge.model import Viewer  # noqa: E402
 from forge.store import SQLiteStore  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test runs three ways, two of them against a live server
+
 BACKENDS = ["memory", "client", "async"]
 
 
@@ -107,6 +109,7 @@ def store(backend):
     return backend[1]("planner", ["ops"])
 
 
+@pytest.mark.slow
 def test_put_get_update_delete(store) -> None:
     store.put(("users", "123"), "prefs", {"content": "likes short answers", "lang": "en"})
     item = store.get(("users", "123"), "prefs")
@@ -123,6 +126,7 @@ def test_put_get_update_delete(store) -> None:
     assert store.get(("users", "123"), "prefs").value == {"content": "back again"}
 
 
+@pytest.mark.slow
 def test_invalid_namespaces_are_refused(store) -> None:
     doc = {"foo": "bar"}
     for ns in [(), ("the", "thing.about"), ("some", "fun", ""), ("langgraph", "foo")]:
@@ -135,6 +139,7 @@ def test_invalid_namespaces_are_refused(store) -> None:
     assert store.get(("langgraph", "foo"), "bar").value == doc
 
 
+@pytest.mark.slow
 def test_search_filters_pagination_and_query(store) -> None:
     for i in range(12):
         store.put(("docs", "team" if i % 2 else "solo"), f"d{i}", {"text": f"document number {i} about ice", "n": i, "kind": "even" if i % 2 == 0 else "odd"})
@@ -156,6 +161,7 @@ def test_search_filters_pagination_and_query(store) -> None:
     assert len(store.search((), limit=100)) == 13
 
 
+@pytest.mark.slow
 def test_list_namespaces(store) -> None:
     namespaces = [("a", "b", "c"), ("a", "b", "d", "e"), ("a", "b", "d", "i"), ("a", "b", "f"), ("a", "c", "f"),
                   ("b", "a", "f"), ("users", "123"), ("users", "456", "settings"), ("admin", "users", "789")]
@@ -203,6 +209,7 @@ def test_async_methods(backend, store) -> None:
         asyncio.run(main(store))
 
 
+@pytest.mark.slow
 def test_namespaces_map_to_scopes_and_items_are_forge_units(backend) -> None:
     mem, make, _ = backend
     planner = make("planner", ["ops"])

@@ -164,6 +164,7 @@ print(json.dumps({"path": str(path), "built": built}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="the build lock uses fcntl")
 def test_concurrent_first_uses_build_one_valid_file(tmp_path):
     site = tmp_path / "site"

@@ -72,6 +72,7 @@ def test_tools_and_resources_in_process(tmp_path: Path) -> None:
     mem.close()
 
 
+@pytest.mark.slow
 def test_forge_mcp_over_stdio(tmp_path: Path) -> None:
     db = tmp_path / "stdio.db"
     seed = Memory(SQLiteStore(db), HashingEmbedder(64))

@@ -130,6 +130,7 @@ def test_evolve_piped_prints_progress_lines_on_stderr_and_clean_json_on_stdout(t
     assert any("final evaluation of 2 instance(s)" in x for x in lines) and "evaluated instance" in lines[-1]
 
 
+@pytest.mark.slow
 def test_short_piped_work_prints_nothing(tmp_path):
     from forge.protocols.cli import evolve_command
 
@@ -194,6 +195,7 @@ def test_no_ceiling_plays_every_stage(tmp_path):
     assert all(s["decisions"] > 0 for s in final["stages"])
 
 
+@pytest.mark.slow
 def test_the_quick_demo_has_a_ceiling(tmp_path):
     from forge.protocols.cli import evolve_command
 
@@ -206,6 +208,7 @@ def test_the_quick_demo_has_a_ceiling(tmp_path):
         assert sum(s["decisions"] for s in final["stages"]) <= 120 and sum(s["reflections"] for s in final["stages"]) <= 12
 
 
+@pytest.mark.slow
 def test_the_quick_demos_first_line_is_the_verdict(tmp_path):
     from forge.protocols.cli import evolve_command
 

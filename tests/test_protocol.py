@@ -168,6 +168,7 @@ def test_caps_archive_oldest(tmp_path):
 # -- outer loop --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_broadcast_copies_champion_and_keeps_history(tmp_path):
     cfg = ForgeConfig(condition="forge-no-graduation", **SLIPPERY)
     r = evolve(cfg, tmp_path / "run", llm_factory=toy_factory)
@@ -212,6 +213,7 @@ def test_a_champion_with_no_memory_does_not_wipe_the_others(tmp_path):
     assert summary["broadcast_skipped"] == "champion inst-0 has no memory" and summary["receivers"] == []
 
 
+@pytest.mark.slow
 def test_reflexion_never_broadcasts(tmp_path):
     r = evolve(ForgeConfig(condition="reflexion", **SLIPPERY), tmp_path / "run", llm_factory=toy_factory)
     assert all(s["champion"] is None for s in r.final["stages"])
@@ -270,6 +272,7 @@ def test_graduate_after_asks_for_more_wins_and_survives_a_resume(tmp_path):
         ForgeConfig(condition="forge", llm="test", graduate_after=0)
 
 
+@pytest.mark.slow
 def test_graduate_first_try_does_not_count_a_stage_won_only_after_a_reflection(tmp_path):
     """The toy model falls in the hole on stage 0's first attempt and wins its second (after a
     reflection), then wins stages 1 and 2 at once. The paper's count graduates it after
@@ -307,6 +310,7 @@ def reference(tmp_path_factory):
     ],
     ids=["stage", "instance", "attempt", "after-stage", "eval"],
 )
+@pytest.mark.slow
 def test_resume_after_interrupt_equals_uninterrupted(tmp_path, reference, when):
     event, match = when
     fired = []
@@ -348,6 +352,7 @@ evolve(ForgeConfig(condition="forge-no-graduation", **{cfg!r}), {run!r}, llm_fac
 """
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill(tmp_path, reference):
     run = tmp_path / "run"
     code = textwrap.dedent(_CHILD).format(tests=str(Path(__file__).parent), cfg=SLIPPERY, run=str(run))
@@ -364,6 +369,7 @@ def test_resume_after_sigkill(tmp_path, reference):
     assert essence(r.final) == essence(reference)
 
 
+@pytest.mark.slow
 def test_parallel_workers_match_serial(tmp_path, reference):
     cfg = ForgeConfig(condition="forge-no-graduation", **SLIPPERY, workers=2)
     r = evolve(cfg, tmp_path / "run", llm_factory=toy_factory)
@@ -462,6 +468,7 @@ def test_progress_callback_and_cli_roundtrip(tmp_path):
     assert res.exit_code == 0, res.output
 
 
+@pytest.mark.slow
 def test_rich_progress_display_renders(tmp_path):
     import io
 
@@ -486,6 +493,7 @@ def test_cli_bad_diversity_exits_2_with_one_line(tmp_path, value):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_quick_demo_runs_zero_shot_and_forge_on_the_same_seeds_into_one_report(tmp_path):
     res = CliRunner().invoke(evolve_command, ["--quick-demo", "--llm", "test", "--run-dir", str(tmp_path / "qd"), "--json"])
     assert res.exit_code == 0, res.output
@@ -504,6 +512,7 @@ def test_quick_demo_runs_zero_shot_and_forge_on_the_same_seeds_into_one_report(t
     assert (tmp_path / "qd/report/report.html").is_file()
 
 
+@pytest.mark.slow
 def test_quick_demo_instances_given_hold_for_both_conditions(tmp_path):
     res = CliRunner().invoke(evolve_command, ["--quick-demo", "--llm", "test", "--instances", "3", "--stages", "1", "--run-dir", str(tmp_path / "qd"), "--json"])
     assert res.exit_code == 0, res.output

@@ -26,6 +26,7 @@ def _redis_bus():
     return open_bus("redis://127.0.0.1:6379/0", prefix=f"forge-test-{uuid.uuid4().hex[:8]}:")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["memory", "redis"])
 def test_bus_broadcast_equals_direct_copy(tmp_path, backend):
     cfg = ForgeConfig(condition="forge-no-graduation", **SLIPPERY)

@@ -38,6 +38,7 @@ _BOTH = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'forge-memory[ray]')")
 def test_ray_tasks_give_the_process_workers_result(tmp_path):
     code = _BOTH.format(tests=str(Path(__file__).parent), run=str(tmp_path))
@@ -54,6 +55,7 @@ def test_an_unknown_executor_is_a_config_error(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'forge-memory[ray]')")
 def test_an_unreachable_cluster_is_one_line_and_writes_no_run(tmp_path):
     """Nothing listens on port 9: the error names the cluster, and no run directory is left

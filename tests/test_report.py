@@ -26,6 +26,7 @@ def runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_report_side_by_side(runs, tmp_path):
     paths = build_report([runs / "zero-shot", runs / "reflexion", runs / "forge"], tmp_path / "rep")
     summary = json.loads(paths["json"].read_text())
@@ -86,6 +87,7 @@ def test_the_first_line_says_what_was_learned_and_whether_it_beat_zero_shot(runs
     assert html.escape(line) in paths["html"].read_text()
 
 
+@pytest.mark.slow
 def test_compared_runs_that_differ_in_settings_are_flagged(runs, tmp_path):
     other = tmp_path / "short"
     evolve(ForgeConfig(condition="forge", representation="rules", **{**BASE, "stages": 1}, rule_guard=True), other, llm_factory=toy_factory)

@@ -69,6 +69,7 @@ def test_injections_are_caught(screen: Screen, text: str, rule: str) -> None:
         "Order id 1234 5678 9012 3456 was shipped.",  # 16 digits, fails Luhn
     ],
 )
+@pytest.mark.slow
 def test_ordinary_memories_pass(screen: Screen, text: str) -> None:
     assert screen.check(text) == []
 
@@ -239,6 +240,7 @@ def test_personal_data_in_disguise_is_caught(screen: Screen, text: str, rule: st
         "Password: use the one from the vault entry 'nas-admin', never a written copy.",
     ],
 )
+@pytest.mark.slow
 def test_near_misses_pass(screen: Screen, text: str) -> None:
     assert screen.check(text) == []
 
@@ -260,6 +262,7 @@ def test_redaction_covers_the_new_personal_data(screen: Screen) -> None:
     assert [f for f in screen.check(out) if f.category in ("secret", "pii")] == []
 
 
+@pytest.mark.slow
 def test_labelled_set_meets_the_targets_on_the_held_out_half() -> None:
     """The figures bench/poisoning.py prints, held to the issue's targets."""
     rows = [json.loads(line) for line in SET.read_text(encoding="utf-8").splitlines()]
@@ -387,6 +390,7 @@ HARD_NEGATIVES = [
 ]
 
 
+@pytest.mark.slow
 def test_orders_for_agents_and_weakening_advice_are_stopped_by_the_semantic_layer() -> None:
     """The patterns alone let these through; the shipped layer ranks every one of them above
     every hard negative, and blocks or holds those above its doubt level. At a doubt level of
@@ -414,6 +418,7 @@ def test_hard_negatives_pass_the_semantic_layer() -> None:
         assert screen.doubtful(text) is None, text
 
 
+@pytest.mark.slow
 def test_the_shipped_model_stacks_the_embedding_when_the_embedded_model_is_installed() -> None:
     from forge.share.screen import IntentModel, _embedder_installed
 
@@ -468,6 +473,7 @@ def test_a_unit_whose_context_carries_the_order_is_doubted_or_blocked() -> None:
     assert screen.check_unit(unit) != [] or screen.doubtful(unit) is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stacked", [True, False])
 def test_identifiers_in_meta_do_not_make_an_honest_rule_doubtful(stacked: bool) -> None:
     """A Ray swarm's agent, screening with the n-gram model alone, held its peers'
@@ -498,6 +504,7 @@ def test_identifiers_joined_in_context_and_meta_do_not_block_an_honest_rule() ->
     assert screen.check_unit(ordered) != [] or screen.doubtful(ordered) is not None
 
 
+@pytest.mark.slow
 def test_honest_protocol_traffic_it_never_saw_is_neither_blocked_nor_doubted() -> None:
     """Rules, examples and team episodes written the way FORGE writes them, on episode seeds
     the training file (bench/data/screen_protocol.jsonl, seeds below 50) does not hold. Before
@@ -659,6 +666,7 @@ def test_with_the_real_probe_orders_and_weakening_advice_rank_above_hard_negativ
     assert sum(screen.doubtful(text) is not None for text in HARD_NEGATIVES) <= 1, benign
 
 
+@pytest.mark.slow
 def test_the_probe_follows_the_environment_when_not_given(monkeypatch) -> None:
     from forge.errors import ConfigError
     from forge.share import screen as mod

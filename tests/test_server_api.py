@@ -127,6 +127,7 @@ def test_rate_limit_gives_a_clear_429(tmp_path: Path) -> None:
     setup.memory.close()
 
 
+@pytest.mark.slow
 def test_a_server_without_keys_answers_loopback_only(tmp_path: Path) -> None:
     mem = Memory(SQLiteStore(tmp_path / "local.db"), HashingEmbedder(64))
     keys = KeyStore(tmp_path / "none.keys.json")

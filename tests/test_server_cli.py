@@ -76,6 +76,7 @@ def _stop(proc: subprocess.Popen) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_forge_serve_starts_serves_and_shuts_down_gracefully(tmp_path: Path) -> None:
     db = tmp_path / "served.db"
     _run("add", "seed", db=db)
@@ -101,6 +102,7 @@ def test_forge_serve_starts_serves_and_shuts_down_gracefully(tmp_path: Path) -> 
     assert uid in [u["id"] for u in units]
 
 
+@pytest.mark.slow
 def test_serve_without_keys_binds_loopback_and_says_so(tmp_path: Path) -> None:
     db = tmp_path / "local.db"
     _run("add", "seed", db=db)
@@ -138,6 +140,7 @@ def test_no_mcp_serves_without_the_mcp_sdk(monkeypatch):
         _need_server_extra()
 
 
+@pytest.mark.slow
 def test_serve_with_workers_is_one_service_across_processes(tmp_path: Path) -> None:
     """--workers 2: two processes behind one port, one database. Every connection may reach
     either, so a write through one is read through the other, and MCP (stateless here)

@@ -45,6 +45,7 @@ def auth(request: pytest.FixtureRequest) -> dict[str, str]:
     return _SETUP.h(_SETUP.alice if request.param == "agent" else _SETUP.admin)
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck), database=None)
 def test_every_endpoint_conforms(case, auth) -> None:

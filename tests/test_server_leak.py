@@ -58,6 +58,7 @@ def _clean(text: str, ids: list[str], sent: str = "") -> None:
         assert needle.lower() not in lowered, f"leaked {needle!r}: {text[:300]}"
 
 
+@pytest.mark.slow
 def test_no_rest_endpoint_leaks(world) -> None:
     c, ids, eid = world.c, world.ids, world.eid
     h = world.h(world.bob)

@@ -40,6 +40,8 @@ from forge.server.keys import KeyStore  # noqa: E402
 from forge.store import ANY_STATUS  # noqa: E402
 from serve_support import Server  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here takes seconds: processes started, killed and checked
+
 SEED = int(os.environ.get("FORGE_FAULT_SEED", "20261202"))
 ROUNDS = max(1, int(os.environ.get("FORGE_FAULT_ROUNDS", "2")))
 WRITERS = 6

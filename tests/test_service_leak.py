@@ -31,6 +31,8 @@ import pg_support  # noqa: E402
 from forge.server.keys import KeyStore  # noqa: E402
 from serve_support import Server  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test runs against live servers (two workers, PostgreSQL)
+
 SECRET = "zebra quartz 7431 alice private plan"
 GROUP = "walrus 9902 red team runbook"
 PUBLIC = "the public ferry timetable lists pier nine departures at dawn"

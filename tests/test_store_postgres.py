@@ -121,6 +121,7 @@ _WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_many_writer_processes_at_once_lose_nothing(url):
     """Four processes write one new schema together (the first vectors fix the dimension in a race)."""
     from forge.store.postgres import PostgresStore

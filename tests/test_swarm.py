@@ -56,6 +56,7 @@ def run(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
     return result, out
 
 
+@pytest.mark.slow
 def test_memory_flows_between_agent_processes(tmp_path, redis_client, monkeypatch):
     started: list[tuple[list[str], dict[str, str]]] = []
     real_popen = subprocess.Popen
@@ -87,6 +88,7 @@ def test_memory_flows_between_agent_processes(tmp_path, redis_client, monkeypatc
         assert child_env[SECRET_ENV] == "s3cret-from-the-operator"
 
 
+@pytest.mark.slow
 def test_poisoned_agent_is_quarantined(tmp_path, redis_client):
     result, out = run(tmp_path, "--agents", "3", "--episodes", "2", "--poison", "1", "--topology", "star", "--json")
     assert result.exit_code == 0, result.output
@@ -99,6 +101,7 @@ def test_poisoned_agent_is_quarantined(tmp_path, redis_client):
     assert leftover_keys(redis_client, data["prefix"]) == []
 
 
+@pytest.mark.slow
 def test_an_isolated_agent_is_marked_and_asks_nobody(tmp_path, redis_client):
     result, out = run(tmp_path, "--agents", "3", "--episodes", "3", "--isolate", "1", "--warmup-episodes", "1", "--json")
     assert result.exit_code == 0, result.output
@@ -109,6 +112,7 @@ def test_an_isolated_agent_is_marked_and_asks_nobody(tmp_path, redis_client):
     assert data["config"]["isolate"] == 1 and data["config"]["warmup_episodes"] == 1
 
 
+@pytest.mark.slow
 def test_keep_leaves_the_keys(tmp_path, redis_client):
     result, out = run(tmp_path, "--agents", "2", "--episodes", "1", "--keep", "--topology", "ring")
     assert result.exit_code == 0, result.output
@@ -206,6 +210,7 @@ def test_a_crashing_agent_fails_the_run(tmp_path, redis_client, monkeypatch):
     assert leftover_keys(redis_client, data["prefix"]) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_agent(tmp_path, redis_client):
     out = tmp_path / "swarm"
     cmd = [sys.executable, "-c", "from forge.population.swarm_cli import swarm_command; swarm_command()",

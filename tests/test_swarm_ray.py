@@ -25,7 +25,7 @@ import pytest
 from forge.population.swarm import SECRET_ENV
 from test_swarm import default_sigint, leftover_keys, redis_or_skip, run
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'forge-memory[ray]')")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'forge-memory[ray]')")]
 
 SAME = ("episodes", "mean_return", "learned", "sent", "received")  # seed-determined when agents are isolated
 

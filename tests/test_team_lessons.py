@@ -151,6 +151,7 @@ def names_of(env: Env) -> set[str]:
     return {info["name"].lower() for _, info in data["infos"] if info.get("name")} - KIND_WORDS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("family", "seeds"), [("coin-1", (1000, 1001)), ("treasure-1", (1000, 1002))])
 def test_a_textworld_lesson_from_game_a_names_nothing_of_a_and_reads_the_same_on_game_b(
     tw_cache: Path, memory: Memory, family: str, seeds: tuple[int, int]

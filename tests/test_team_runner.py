@@ -388,6 +388,7 @@ def test_cli_runs_and_resumes(tmp_path: Path) -> None:
     assert r.exit_code == 0 and json.loads(r.output)["aip"] == out["aip"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guard", [False, True])
 def test_rule_guard_makes_the_team_actor_obey_its_rules(tmp_path: Path, guard: bool) -> None:
     """A model that always takes the first listed option (as the 1.5B does on the db stream)

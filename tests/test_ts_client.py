@@ -41,6 +41,7 @@ def built() -> Path:
     return TS
 
 
+@pytest.mark.slow
 def test_the_types_are_generated_from_the_servers_schema(built: Path, tmp_path: Path) -> None:
     setup = make_setup(tmp_path)
     (tmp_path / "openapi.json").write_text(json.dumps(setup.app.openapi()))
@@ -73,6 +74,7 @@ TS_BLOCKS = [(page, m.start(), m["code"]) for page in TS_PAGES
              for m in re.finditer(r"^```ts\n(?P<code>.*?)^```", page.read_text(), flags=re.M | re.S)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page,at,code", TS_BLOCKS, ids=[f"{p.relative_to(ROOT)}@{at}" for p, at, _ in TS_BLOCKS])
 def test_typescript_example_runs_as_pasted(built: Path, tmp_path: Path, page: Path, at: int, code: str) -> None:
     """The example type-checks with the client's declarations (imported by its package name) and

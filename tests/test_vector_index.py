@@ -205,6 +205,7 @@ _OPEN_AND_ADD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_processes_opening_a_new_file_at_once_all_get_indexed(tmp_path):
     import time
 
