@@ -584,8 +584,8 @@ def render(summary: Mapping[str, Any]) -> str:
 
 def render_markdown(summary: Mapping[str, Any]) -> str:
     """The same table as Markdown, for docs/figures/learning.md."""
-    lines = ["| env | arm | run seeds | held-out games | success (95% CI) | FORGE minus arm, paired (95% CI) | tokens per success | training episodes / budget | distinct memories / instances | prompt tokens/s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| env | arm | run seeds | held-out games | success (95% CI) | FORGE minus arm, paired (95% CI) | tokens per success | training episodes / budget | distinct memories / instances | wall | prompt tokens/s (uncached) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     paired = {(p["env"], p["versus"]): p for p in summary["paired"]}
     for r in summary["rows"]:
         p = paired.get((r["env"], r["arm"]))
