@@ -525,23 +525,6 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
-    "/v1/runs/{name}": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        /** Run Summary */
-        get: operations["run_summary_v1_runs__name__get"];
-        put?: never;
-        post?: never;
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
-        trace?: never;
-    };
     "/v1/runs/{name}/report": {
         parameters: {
             query?: never;
@@ -551,6 +534,23 @@ export interface paths {
         };
         /** Run Report */
         get: operations["run_report_v1_runs__name__report_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Run Summary */
+        get: operations["run_summary_v1_runs__name__get"];
         put?: never;
         post?: never;
         delete?: never;
@@ -4865,7 +4865,7 @@ export interface operations {
             };
         };
     };
-    run_summary_v1_runs__name__get: {
+    run_report_v1_runs__name__report_get: {
         parameters: {
             query?: never;
             header?: never;
@@ -4882,9 +4882,8 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": {
-                        [key: string]: unknown;
-                    };
+                    "application/json": unknown;
+                    "text/html": string;
                 };
             };
             /** @description malformed request */
@@ -4988,7 +4987,7 @@ export interface operations {
             };
         };
     };
-    run_report_v1_runs__name__report_get: {
+    run_summary_v1_runs__name__get: {
         parameters: {
             query?: never;
             header?: never;
@@ -5005,8 +5004,9 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": unknown;
-                    "text/html": string;
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
                 };
             };
             /** @description malformed request */
