@@ -350,8 +350,10 @@ def test_mcp_remember_passes_the_screen(tmp_path: Path) -> None:
     mem.close()
 
 
-def test_a_write_only_the_semantic_layer_doubts_waits_out_of_recall_without_paging_an_operator(tmp_path: Path) -> None:
-    """The exchange's doubt path for an agent's group write: quarantined with meta doubt, review false."""
+def test_a_write_only_the_semantic_layer_doubts_is_shown_with_a_warning_not_hidden(tmp_path: Path) -> None:
+    """An agent's own group write that only the semantic layer doubts stays active, with the
+    doubt recorded, and every prompt shows it as unverified and whose it is (the model doubts
+    about a fifth of honest text: hiding it lost a LangGraph app's own items)."""
     from forge.server.keys import Principal
     from forge.server.service import Service
 
@@ -365,9 +367,14 @@ def test_a_write_only_the_semantic_layer_doubts_waits_out_of_recall_without_pagi
     mem = Memory(SQLiteStore(tmp_path / "d.db"), HashingEmbedder(64))
     service = Service(mem, screen=Doubting())
     [d] = service.write(Principal("scout", frozenset({"ops"})), [{"content": "The relay port is 8080.", "scope": "group:ops"}])
+    [advice] = service.write(Principal("scout", frozenset({"ops"})), [{"content": "When the relay stalls, restart it.", "kind": "rule", "scope": "group:ops"}])
+    held = mem.get(advice.unit_id, viewer=ADMIN)
+    assert advice.held and held.status is Status.QUARANTINED and held.meta["quarantine"]["review"] is False  # advice waits for a witness
     unit = mem.get(d.unit_id, viewer=ADMIN)
-    assert d.held and unit.status is Status.QUARANTINED and "doubted" in d.reason
-    assert unit.meta["quarantine"]["review"] is False and unit.meta["doubt"]["p"] == 0.6
+    assert not d.held and unit.status is Status.ACTIVE and unit.meta["doubt"]["p"] == 0.6
+    assert unit.validation == pytest.approx(0.2)  # it ranks below what is trusted until outcomes earn it more
+    block = mem.context("relay port", viewer=Viewer.of("ranger", ["ops"])).render()
+    assert "(unverified, from scout) The relay port is 8080." in block
     [mine] = service.write(Principal("scout", frozenset({"ops"})), [{"content": "The relay port is 8080.", "scope": "private"}])
     assert not mine.held and mem.get(mine.unit_id, viewer=ADMIN).status is Status.ACTIVE
     service.close()

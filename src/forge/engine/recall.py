@@ -17,7 +17,7 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -494,7 +494,16 @@ class Recalls(list[Recalled]):
 def _line(unit: Unit) -> str:
     title = unit.meta.get("name") if isinstance(unit.meta, dict) else None
     body = unit.content.strip()
+    if _unverified(unit):  # shown, but with whose it is and that nothing vouched for it yet
+        body = f"(unverified, from {unit.owner or unit.provenance.source or 'an agent'}) {body}"
     return f"- {title}: {body}" if title else f"- {body}"
+
+
+def _unverified(unit: Unit) -> bool:
+    """A unit the screen's model doubted that no second origin has vouched for yet
+    (``meta["doubt"]`` without ``lifted``; see :mod:`forge.share.doubt`)."""
+    mark = unit.meta.get("doubt") if isinstance(unit.meta, Mapping) else None
+    return isinstance(mark, Mapping) and "lifted" not in mark
 
 
 def pack(

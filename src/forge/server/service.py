@@ -47,6 +47,8 @@ __all__ = ["SYSTEM_META", "ReadLog", "Service"]
 _log = logging.getLogger("forge.server")
 
 #: Unit fields an update may change; the rest (id, owner, scores kept by the engine) may not.
+#: What agents act on: doubted advice waits out of recall; other doubted writes are shown with a warning.
+ADVICE = frozenset({Kind.RULE, Kind.LESSON, Kind.PROCEDURE})
 UPDATABLE = frozenset({"content", "kind", "context", "scope", "confidence", "importance", "meta", "provenance"})
 #: Change ops a non-admin sees in a unit's history (reads by other agents are theirs to know).
 _CHANGE_OPS = ("add", "update", "status")
@@ -203,10 +205,27 @@ class Service:
         # as the exchange judges a capsule. What it holds is stored quarantined (the writer
         # sees it in its review queue), and goes through no admission: it merges into,
         # and supersedes, nothing until an operator releases it.
-        held = {i: h for i, u in enumerate(built) if u.scope.kind != "private" and (h := self._held(u)) is not None}
+        from forge.share.doubt import DOUBT, Doubt
+
+        verdicts = {i: h for i, u in enumerate(built) if u.scope.kind != "private" and (h := self._held(u)) is not None}
+        # Advice (a rule, lesson or procedure: what an agent acts on) that only the screen's
+        # model doubts waits out of recall, as a capsule's does. Anything else an agent's own
+        # key wrote is not held for a doubt: the model doubts about a fifth of honest text it
+        # never saw (a LangGraph app's stored items vanished from its own reads), and the
+        # writer is known, audited and revocable. It is stored active with the doubt recorded,
+        # every prompt that shows it says it is unverified and whose it is, and it starts with
+        # the validation the doubt leaves it (0.5 x (1 - p)), so it ranks below what is trusted
+        # until outcomes earn it more.
+        now = time.time()
+        for i, h in list(verdicts.items()):
+            if isinstance(h, Doubt) and built[i].kind not in ADVICE:
+                u = built[i]
+                built[i] = u.replace(validation=min(u.validation, round(0.5 * (1.0 - h.p), 4)),
+                                     meta={**u.meta, DOUBT: {**h.record(now), "until": "shown with a warning"}})
+                del verdicts[i]
+        held = verdicts
         if not held:
             return self._write(who, built, admit=admit)
-        from forge.share.doubt import Doubt
         with self.memory.transaction():
             passed = self._write(who, [u for i, u in enumerate(built) if i not in held], admit=admit) if len(held) < len(built) else []
             kept = iter(passed)
@@ -214,7 +233,7 @@ class Service:
             for i, u in enumerate(built):
                 if i in held:
                     uid = self.memory.add([self._quarantined(u, held[i])], actor=who.actor)[0]
-                    why = (f"doubted ({held[i]}); kept out of recall until an operator releases it" if isinstance(held[i], Doubt)
+                    why = (f"doubted ({held[i]}); advice kept out of recall until an independent origin sends it" if isinstance(held[i], Doubt)
                            else f"held for review ({held[i].reason}: {held[i]}); an operator releases it")
                     out.append(Admitted(ADD, uid, why, uid, held=True))
                 else:
