@@ -52,9 +52,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 from crewai.agents.parser import AgentAction, AgentFinish
@@ -67,37 +67,9 @@ from forge.curate.admission import ADD, NOOP, Admitted
 from forge.engine.embed import HashingEmbedder
 from forge.errors import ConfigError, NotFoundError
 from forge.integrations._learn import TraceRecorder, areport, report
+from forge.integrations._port import ForgeMemory
 from forge.model import MAX_TAGS, Context, Provenance, Status, Unit, Viewer
 from forge.store import Filter
-
-
-@runtime_checkable
-class ForgeMemory(Protocol):
-    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
-    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
-    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
-    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
-
-    @property
-    def recall(self) -> Callable[..., Any]: ...
-
-    @property
-    def add(self) -> Callable[..., Any]: ...
-
-    @property
-    def get(self) -> Callable[..., Any]: ...
-
-    @property
-    def list(self) -> Callable[..., Any]: ...
-
-    @property
-    def set_status(self) -> Callable[..., Any]: ...
-
-    @property
-    def update(self) -> Callable[..., Any]: ...
-
-    @property
-    def learn(self) -> Callable[..., Any]: ...
 
 __all__ = ["ForgeCrewTrace", "ForgeStorage"]
 

@@ -26,8 +26,8 @@ it with its outcome to FORGE's learning entry (``POST /v1/learn`` over a client,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import (
@@ -43,22 +43,9 @@ from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import ConfigDict
 
 from forge.integrations._learn import TraceRecorder, areport, report
+from forge.integrations._port import ForgeMemory
 from forge.model import Unit, Viewer
 from forge.store import Filter
-
-
-@runtime_checkable
-class ForgeMemory(Protocol):
-    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
-    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
-    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
-    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
-
-    @property
-    def recall(self) -> Callable[..., Any]: ...
-
-    @property
-    def learn(self) -> Callable[..., Any]: ...
 
 __all__ = ["ForgeRetriever", "ForgeTraceHandler", "forge_tools", "record_messages"]
 

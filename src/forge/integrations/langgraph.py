@@ -50,7 +50,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from langgraph.store.base import (
     BaseStore,
@@ -68,35 +68,10 @@ from langgraph.store.base import (
 from forge.curate.admission import ADD, NOOP, Admitted
 from forge.errors import AccessError, ConfigError, ValidationError
 from forge.integrations._learn import TraceRecorder, areport, report
+from forge.integrations._port import ForgeMemory
 from forge.learn.trace import Outcome
 from forge.model import Context, Provenance, Status, Unit, Viewer, derived_id
 from forge.store import Filter
-
-
-@runtime_checkable
-class ForgeMemory(Protocol):
-    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
-    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
-    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
-    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
-
-    @property
-    def recall(self) -> Callable[..., Any]: ...
-
-    @property
-    def add(self) -> Callable[..., Any]: ...
-
-    @property
-    def list(self) -> Callable[..., Any]: ...
-
-    @property
-    def set_status(self) -> Callable[..., Any]: ...
-
-    @property
-    def update(self) -> Callable[..., Any]: ...
-
-    @property
-    def learn(self) -> Callable[..., Any]: ...
 
 __all__ = ["ForgeStore", "learn_node"]
 

@@ -34,8 +34,7 @@ Over a client, the key is the viewer; over a memory, ``viewer`` (default: the op
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from llama_index.core.agent.workflow import AgentInput, AgentOutput, ToolCallResult
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -47,28 +46,9 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from forge.curate.admission import Admitted
 from forge.integrations._learn import TraceRecorder, areport, report
+from forge.integrations._port import ForgeMemory
 from forge.model import Context, Provenance, Unit, Viewer
 from forge.store import Filter
-
-
-@runtime_checkable
-class ForgeMemory(Protocol):
-    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
-    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
-    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
-    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
-
-    @property
-    def recall(self) -> Callable[..., Any]: ...
-
-    @property
-    def add(self) -> Callable[..., Any]: ...
-
-    @property
-    def add_messages(self) -> Callable[..., Any]: ...
-
-    @property
-    def learn(self) -> Callable[..., Any]: ...
 
 __all__ = ["ForgeAgentTrace", "ForgeMemoryBlock", "ForgeRetriever"]
 

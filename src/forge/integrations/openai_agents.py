@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from agents import (
     Agent,
@@ -47,31 +46,9 @@ from agents.tool_context import ToolContext
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
 from forge.integrations._learn import TraceRecorder, areport, report
+from forge.integrations._port import ForgeMemory
 from forge.model import Context, Status, Unit, Viewer
 from forge.store import Filter
-
-
-@runtime_checkable
-class ForgeMemory(Protocol):
-    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
-    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
-    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
-    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
-
-    @property
-    def recall(self) -> Callable[..., Any]: ...
-
-    @property
-    def add(self) -> Callable[..., Any]: ...
-
-    @property
-    def list(self) -> Callable[..., Any]: ...
-
-    @property
-    def set_status(self) -> Callable[..., Any]: ...
-
-    @property
-    def learn(self) -> Callable[..., Any]: ...
 
 __all__ = ["ForgeRunHooks", "ForgeSession", "forge_function_tools"]
 
