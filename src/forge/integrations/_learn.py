@@ -22,26 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from forge.errors import ConfigError, ValidationError
+from forge.integrations._port import ForgeMemory
 from forge.learn.trace import MAX_TRACE_STEPS, Outcome, Trace
 from forge.model import MAX_FIELD_CHARS
 
-
-@runtime_checkable
-class ForgeMemory(Protocol):
-    """What this adapter calls on what it is handed: a forge ``Memory``, ``Client`` or
-    ``AsyncClient``. Not a :class:`~forge.engine.port.MemoryPort`: a client has no
-    transaction, claim or vectors, and an ``AsyncClient``'s verbs return awaitables; where a
-    verb exists on one of them only (a client's ``admit``), the adapter branches on the type."""
-
-    @property
-    def learn(self) -> Callable[..., Any]: ...
-
-__all__ = ["TraceRecorder", "areport", "report"]
+__all__ = ["Reporting", "TraceRecorder", "areport", "report"]
 
 _HEAD = 100  # steps kept from the start of a run longer than a trace holds (the rest from its end)
 _CLIP = 4000  # characters of a recorded text (and bytes of a step's arguments): 500 steps stay far below a request's 8 MiB
@@ -157,3 +147,28 @@ async def areport(memory: ForgeMemory, trace: Mapping[str, Any], *, success: boo
         return await memory.learn(Trace.from_dict(trace), outcome, wait=wait, timeout=timeout)
     return await asyncio.to_thread(report, memory, trace, success=success, score=score, feedback=feedback, agent=agent, wait=wait,
                                    timeout=timeout)
+
+
+class Reporting:
+    """What every adapter's run recorder offers on top of its framework's callbacks: name the
+    recalls that fed the run, read the recorded trace, and report it with its outcome."""
+
+    recorder: TraceRecorder
+
+    def recalled(self, recall_id: str) -> None:
+        """A recall that fed this run (a context answer's ``recall_id``): the outcome credits what it showed."""
+        self.recorder.recalled(recall_id)
+
+    def trace(self) -> dict[str, Any]:
+        return self.recorder.trace()
+
+    def report(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "",
+               agent: str = "", wait: bool = False) -> dict[str, Any]:
+        """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
+        or what a Memory learned, as ``agent``)."""
+        return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
+
+    async def areport(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None,
+                      feedback: str = "", agent: str = "", wait: bool = False) -> dict[str, Any]:
+        return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
+

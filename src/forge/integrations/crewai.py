@@ -66,7 +66,7 @@ from pydantic import BaseModel
 from forge.curate.admission import ADD, NOOP, Admitted
 from forge.engine.embed import HashingEmbedder
 from forge.errors import ConfigError, NotFoundError
-from forge.integrations._learn import TraceRecorder, areport, report
+from forge.integrations._learn import Reporting, TraceRecorder
 from forge.integrations._port import ForgeMemory
 from forge.model import MAX_TAGS, Context, Provenance, Status, Unit, Viewer
 from forge.store import Filter
@@ -402,22 +402,15 @@ class ForgeStorage(StorageBackend):
 # -- learning -------------------------------------------------------------------------------
 
 
-class ForgeCrewTrace:
+class ForgeCrewTrace(Reporting):
     """A crew's run as a learning trace, from crewai's step and task callbacks (see the module
     docstring); one recorder is one run: ``reset()`` it, or make a new one, for the next."""
 
     def __init__(self, *, task: str = "", kind: str = "") -> None:
         self.recorder = TraceRecorder(task=task, kind=kind)
 
-    def recalled(self, recall_id: str) -> None:
-        """A recall that fed this run (``Client.context(...).recall_id``): the outcome credits what it showed."""
-        self.recorder.recalled(recall_id)
-
     def reset(self, task: str = "") -> None:
         self.recorder.reset(task)
-
-    def trace(self) -> dict[str, Any]:
-        return self.recorder.trace()
 
     def step_callback(self, step: Any) -> None:
         """crewai's ``step_callback``: a tool the agent used (its input, what it returned), or an answer."""
@@ -434,13 +427,3 @@ class ForgeCrewTrace:
         if not self.recorder.task:
             self.recorder.task = output.description
         self.recorder.finish(output.raw)
-
-    def report(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
-               wait: bool = False) -> dict[str, Any]:
-        """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
-        or what a Memory learned, as ``agent``)."""
-        return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
-
-    async def areport(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "",
-                      agent: str = "", wait: bool = False) -> dict[str, Any]:
-        return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)

@@ -42,7 +42,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.tools import BaseTool, StructuredTool
 from pydantic import ConfigDict
 
-from forge.integrations._learn import TraceRecorder, areport, report
+from forge.integrations._learn import Reporting, TraceRecorder
 from forge.integrations._port import ForgeMemory
 from forge.model import Unit, Viewer
 from forge.store import Filter
@@ -171,7 +171,7 @@ def record_messages(recorder: TraceRecorder, messages: Sequence[BaseMessage]) ->
     return recorder
 
 
-class ForgeTraceHandler(BaseCallbackHandler):
+class ForgeTraceHandler(Reporting, BaseCallbackHandler):
     """Records a LangChain run as a learning trace (see the module docstring); one handler is
     one run: ``reset()`` it, or make a new one, for the next task."""
 
@@ -182,17 +182,10 @@ class ForgeTraceHandler(BaseCallbackHandler):
         self._tools: dict[UUID, str] = {}
         self._seen_input = False
 
-    def recalled(self, recall_id: str) -> None:
-        """A recall that fed this run (``Client.context(...)["recall_id"]``): the outcome credits what it showed."""
-        self.recorder.recalled(recall_id)
-
     def reset(self, task: str = "") -> None:
         self.recorder.reset(task)
         self._tools.clear()
         self._seen_input = False
-
-    def trace(self) -> dict[str, Any]:
-        return self.recorder.trace()
 
     # -- the callbacks ----------------------------------------------------------------------
     def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID,
@@ -236,12 +229,3 @@ class ForgeTraceHandler(BaseCallbackHandler):
         self.recorder.observation(said, tool=self._tools.pop(run_id, ""), error=said)
 
     # -- reporting --------------------------------------------------------------------------
-    def report(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
-               wait: bool = False) -> dict[str, Any]:
-        """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
-        or what a Memory learned, as ``agent``)."""
-        return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
-
-    async def areport(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "",
-                      agent: str = "", wait: bool = False) -> dict[str, Any]:
-        return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)

@@ -45,7 +45,7 @@ from llama_index.core.memory import BaseMemoryBlock
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from forge.curate.admission import Admitted
-from forge.integrations._learn import TraceRecorder, areport, report
+from forge.integrations._learn import Reporting, TraceRecorder
 from forge.integrations._port import ForgeMemory
 from forge.model import Context, Provenance, Unit, Viewer
 from forge.store import Filter
@@ -197,7 +197,7 @@ class ForgeMemoryBlock(BaseMemoryBlock[str]):
 # -- learning -------------------------------------------------------------------------------
 
 
-class ForgeAgentTrace:
+class ForgeAgentTrace(Reporting):
     """A LlamaIndex agent's run as a learning trace, from its workflow events (see the module
     docstring); one recorder is one run: ``reset()`` it, or make a new one, for the next."""
 
@@ -205,16 +205,9 @@ class ForgeAgentTrace:
         self.recorder = TraceRecorder(task=task, kind=kind)
         self._seen_input = False
 
-    def recalled(self, recall_id: str) -> None:
-        """A recall that fed this run (``Client.context(...).recall_id``): the outcome credits what it showed."""
-        self.recorder.recalled(recall_id)
-
     def reset(self, task: str = "") -> None:
         self.recorder.reset(task)
         self._seen_input = False
-
-    def trace(self) -> dict[str, Any]:
-        return self.recorder.trace()
 
     def record(self, event: Any) -> None:
         """One event of the run (others than these are not the trace's: streamed deltas, setup)."""
@@ -243,13 +236,3 @@ class ForgeAgentTrace:
         if isinstance(result, AgentOutput) and _text(result.response):
             self.recorder.finish(_text(result.response))
         return result
-
-    def report(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
-               wait: bool = False) -> dict[str, Any]:
-        """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
-        or what a Memory learned, as ``agent``)."""
-        return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
-
-    async def areport(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "",
-                      agent: str = "", wait: bool = False) -> dict[str, Any]:
-        return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)

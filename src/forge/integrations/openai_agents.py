@@ -45,7 +45,7 @@ from agents.tool import default_tool_error_function
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
-from forge.integrations._learn import TraceRecorder, areport, report
+from forge.integrations._learn import Reporting, TraceRecorder
 from forge.integrations._port import ForgeMemory
 from forge.model import Context, Status, Unit, Viewer
 from forge.store import Filter
@@ -188,7 +188,7 @@ def _said(item: Any) -> tuple[str, str]:
     return str(item.get("role", "")), content if isinstance(content, str) else ""
 
 
-class ForgeRunHooks(RunHooks):
+class ForgeRunHooks(Reporting, RunHooks):
     """The Agents SDK's run hooks recording a run as a learning trace (see the module
     docstring); one hooks object is one run: ``reset()`` it, or make a new one, for the next."""
 
@@ -197,17 +197,10 @@ class ForgeRunHooks(RunHooks):
         self._failed: dict[str, str] = {}  # tool call id -> the exception, from tool_failed
         self._seen_input = False
 
-    def recalled(self, recall_id: str) -> None:
-        """A recall that fed this run (``Client.context(...).recall_id``): the outcome credits what it showed."""
-        self.recorder.recalled(recall_id)
-
     def reset(self, task: str = "") -> None:
         self.recorder.reset(task)
         self._failed.clear()
         self._seen_input = False
-
-    def trace(self) -> dict[str, Any]:
-        return self.recorder.trace()
 
     def tool_failed(self, ctx: RunContextWrapper[Any], error: Exception) -> str:
         """A ``failure_error_function`` for function tools: keeps the exception for the trace,
@@ -246,13 +239,3 @@ class ForgeRunHooks(RunHooks):
 
     async def on_agent_end(self, context: RunContextWrapper[Any], agent: Agent[Any], output: Any) -> None:
         self.recorder.finish(output if isinstance(output, str) else json.dumps(output, default=str))
-
-    def report(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "", agent: str = "",
-               wait: bool = False) -> dict[str, Any]:
-        """Send the recorded run and its outcome to ``memory``'s learning entry (a Client's job,
-        or what a Memory learned, as ``agent``)."""
-        return report(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
-
-    async def areport(self, memory: ForgeMemory, *, success: bool | None = None, score: float | None = None, feedback: str = "",
-                      agent: str = "", wait: bool = False) -> dict[str, Any]:
-        return await areport(memory, self.trace(), success=success, score=score, feedback=feedback, agent=agent, wait=wait)
